@@ -1,0 +1,5 @@
+"""`python -m tfkit` runs the command-line interface."""
+
+from tfkit.cli.main import main
+
+main()
