@@ -1,0 +1,126 @@
+"""The one configuration dataclass shared by every model family (BERT, GPT, encoder-decoder).
+
+One class rather than one per family because the families differ in a single field (`arch`) and share
+every design choice tfkit lets you compare (attention layout, positions, norms, FFN). `validate()`
+returns *every* problem at once, each naming its field, so a recipe loader can report them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import ConfigError
+
+ARCHS = ("bert", "gpt", "transformer")
+ATTENTIONS = ("flash", "naive")
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+INITS = ("normal", "xavier")
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "gpt"  # bert (encoder, MLM) | gpt (decoder, causal LM) | transformer (encoder-decoder)
+    vocab_size: int = 8192  # set from the tokenizer by the trainer; embedding rows
+    d_model: int = 256  # residual stream width
+    n_layers: int = 4  # blocks per stack (the transformer has this many in encoder *and* decoder)
+    n_heads: int = 4  # query heads
+    n_kv_heads: int | None = None  # key/value heads: None or n_heads = MHA, 1 = MQA, otherwise GQA
+    d_ff: int | None = None  # FFN hidden size; None = 4*d_model (relu/gelu) or 8/3*d_model rounded (swiglu)
+    max_seq_len: int = 512  # longest sequence (learned positions table size, KV-cache length)
+    attention: str = "flash"  # flash = fused SDPA kernels; naive = explicit softmax(QK^T/sqrt(d)+mask)V
+    positions: str = "learned"  # learned | sinusoidal | rope | alibi
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_placement: str = "pre"  # pre (GPT-2, stable deep) | post (original Transformer, BERT)
+    norm_eps: float = 1e-5
+    activation: str = "gelu"  # relu (original) | gelu (BERT/GPT-2) | swiglu (Llama)
+    bias: bool = True  # biases in linear layers and LayerNorm
+    tie_embeddings: bool = True  # output projection shares the input embedding matrix
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as the original paper
+    dropout: float = 0.0  # on embeddings and residual branches
+    attn_dropout: float = 0.0  # on attention probabilities
+    init: str = "normal"  # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier
+    init_std: float = 0.02
+    type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
+    pad_token_id: int | None = None  # padding id, used to build key-padding masks from input ids
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads actually used (resolves None to n_heads)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """FFN hidden size; SwiGLU uses 2/3 of 4*d_model (rounded up to 64) to keep parameters equal."""
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.activation == "swiglu":
+            return -(-int(8 * self.d_model / 3) // 64) * 64
+        return 4 * self.d_model
+
+    def problems(self, prefix: str = "model") -> list[str]:
+        """Every invalid field or impossible combination, each as one line naming the key."""
+        out: list[str] = []
+
+        def choice(name: str, allowed: tuple[str, ...]) -> None:
+            value = getattr(self, name)
+            if value not in allowed:
+                out.append(f"{prefix}.{name}: got {value!r}, expected one of {', '.join(allowed)}")
+
+        choice("arch", ARCHS)
+        choice("attention", ATTENTIONS)
+        choice("positions", POSITIONS)
+        choice("norm", NORMS)
+        choice("norm_placement", NORM_PLACEMENTS)
+        choice("activation", ACTIVATIONS)
+        choice("init", INITS)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+            if getattr(self, name) < 1:
+                out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected a positive integer")
+        if self.n_kv_heads is not None and self.n_kv_heads < 1:
+            out.append(f"{prefix}.n_kv_heads: got {self.n_kv_heads}, expected a positive integer or null")
+        if self.d_ff is not None and self.d_ff < 1:
+            out.append(f"{prefix}.d_ff: got {self.d_ff}, expected a positive integer or null")
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected 0 <= value < 1")
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            out.append(
+                f"{prefix}.d_model: {self.d_model} is not divisible by {prefix}.n_heads={self.n_heads}"
+            )
+        if self.n_heads >= 1 and self.kv_heads >= 1 and self.n_heads % self.kv_heads:
+            out.append(
+                f"{prefix}.n_kv_heads: {self.n_heads} query heads cannot be split into "
+                f"{self.kv_heads} key/value groups (n_heads % n_kv_heads must be 0)"
+            )
+        if self.positions == "rope" and self.n_heads >= 1 and self.head_dim % 2:
+            out.append(f"{prefix}.positions: rope needs an even head size, got d_model/n_heads={self.head_dim}")
+        if self.type_vocab_size < 0:
+            out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
+        return out
+
+    def validate(self) -> "ModelConfig":
+        """Raise ConfigError listing every problem; return self so calls can chain."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        """Build from a saved config.json section; unknown keys are an error (naming them)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"model config: unknown keys {', '.join(unknown)}")
+        return cls(**data).validate()
