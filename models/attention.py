@@ -1,0 +1,157 @@
+"""Attention, written once: self- and cross-attention, MHA/GQA/MQA, fused (flash) and explicit (naive).
+
+Shape convention, stated once: project to (B, T, H, D), transpose once to (B, H, T, D). Queries have
+`n_heads` heads, keys/values `n_kv_heads` (MHA when equal, MQA when 1, GQA otherwise), so the K/V
+projections and the KV cache are `n_heads / n_kv_heads` times smaller than the query side.
+
+Masks are built once per forward by the model (`self_attention_mask`, `cross_attention_mask`) and passed
+to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
+- no padding, no ALiBi, no cache offset, causal or not: no mask tensor (`is_causal=True` for causal),
+  so every fused backend applies (FlashAttention-2, memory-efficient, cuDNN on CUDA; the CPU flash kernel).
+- padding masks: a boolean `attn_mask`; ALiBi: an additive float `attn_mask` with the mask folded in.
+  FlashAttention-2 takes no mask, so CUDA uses the memory-efficient or cuDNN kernel; the CPU flash kernel
+  takes masks. GQA is passed as `enable_gqa=True` (no K/V copies); where no fused kernel supports a
+  mask/GQA combination PyTorch runs its math path. To make that an error rather than a slowdown, wrap the
+  call in `torch.nn.attention.sdpa_kernel([...fused backends...])` (tests/test_models_gpu.py does).
+`attention: naive` spells every step out (repeat K/V, QK^T/sqrt(d) + mask, softmax, dropout, @V) and can
+return the attention weights; `need_weights=True` always takes this path, since fused kernels never
+materialise the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .kv_cache import CrossKV, LayerKV
+from .layers import apply_rope
+
+
+@dataclass(frozen=True)
+class AttnMask:
+    """Which keys each query may see, shared by every layer of one forward.
+
+    tensor: None (attend everywhere), bool (B|1, 1, T_q, T_k) with True = may attend, or an additive float
+        (B|1, H, T_q, T_k) bias (ALiBi) with -inf where not allowed.
+    is_causal: the tensor is exactly the square causal mask, so SDPA may build it itself (is_causal=True)
+        and pick the fastest kernel; the naive path still uses the tensor.
+    """
+
+    tensor: Tensor | None = None
+    is_causal: bool = False
+
+
+def self_attention_mask(q_len: int, *, causal: bool, start_pos: int = 0, key_padding: Tensor | None = None,
+                        alibi: Tensor | None = None, device: torch.device | None = None,
+                        dtype: torch.dtype = torch.float32) -> AttnMask:
+    """Mask for self-attention of queries at positions start_pos..start_pos+q_len over keys 0..start_pos+q_len.
+
+    key_padding: (B, start_pos+q_len) bool, True = real token. alibi: (H,) slopes. A query may always see
+    its own position, so a padding query (whose output is never used) never has an empty softmax row.
+    """
+    k_len = start_pos + q_len
+    if key_padding is not None and key_padding.shape[-1] != k_len:
+        raise ValueError(
+            f"attention mask covers {key_padding.shape[-1]} positions, expected start_pos+T={k_len}"
+        )
+    if not causal and key_padding is None and alibi is None:
+        return AttnMask()
+    q_pos = torch.arange(start_pos, k_len, device=device)[:, None]  # (T_q, 1)
+    k_pos = torch.arange(k_len, device=device)[None, :]  # (1, T_k)
+    allowed = (k_pos <= q_pos) if causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    allowed = allowed[None, None]  # (1, 1, T_q, T_k)
+    pure_causal = causal and key_padding is None and alibi is None and start_pos == 0
+    if key_padding is not None:
+        allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)
+    if alibi is None:
+        return AttnMask(allowed, is_causal=pure_causal)
+    distance = (q_pos - k_pos).abs().to(dtype)  # (T_q, T_k): symmetric, so it also serves encoders
+    bias = -alibi.to(device=device, dtype=dtype)[:, None, None] * distance  # (H, T_q, T_k)
+    return AttnMask(bias[None].masked_fill(~allowed, float("-inf")))  # (B|1, H, T_q, T_k)
+
+
+def cross_attention_mask(src_padding: Tensor | None) -> AttnMask:
+    """Decoder queries may see every real source token: src_padding (B, S) bool, True = real."""
+    if src_padding is None:
+        return AttnMask()
+    return AttnMask(src_padding.bool()[:, None, None, :])  # (B, 1, 1, S)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float) -> Tensor:
+    """softmax(QK^T/sqrt(D) + mask)V by PyTorch's fused SDPA; K/V heads are shared, never copied."""
+    gqa = k.shape[1] != q.shape[1]
+    if mask.is_causal:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tensor, dropout_p=dropout_p, enable_gqa=gqa)
+
+
+def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float,
+                    training: bool) -> tuple[Tensor, Tensor]:
+    """Every step explicit; returns (output (B, H, T_q, D), weights (B, H, T_q, T_k))."""
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # (B, H, T_k, D): each K/V head serves `groups` query heads
+    v = v.repeat_interleave(groups, dim=1)  # (B, H, T_k, D)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T_q, T_k)
+    if mask.tensor is not None and mask.tensor.dtype == torch.bool:
+        scores = scores.masked_fill(~mask.tensor, float("-inf"))
+    elif mask.tensor is not None:
+        scores = scores + mask.tensor
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T_q, T_k)
+    # A row with no visible key (an all-padding source) gives NaN; output zeros there, as SDPA does.
+    weights = torch.nan_to_num(weights, nan=0.0)
+    weights = F.dropout(weights, p=dropout_p, training=training)
+    return weights @ v, weights  # (B, H, T_q, D), (B, H, T_q, T_k)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with n_heads query heads and n_kv_heads key/value heads.
+
+    Self-attention when `context` is None; cross-attention (queries from x, keys/values from context,
+    e.g. the encoder memory) otherwise. RoPE, when given, rotates q and k (self-attention only).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
+        self.impl = cfg.attention
+        self.attn_dropout = cfg.attn_dropout
+
+    def _heads(self, x: Tensor, proj: nn.Linear, n_heads: int) -> Tensor:
+        B, T, _ = x.shape
+        return proj(x).view(B, T, n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(self, x: Tensor, mask: AttnMask, *, context: Tensor | None = None,
+                rope: tuple[Tensor, Tensor] | None = None, cache: LayerKV | CrossKV | None = None,
+                start_pos: int = 0, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        B, T, C = x.shape
+        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
+        if rope is not None:
+            q = apply_rope(q, *rope)
+        if isinstance(cache, CrossKV) and cache.k is not None:
+            k, v = cache.k, cache.v  # (B, H_kv, S, D): the encoder memory's keys/values, computed once
+        else:
+            source = x if context is None else context
+            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            if rope is not None:
+                k = apply_rope(k, *rope)
+            if isinstance(cache, CrossKV):
+                cache.store(k, v)
+            elif cache is not None:
+                k, v = cache.update(k, v, start_pos)  # (B, H_kv, start_pos+T, D)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if need_weights or self.impl == "naive":
+            y, weights = naive_attention(q, k, v, mask, dropout_p, self.training)  # (B, H, T, D)
+        else:
+            y, weights = flash_attention(q, k, v, mask, dropout_p), None  # (B, H, T, D)
+        y = self.o_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+        return (y, weights) if need_weights else y

@@ -1,0 +1,46 @@
+"""GPT: decoder-only causal language model (GPT-2 layout when built with the `small` size).
+
+token (+ learned/sinusoidal positions) -> n_layers causal blocks -> final norm (pre-LN) -> LM head,
+tied to the token embedding when `tie_embeddings`. Incremental decoding writes each layer's keys/values
+into a static `KVCache` at `start_pos`; the causal mask, RoPE angles and ALiBi distances are offset to
+match, so cached decoding reproduces a full forward.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .layers import Embeddings, init_weights, make_norm
+from .transformer import Block, ModelBase
+
+
+class GPT(ModelBase):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.embed = Embeddings(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = make_norm(cfg) if cfg.norm_placement == "pre" else None  # post-LN blocks end normalised
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        init_weights(self, cfg)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.tok.weight
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+                start_pos: int = 0) -> Tensor:
+        """input_ids (B, T) at positions start_pos..start_pos+T -> logits (B, T, V).
+
+        attention_mask: (B, start_pos+T) bool, True = real token, covering every key so far (cached too).
+        """
+        T = input_ids.shape[1]
+        self._check_span(start_pos, T, kv_cache)
+        x = self.embed(input_ids, start_pos)  # (B, T, C)
+        mask = self._self_mask(x, causal=True, start_pos=start_pos, padding=attention_mask)  # once, for all layers
+        rope = self._rope(start_pos, T)
+        for i, block in enumerate(self.blocks):
+            cache = None if kv_cache is None else kv_cache.layers[i]
+            x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos)  # (B, T, C)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        return self.lm_head(x)  # (B, T, V)

@@ -1,0 +1,152 @@
+"""The small pieces every family is built from: norms, feed-forward blocks, position encodings, embeddings.
+
+Each design choice tfkit lets you compare is one function or class here, picked by a `ModelConfig` field:
+`norm` (LayerNorm | RMSNorm), `activation` (relu | gelu | swiglu), `positions` (learned | sinusoidal
+added to the embeddings; rope rotating q and k inside attention; alibi as a per-head bias on the scores).
+Attention itself lives in attention.py; the blocks that combine it with these pieces in transformer.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+# Output projections that write into the residual stream; the `normal` init scales them by
+# 1/sqrt(2 * n_layers) so the residual variance does not grow with depth (GPT-2).
+RESIDUAL_OUT = ("o_proj", "down")
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: down(act(up(x))), or down(silu(gate(x)) * up(x)) for SwiGLU."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.swiglu = cfg.activation == "swiglu"
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias) if self.swiglu else None
+        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, C)
+        return self.down(self.act(self.up(x)))  # (B, T, C)
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
+    """The fixed encodings of "Attention Is All You Need": sin on even, cos on odd channels."""
+    position = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (S, 1)
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (C/2,)
+    table = torch.zeros(n_positions, dim)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
+    return table  # (S, C)
+
+
+class Rotary(nn.Module):
+    """RoPE cos/sin tables for every position up to max_seq_len; slicing at start_pos makes caching exact."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        dim = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))  # (D/2,)
+        angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)  # (S, D/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (S, D): rotate-half layout (GPT-NeoX, Llama)
+        # Not persistent: derived from the config, so checkpoints hold only learned weights.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, start_pos: int, length: int) -> tuple[Tensor, Tensor]:
+        end = start_pos + length
+        return self.cos[start_pos:end], self.sin[start_pos:end]  # (T, D) each
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each (x_i, x_{i+D/2}) pair of x (B, H, T, D) by its position's angle, in fp32."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+    rotated = torch.cat([-x2, x1], dim=-1)  # (B, H, T, D)
+    return (x.float() * cos + rotated * sin).to(x.dtype)  # (B, H, T, D)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Per-head ALiBi slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... of the paper.
+
+    For a head count that is not a power of two, the paper's recipe takes the slopes of the closest
+    smaller power of two and fills in every other slope of the next power of two.
+    """
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest)
+    if closest < n_heads:
+        slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)  # (H,)
+
+
+class Embeddings(nn.Module):
+    """Token embeddings (+ learned or sinusoidal positions) (+ segments) (+ LayerNorm for BERT), dropout.
+
+    `tok` may be passed in so that the encoder, decoder and output head share one matrix. RoPE and ALiBi
+    add nothing here: they act inside attention.
+    """
+
+    def __init__(self, cfg: ModelConfig, tok: nn.Embedding | None = None, segments: bool = False,
+                 norm: bool = False) -> None:
+        super().__init__()
+        self.tok = tok if tok is not None else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.positions == "learned" else None
+        if cfg.positions == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_seq_len, cfg.d_model), persistent=False)
+        else:
+            self.sinusoid = None
+        self.seg = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if segments and cfg.type_vocab_size else None
+        self.norm = make_norm(cfg) if norm else None
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, start_pos: int = 0, token_type_ids: Tensor | None = None) -> Tensor:
+        T = ids.shape[1]
+        x = self.tok(ids) * self.scale  # (B, T, C)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(start_pos, start_pos + T, device=ids.device))  # (B, T, C)
+        if self.sinusoid is not None:
+            x = x + self.sinusoid[start_pos:start_pos + T].to(x.dtype)  # (B, T, C)
+        if self.seg is not None:
+            segments = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
+            x = x + self.seg(segments)  # (B, T, C)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
+
+
+def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+    """`normal`: N(0, init_std), residual output projections N(0, init_std/sqrt(2*n_layers)) (GPT-2/BERT).
+    `xavier`: Glorot-uniform linears, embeddings N(0, d_model^-0.5) (original Transformer). Biases 0."""
+    residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            if cfg.init == "xavier":
+                nn.init.xavier_uniform_(module.weight)
+            else:
+                is_residual = name.rsplit(".", 1)[-1] in RESIDUAL_OUT
+                nn.init.normal_(module.weight, 0.0, residual_std if is_residual else cfg.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = cfg.d_model ** -0.5 if cfg.init == "xavier" else cfg.init_std
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            module.reset_parameters()

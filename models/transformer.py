@@ -1,0 +1,172 @@
+"""The shared transformer block and model base, and the original encoder-decoder ("Attention Is All You Need").
+
+`Block` is the one layer every family stacks: self-attention (+ cross-attention in a decoder) and a
+feed-forward, each a residual branch with its norm before (pre-LN, GPT-2) or after (post-LN, the paper and
+BERT) the residual add. `ModelBase` holds what all three families share: position machinery (RoPE tables,
+ALiBi slopes), mask building (once per forward), parameter and FLOP counts, and the KV-cache factory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+from .attention import Attention, AttnMask, cross_attention_mask, self_attention_mask
+from .config import ModelConfig
+from .kv_cache import CrossKV, KVCache, LayerKV
+from .layers import Embeddings, FeedForward, Rotary, alibi_slopes, init_weights, make_norm
+
+
+class Block(nn.Module):
+    """Self-attention (+ cross-attention over `memory` when cross=True) + feed-forward."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm_placement == "pre"
+        self.norm_attn, self.attn = make_norm(cfg), Attention(cfg)
+        self.norm_cross = make_norm(cfg) if cross else None
+        self.cross_attn = Attention(cfg) if cross else None
+        self.norm_ffn, self.ffn = make_norm(cfg), FeedForward(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn: nn.Module, *args, **kwargs) -> Tensor:
+        """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch before the add."""
+        if self.pre_norm:
+            return x + self.drop(fn(norm(x), *args, **kwargs))
+        return norm(x + self.drop(fn(x, *args, **kwargs)))
+
+    def forward(self, x: Tensor, mask: AttnMask, *, rope: tuple[Tensor, Tensor] | None = None,
+                cache: LayerKV | None = None, start_pos: int = 0, memory: Tensor | None = None,
+                memory_mask: AttnMask | None = None, cross_cache: CrossKV | None = None) -> Tensor:
+        x = self._sublayer(x, self.norm_attn, self.attn, mask, rope=rope, cache=cache, start_pos=start_pos)
+        if self.cross_attn is not None:
+            x = self._sublayer(x, self.norm_cross, self.cross_attn, memory_mask, context=memory, cache=cross_cache)
+        return self._sublayer(x, self.norm_ffn, self.ffn)  # (B, T, C)
+
+
+class ModelBase(nn.Module):
+    """What every family shares; subclasses build their modules and call `init_weights`."""
+
+    attention_layers_per_token = 1  # attention layers one token passes through, per n_layers (for FLOPs)
+    cross_attention = False  # whether the KV cache needs cross-attention slots
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.rotary = Rotary(cfg) if cfg.positions == "rope" else None
+        slopes = alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
+        self.register_buffer("alibi", slopes, persistent=False)
+
+    def _check_span(self, start_pos: int, length: int, kv_cache: KVCache | None) -> None:
+        if start_pos and kv_cache is None:
+            raise ValueError("start_pos > 0 needs a kv_cache holding the earlier positions")
+        if start_pos + length > self.config.max_seq_len:
+            raise ConfigError(
+                f"sequence reaches position {start_pos + length} but model.max_seq_len is {self.config.max_seq_len}"
+            )
+
+    def _rope(self, start_pos: int, length: int) -> tuple[Tensor, Tensor] | None:
+        return None if self.rotary is None else self.rotary(start_pos, length)
+
+    def _self_mask(self, x: Tensor, causal: bool, start_pos: int = 0, padding: Tensor | None = None) -> AttnMask:
+        return self_attention_mask(x.shape[1], causal=causal, start_pos=start_pos, key_padding=padding,
+                                   alibi=self.alibi, device=x.device, dtype=x.dtype)
+
+    def _padding(self, ids: Tensor, mask: Tensor | None) -> Tensor | None:
+        """The given (B, T) mask, else one built from config.pad_token_id, else None (no padding)."""
+        if mask is not None or self.config.pad_token_id is None:
+            return mask
+        padding = ids != self.config.pad_token_id
+        return None if bool(padding.all()) else padding
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Distinct parameters (a tied matrix counts once); non_embedding drops the lookup tables
+        (token, position, segment embeddings), the N of the scaling-law papers."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
+        return n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: 6 * N_matmul + 12 * n_attn_layers * d_model * seq_len (PaLM appendix B).
+
+        N_matmul is every linear weight a token is multiplied by: the non-embedding parameters less norms and
+        biases, *plus* a tied output head (a lookup table on the way in, a full matmul on the way out).
+        6 = 2 (multiply-add) * 3 (forward + backward). The second term is QK^T and AV over seq_len keys,
+        counted in full even where causal masking skips half. For the encoder-decoder a "token" is one
+        source plus one target token (S = T = seq_len): both stacks, and cross-attention, count once.
+        """
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        n_attn = self.attention_layers_per_token * self.config.n_layers
+        return 6 * n_matmul + 12 * n_attn * self.config.d_model * seq_len
+
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None, device: torch.device | str | None = None,
+                     dtype: torch.dtype | None = None) -> KVCache:
+        """A static cache for incremental decoding, on the model's device and dtype unless told otherwise."""
+        weight = next(self.parameters())
+        return KVCache(self.config, batch_size, max_len or self.config.max_seq_len,
+                       cross=self.cross_attention, device=device or weight.device,
+                       dtype=dtype or weight.dtype)
+
+
+class Transformer(ModelBase):
+    """Encoder-decoder: encoder self-attention with padding mask; decoder masked self-attention then
+    cross-attention (queries from the decoder, keys/values from the encoder memory). With tie_embeddings the
+    encoder, decoder and output projection share one matrix, as in the paper."""
+
+    attention_layers_per_token = 3  # encoder self, decoder self, decoder cross
+    cross_attention = True
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        shared = nn.Embedding(cfg.vocab_size, cfg.d_model) if cfg.tie_embeddings else None
+        self.src_embed = Embeddings(cfg, tok=shared)
+        self.tgt_embed = Embeddings(cfg, tok=shared)
+        self.encoder = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.decoder = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.n_layers))
+        # Pre-LN stacks end un-normalised, so they get a final norm; post-LN blocks already end in one.
+        self.enc_norm = make_norm(cfg) if cfg.norm_placement == "pre" else None
+        self.dec_norm = make_norm(cfg) if cfg.norm_placement == "pre" else None
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        init_weights(self, cfg)
+        if shared is not None:
+            self.lm_head.weight = shared.weight
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """src_ids (B, S), src_mask (B, S) bool True = real token -> memory (B, S, C)."""
+        self._check_span(0, src_ids.shape[1], None)
+        src_mask = self._padding(src_ids, src_mask)
+        x = self.src_embed(src_ids)  # (B, S, C)
+        mask = self._self_mask(x, causal=False, padding=src_mask)
+        rope = self._rope(0, src_ids.shape[1])
+        for block in self.encoder:
+            x = block(x, mask, rope=rope)
+        return x if self.enc_norm is None else self.enc_norm(x)  # (B, S, C)
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
+               kv_cache: KVCache | None = None, start_pos: int = 0, tgt_mask: Tensor | None = None) -> Tensor:
+        """tgt_ids (B, T) at positions start_pos.. -> logits (B, T, V). tgt_mask covers start_pos+T keys.
+
+        With a kv_cache, the decoder's own keys/values are written at start_pos and the memory's
+        cross-attention keys/values are computed on the first call and reused afterwards.
+        """
+        T = tgt_ids.shape[1]
+        self._check_span(start_pos, T, kv_cache)
+        x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
+        self_mask = self._self_mask(x, causal=True, start_pos=start_pos, padding=tgt_mask)
+        memory_mask = cross_attention_mask(src_mask)
+        rope = self._rope(start_pos, T)
+        for i, block in enumerate(self.decoder):
+            x = block(x, self_mask, rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,
+                      cache=None if kv_cache is None else kv_cache.layers[i],
+                      cross_cache=None if kv_cache is None else kv_cache.cross[i])
+        if self.dec_norm is not None:
+            x = self.dec_norm(x)
+        return self.lm_head(x)  # (B, T, V)
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None,
+                tgt_mask: Tensor | None = None) -> Tensor:
+        src_mask = self._padding(src_ids, src_mask)
+        memory = self.encode(src_ids, src_mask)  # (B, S, C)
+        return self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask)  # (B, T, V)
