@@ -1,0 +1,155 @@
+"""Trainer components in isolation: parameter groups, objectives, checkpoint atomicity and pruning."""
+
+import torch
+import torch.nn.functional as F
+import pytest
+
+from tfkit.errors import CheckpointError
+from tfkit.models import build_model, load_model, resolve_checkpoint
+from tfkit.models.config import ModelConfig
+from tfkit.trainer import checkpoint as ckpt
+from tfkit.trainer.objectives import IGNORE, compute_loss
+from tfkit.trainer.optim import build_optimizer, param_groups
+from tfkit.trainer.recipe import ObjectiveSection, OptimSection
+
+TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
+
+
+def _model(arch: str, **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(ModelConfig(arch=arch, **{**TINY, **kw}))
+
+
+@pytest.mark.parametrize("arch", ["gpt", "bert", "transformer"])
+def test_no_weight_decay_on_norms_biases_and_embeddings(arch):
+    model = _model(arch, norm="rmsnorm" if arch == "gpt" else "layernorm")
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    kept = {names[id(p)] for p in no_decay["params"]}
+    embeddings = {names[id(m.weight)] for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    assert embeddings and embeddings <= kept
+    assert all(n.endswith("bias") or "norm" in n or "ln" in n or n in embeddings for n in kept), kept
+    assert not any(n.endswith("bias") or "norm" in n.split(".")[-2] for n in decayed), decayed
+    assert all(model.get_parameter(n).ndim == 2 for n in decayed)
+    # every parameter is in exactly one group (a tied head is its embedding, counted once)
+    assert len(decayed) + len(kept) == len(list(model.parameters()))
+    opt = build_optimizer(model, OptimSection(weight_decay=0.1), torch.device("cpu"))
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+
+
+def test_mlm_loss_equals_full_logits_restricted_to_masked_positions():
+    model = _model("bert").eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 97, (3, 16), generator=g)
+    labels = torch.full_like(ids, IGNORE)
+    chosen = torch.rand(3, 16, generator=g) < 0.3
+    labels[chosen] = ids[chosen]
+    mask = torch.ones(3, 16, dtype=torch.bool)
+    mask[2, 12:] = False  # padding in the last row
+    labels[2, 12:] = IGNORE
+    batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
+    out = compute_loss(model, batch, ObjectiveSection(name="mlm"))
+    logits = model(ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))  # (B, T, V): every row
+    full = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    assert int(out.count) == int((labels != IGNORE).sum()) > 0
+    torch.testing.assert_close(out.loss, full, rtol=1e-6, atol=1e-6)
+    valid = labels != IGNORE
+    assert int(out.correct) == int((logits.argmax(-1)[valid] == labels[valid]).sum())
+
+
+def test_clm_and_seq2seq_losses_are_sums_over_labelled_tokens_with_label_smoothing():
+    gpt = _model("gpt").eval()
+    ids = torch.randint(0, 97, (2, 9))
+    batch = dict(input_ids=ids[:, :-1], labels=ids[:, 1:])
+    out = compute_loss(gpt, batch, ObjectiveSection(name="clm"))
+    ref = F.cross_entropy(gpt(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
+    torch.testing.assert_close(out.loss_sum, ref)
+    assert int(out.count) == 16
+    t5 = _model("transformer").eval()
+    src, tgt = torch.randint(3, 97, (2, 7)), torch.randint(3, 97, (2, 6))
+    labels = tgt.roll(-1, 1)
+    labels[1, 4:] = IGNORE
+    b = dict(src_ids=src, src_mask=torch.ones_like(src, dtype=torch.bool), tgt_ids=tgt,
+             tgt_mask=torch.ones_like(tgt, dtype=torch.bool), labels=labels)
+    smooth = compute_loss(t5, b, ObjectiveSection(name="seq2seq", label_smoothing=0.1))
+    logits = t5(src, tgt, src_mask=b["src_mask"], tgt_mask=b["tgt_mask"])
+    ref = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, label_smoothing=0.1,
+                          reduction="sum")
+    torch.testing.assert_close(smooth.loss_sum, ref)
+    assert int(smooth.count) == 10
+
+
+def _save(run_dir, step, model, tok_dir, keep_last=3):
+    state = {"step": step, "rng": ckpt.rng_state()}
+    return ckpt.save_checkpoint(run_dir, step, model, state, tok_dir, {"objective": "clm", "recipe": "t"}, keep_last)
+
+
+def test_checkpoint_is_self_contained_and_trainer_state_loads_weights_only(tmp_path):
+    model = _model("gpt")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    folder = _save(tmp_path / "run", 3, model, tok)
+    assert folder.name == "step-3"
+    assert {"model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"} <= {p.name for p in folder.iterdir()}
+    state = torch.load(folder / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 3 and isinstance(state["rng"]["python"], tuple)
+    loaded, cfg = load_model(folder)
+    assert cfg == model.config
+    for (n, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_as_the_latest(tmp_path, monkeypatch):
+    model = _model("gpt")
+    run = tmp_path / "run"
+    _save(run, 2, model, tmp_path)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", crash)  # dies after the weights, before trainer_state.pt
+    with pytest.raises(OSError):
+        _save(run, 4, model, tmp_path)
+    assert not (run / "checkpoints" / "step-4").exists()
+    assert ckpt.latest_checkpoint(run).name == "step-2"
+    assert resolve_checkpoint(run).name == "step-2"
+    load_model(run)
+    # a process killed mid-write leaves a temp folder: never resolved, removed by the next save
+    monkeypatch.undo()
+    stale = run / "checkpoints" / ".step-6.tmp"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    assert resolve_checkpoint(run).name == "step-2"
+    _save(run, 8, model, tmp_path)
+    assert not stale.exists()
+
+
+def test_keep_last_prunes_the_oldest(tmp_path):
+    model = _model("gpt")
+    run = tmp_path / "run"
+    for step in (1, 2, 3, 4, 5):
+        _save(run, step, model, tmp_path, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [4, 5]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-5"]
+
+
+def test_resume_path_must_hold_a_trainer_state(tmp_path):
+    with pytest.raises(CheckpointError, match="not a training checkpoint"):
+        ckpt.resolve_resume(tmp_path)
+
+
+def test_optimizer_state_round_trips_by_parameter_name():
+    model = _model("gpt")
+    opt = build_optimizer(model, OptimSection(), torch.device("cpu"))
+    model(torch.randint(0, 97, (2, 8))).sum().backward()
+    opt.step()
+    named = ckpt.optimizer_state_by_name(model, opt)
+    assert "embed.tok.weight" in named["state"]
+    fresh = build_optimizer(model, OptimSection(), torch.device("cpu"))
+    ckpt.load_optimizer_state_by_name(model, fresh, named)
+    a, b = opt.state_dict(), fresh.state_dict()
+    for i in a["state"]:
+        assert torch.equal(a["state"][i]["exp_avg_sq"], b["state"][i]["exp_avg_sq"])

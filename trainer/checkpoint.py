@@ -1,0 +1,190 @@
+"""Training checkpoints: atomic, self-contained, pruned, and exact to resume from.
+
+`checkpoints/step-<N>/` holds what `tfkit.models.io.load_model` reads (`model.safetensors`,
+`config.json`), the tokenizer files (so the folder alone can generate, evaluate or be exported), and
+`trainer_state.pt`: optimizer and grad-scaler state, the step, the number of batches consumed and the RNG
+states. Batches are pure functions of (seed, batch index), so "batches consumed" *is* the data-loader
+position, and restoring the RNGs makes dropout replay identically: a resumed run is bit-identical to an
+uninterrupted one on CPU.
+
+Atomicity: everything is written into `.step-<N>.tmp/`, fsynced, then renamed to `step-<N>/` (a rename
+is atomic on POSIX). A crash mid-write leaves only a temp folder, which `resolve_checkpoint` and
+`latest_checkpoint` never match and the next save removes; the previous checkpoint stays valid.
+
+`trainer_state.pt` holds only tensors, numbers, strings and containers, so it loads with
+`torch.load(weights_only=True)` (no arbitrary unpickling). The optimizer state is keyed by parameter
+*name* rather than position, the layout FSDP's state-dict helpers use too.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model as load_safetensors_into
+from torch import nn
+
+from ..errors import CheckpointError
+from ..models.io import CONFIG, WEIGHTS, read_config, save_model
+
+TRAINER_STATE = "trainer_state.pt"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the training step can draw from (dropout on CPU or GPU, python `random`)."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()` with parameter positions replaced by parameter names."""
+    names = _param_names(model)
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    sd = optimizer.state_dict()
+    return {
+        "state": {ordered[i]: s for i, s in sd["state"].items()},
+        "param_groups": [{**g, "params": [ordered[i] for i in g["params"]]} for g in sd["param_groups"]],
+    }
+
+
+def load_optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict) -> None:
+    """Inverse of `optimizer_state_by_name`; a parameter-name mismatch is a CheckpointError."""
+    names = _param_names(model)
+    index = {names[id(p)]: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    missing = sorted(set(index) - {n for g in sd["param_groups"] for n in g["params"]})
+    if missing or len(sd["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"optimizer state does not match this model (parameters missing: {missing[:5]})")
+    optimizer.load_state_dict({
+        "state": {index[n]: s for n, s in sd["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]],
+    })
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}  # a tied tensor keeps its first name
+
+
+def save_checkpoint(run_dir: Path, step: int, model: nn.Module, trainer_state: dict, tokenizer_dir: Path,
+                    extra: dict, keep_last: int) -> Path:
+    """Write `run_dir/checkpoints/step-<step>/` atomically, then keep only the newest `keep_last`."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final, tmp = root / f"step-{step}", root / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save_model(model, tmp, extra={**extra, "step": step})
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, tmp / name)
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+        _fsync_tree(tmp)
+        if final.exists():  # saving the same step again (e.g. interrupted right after a save)
+            old = root / f".step-{step}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(root, keep_last)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete training checkpoint of a run folder, oldest first."""
+    root = run_dir / "checkpoints"
+    found = []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = _STEP.match(child.name)
+            if match and all((child / f).is_file() for f in (WEIGHTS, CONFIG, TRAINER_STATE)):
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints, and stale temp folders of killed saves."""
+    for step, folder in list_checkpoints(root.parent)[:-keep_last]:
+        shutil.rmtree(folder, ignore_errors=True)
+    for child in root.iterdir():
+        if child.name.startswith(".step-") and child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def resolve_resume(path: str | Path) -> Path:
+    """A checkpoint folder, or a run folder's latest checkpoint, that holds a trainer state."""
+    path = Path(path)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    latest = latest_checkpoint(path) if path.is_dir() else None
+    if latest is None:
+        raise CheckpointError(f"--resume {path}: not a training checkpoint (no {TRAINER_STATE}) "
+                              "nor a run folder with checkpoints/step-<N>/")
+    return latest
+
+
+def load_trainer_state(folder: Path) -> dict:
+    try:
+        return torch.load(folder / TRAINER_STATE, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a corrupt file
+        raise CheckpointError(f"{folder / TRAINER_STATE}: cannot load the trainer state ({err})") from err
+
+
+def load_weights(model: nn.Module, folder: Path) -> None:
+    """Fill `model` (already built with the checkpoint's config) from its model.safetensors."""
+    try:
+        load_safetensors_into(model, str(folder / WEIGHTS), strict=True)
+    except (SafetensorError, RuntimeError, OSError) as err:
+        raise CheckpointError(f"{folder / WEIGHTS}: does not hold the weights of this model ({err})") from err
+
+
+def checkpoint_model_config(folder: Path) -> dict:
+    return read_config(folder)["model"]
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename or new file durable: fsync the directory entry itself (a no-op where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,135 @@
+"""Where training numbers go: `metrics.jsonl` (always), TensorBoard (when installed), `loss.png` at the end.
+
+`metrics.jsonl` is the record of truth: one JSON object per line, flushed as written, readable by
+anything. Training rows carry `step, loss, accuracy, lr, grad_norm, tokens, tokens_per_sec` (+ `mfu` on
+GPUs); validation rows carry `step, val_loss, val_accuracy, val_ppl`. On resume, rows logged after the
+checkpoint (by the run that died) are dropped, so the file reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# Dense bf16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity), matched by
+# substring of torch.cuda.get_device_name(); the first match wins, so specific names come first.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H200", 989e12),  # H200 SXM
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # H100 SXM5
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+]
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Peak bf16 FLOP/s of a GPU from PEAK_BF16_FLOPS, None when unknown (MFU is then not reported)."""
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in device_name:
+            return flops
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_sec: float, peak: float | None, world_size: int) -> float | None:
+    """Model FLOPs utilisation: achieved training FLOP/s over the peak of every GPU in the job."""
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_sec / (peak * world_size)
+
+
+class MetricsWriter:
+    """Appends rows to metrics.jsonl and mirrors scalars to TensorBoard. Only rank 0 gets an enabled one."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None = None) -> None:
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        if resume_step is not None:
+            truncate_after(self.path, resume_step)
+        elif self.path.exists():
+            self.path.unlink()  # a fresh run in an existing folder starts a fresh record
+        self._file = self.path.open("a", encoding="utf-8")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is an optional extra (tfkit[plots])
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step)
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, row["step"])
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every row of a metrics.jsonl (a torn last line from a killed process is skipped)."""
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep only rows with `step <= step`: the rows a killed run wrote after its last checkpoint are
+    about to be produced again by the resumed run."""
+    if not path.exists():
+        return
+    kept = [row for row in read_metrics(path) if row.get("step", 0) <= step]
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+
+
+def plot_loss(metrics_path: Path, out: Path) -> Path | None:
+    """Training (and validation, when present) loss against step, as a PNG. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = read_metrics(metrics_path)
+    train = [(r["step"], r["loss"]) for r in rows if "loss" in r and math.isfinite(r["loss"])]
+    valid = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    if not train and not valid:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train", linewidth=1)
+    if valid:
+        ax.plot(*zip(*valid), "o-", label="validation", linewidth=1.5, markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,109 @@
+"""Training objectives: one function from (model, batch) to a summed loss and an accuracy count.
+
+The loss is returned as a *sum* over predicted tokens, not a mean. Gradient accumulation and data
+parallelism split one global batch into pieces, and the only way the pieces add up to exactly the
+gradient of the whole batch is to divide every piece by the token count of the *whole* batch (MLM
+micro-batches hold different numbers of masked tokens, so averaging per-piece means would weight tokens
+unequally). The training loop knows that global count before the forward pass (`count_targets`), so it
+does the division; the objectives stay oblivious of how the batch was split.
+
+Batches follow the contract in ARCHITECTURE.md: `labels` is -100 wherever nothing is predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .recipe import ObjectiveSection
+
+IGNORE = -100
+
+
+@dataclass
+class LossOutput:
+    loss_sum: Tensor  # () float: summed (label-smoothed) cross-entropy over predicted tokens
+    correct: Tensor  # () int: predicted tokens whose argmax equals the label
+    count: Tensor  # () int: predicted tokens (labels != -100)
+
+    @property
+    def loss(self) -> Tensor:
+        """Mean loss per predicted token (what a single-batch caller wants)."""
+        return self.loss_sum / self.count.clamp(min=1)
+
+
+def count_targets(batch: dict[str, Tensor]) -> int:
+    """Predicted tokens in a batch, known before any forward pass."""
+    return int((batch["labels"] != IGNORE).sum())
+
+
+def _token_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> LossOutput:
+    """Cross-entropy and accuracy of `logits (N, V)` against `labels (N,)`, skipping -100."""
+    loss_sum = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum",
+                               label_smoothing=label_smoothing)
+    valid = labels != IGNORE
+    correct = ((logits.argmax(dim=-1) == labels) & valid).sum()
+    return LossOutput(loss_sum, correct, valid.sum())
+
+
+def clm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> LossOutput:
+    """Causal LM: predict token t+1 from tokens <= t over packed blocks (labels are pre-shifted)."""
+    logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))  # (B, T, V)
+    return _token_loss(logits.flatten(0, 1), batch["labels"].flatten(), label_smoothing)
+
+
+def mlm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> LossOutput:
+    """Masked LM: encode everything, then run the vocabulary head only on the masked rows.
+
+    Only ~15% of positions carry a label, and the head (a D x V matmul plus its transform) is the most
+    expensive layer of a small BERT; gathering the masked rows first skips ~85% of that work and of the
+    (B, T, V) logits memory, with a loss identical to computing every logit and masking afterwards."""
+    hidden = model.encode(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                          token_type_ids=batch.get("token_type_ids"))  # (B, T, D)
+    labels = batch["labels"]  # (B, T)
+    masked = labels != IGNORE
+    rows = hidden[masked]  # (N, D), N = masked tokens
+    logits = model.mlm_logits(rows)  # (N, V)
+    return _token_loss(logits, labels[masked], label_smoothing)
+
+
+def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> LossOutput:
+    """Encoder-decoder: teacher forcing, the decoder sees the gold target shifted right (tgt_ids)."""
+    logits = model(batch["src_ids"], batch["tgt_ids"], src_mask=batch.get("src_mask"),
+                   tgt_mask=batch.get("tgt_mask"))  # (B, T_tgt, V)
+    return _token_loss(logits.flatten(0, 1), batch["labels"].flatten(), label_smoothing)
+
+
+OBJECTIVES = {"clm": clm_loss, "mlm": mlm_loss, "seq2seq": seq2seq_loss}
+
+
+def compute_loss(model: nn.Module, batch: dict[str, Tensor], objective: ObjectiveSection) -> LossOutput:
+    """The objective named in the recipe applied to one batch."""
+    return OBJECTIVES[objective.name](model, batch, objective.label_smoothing)
+
+
+class LossModule(nn.Module):
+    """`model` + objective as one module whose forward returns the loss.
+
+    DDP and FSDP hook the *forward* of the module they wrap; calling `model.encode` / `model.mlm_logits`
+    on a wrapped BERT would bypass those hooks (no gradient sync, no parameter all-gather). Wrapping this
+    module instead puts the whole objective behind one forward. It owns `model` as its only child, so its
+    state dict is the model's with a `model.` prefix, and checkpoints are written from `model` itself.
+    """
+
+    def __init__(self, model: nn.Module, objective: ObjectiveSection) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        out = compute_loss(self.model, batch, self.objective)
+        return out.loss_sum, out.correct, out.count
+
+
+def move_batch(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """Copy a batch to the training device (non-blocking from pinned memory on CUDA)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

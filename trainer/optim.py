@@ -1,0 +1,84 @@
+"""AdamW with decoupled weight decay, parameter groups, and the numeric-precision context.
+
+Weight decay pulls weights towards zero; that is a regulariser for matrices that mix features, but on a
+LayerNorm gain it fights the normalisation, on a bias it just shifts activations, and on an embedding
+row it punishes rare tokens for being rare (they get few gradient updates to push back). So, as GPT-2,
+BERT and every modern recipe do, decay applies only to the weight matrices of linear layers. A tied
+output head shares its tensor with the token embedding, so it inherits the embedding's "no decay".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .recipe import OptimSection
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: `decay` (linear-layer matrices) and `no_decay` (norms, biases, embeddings).
+
+    Membership is decided by the module that owns a tensor, not by its name, so it does not depend on how
+    the model files happen to name things. Shared tensors (tied embeddings) are counted once.
+    """
+    embedding_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    decay, no_decay, seen = [], [], set()
+    for _, param in model.named_parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        if param.ndim < 2 or id(param) in embedding_ids:
+            no_decay.append(param)  # biases and norm gains are 1-D; embeddings by owner
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]
+
+
+def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; the fused CUDA kernel (one launch for every tensor) on GPUs."""
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(
+        param_groups(model, optim.weight_decay),
+        lr=optim.lr,  # replaced every step by the schedule (set_lr)
+        betas=(optim.beta1, optim.beta2),
+        eps=optim.eps,
+        fused=fused or None,
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule is a pure function of the step, so the rate is written, never stepped."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_and_norm(params: Iterable[torch.Tensor], max_norm: float | None) -> float:
+    """Clip the global gradient norm to `max_norm` (None = no clipping) and return the norm before clipping.
+
+    The norm is computed even without clipping: it is logged, and a non-finite one marks a bad step."""
+    norm = torch.nn.utils.clip_grad_norm_(list(params), max_norm if max_norm is not None else math.inf)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor replicated on every rank
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """fp32: nothing. bf16 / fp16: autocast, so matmuls run in half precision while the weights, the
+    optimizer state and the reductions (softmax, norms, the loss) stay in fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none.
+    A disabled scaler is a no-op whose calls keep the training loop free of precision branches."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

@@ -1,0 +1,56 @@
+"""Validation: the same fixed batches every time, so successive numbers are comparable.
+
+Validation batch `i` is a pure function of (seed, i) like a training batch, so evaluating batches
+0..n-1 measures every checkpoint on identical tokens (and an MLM model on identical masks). Under data
+parallelism each rank evaluates its slice of each batch and the sums are all-reduced, so the result does
+not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .distributed import DistInfo, all_reduce_sum
+from .objectives import move_batch
+from .optim import autocast_context
+
+
+@dataclass
+class EvalResult:
+    loss: float  # mean cross-entropy per predicted token (nats)
+    accuracy: float  # fraction of predicted tokens whose argmax is right
+    tokens: int  # predicted tokens evaluated
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 700.0))  # exp overflows past ~709
+
+    def row(self, step: int) -> dict:
+        return {"step": step, "val_loss": self.loss, "val_accuracy": self.accuracy, "val_ppl": self.perplexity,
+                "val_tokens": self.tokens}
+
+
+@torch.no_grad()
+def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, info: DistInfo,
+             precision: str) -> EvalResult:
+    """Loss and accuracy of `loss_module` (see objectives.LossModule) over validation batches 0..n-1."""
+    was_training = loss_module.training
+    loss_module.eval()
+    totals = [0.0, 0.0, 0.0]  # loss sum, correct, count
+    try:
+        for i in range(n_batches):
+            batch = move_batch(dataset.batch(i, batch_size, info.rank, info.world_size), info.device)
+            with autocast_context(precision, info.device):
+                loss_sum, correct, count = loss_module(batch)
+            totals[0] += float(loss_sum)
+            totals[1] += float(correct)
+            totals[2] += float(count)
+    finally:
+        loss_module.train(was_training)
+    loss_sum, correct, count = all_reduce_sum(totals, info)
+    count = max(count, 1.0)
+    return EvalResult(loss=loss_sum / count, accuracy=correct / count, tokens=int(count))
