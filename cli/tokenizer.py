@@ -1,0 +1,57 @@
+"""`tfkit train-tokenizer`: train a BPE / WordPiece / Unigram tokenizer on a corpus and print its report.
+
+Thin on purpose: the work lives in `tfkit.tokenization` (corpus readers, training, report), so the same
+thing is one function call from Python. Errors are `TfkitError`s, printed by the app's error boundary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..tokenization.corpus import corpus_size, hold_out_tail, iter_documents
+from ..tokenization.report import print_report
+from ..tokenization.train import TokenizerSpec, train_tokenizer as train
+
+
+def train_tokenizer(
+    corpus: Annotated[
+        str, typer.Argument(help="File, glob ('data/*.txt'), folder, JSONL, or stdlib:docs / stdlib:code[:train].")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for tokenizer.json and friends.")],
+    kind: Annotated[str, typer.Option(help="bpe (GPT-2 byte-level) | wordpiece (BERT) | unigram (SentencePiece).")] = "bpe",
+    vocab_size: Annotated[int, typer.Option(help="Final vocabulary size, alphabet and special tokens included.")] = 8192,
+    min_frequency: Annotated[int, typer.Option(help="Minimum pair count for a merge (bpe, wordpiece).")] = 2,
+    special_token: Annotated[
+        Optional[list[str]], typer.Option("--special-token", help="Extra special token (repeatable).")
+    ] = None,
+    limit_alphabet: Annotated[Optional[int], typer.Option(help="wordpiece: keep the N most frequent characters.")] = None,
+    lowercase: Annotated[bool, typer.Option(help="Lowercase the text first (uncased models).")] = False,
+    text_field: Annotated[str, typer.Option(help="JSON/JSONL key holding the text.")] = "text",
+    heldout_chars: Annotated[
+        int, typer.Option(help="Characters from the end of the corpus held out for the report (at most 10%).")
+    ] = 200_000,
+    force: Annotated[bool, typer.Option("--force", help="Replace an output folder holding a different tokenizer.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Train a tokenizer on CORPUS and save tokenizer.json, the transformers config files and a report.
+
+    The last --heldout-chars of the corpus are not trained on; the report measures bytes per token,
+    tokens per word and the unknown-token rate on them.
+    """
+    spec = TokenizerSpec(
+        kind=kind,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(special_token or []),
+        limit_alphabet=limit_alphabet,
+        lowercase=lowercase,
+    ).validate()
+    heldout: list[str] = []  # filled by hold_out_tail once the stream ends, before the report is built
+    texts = hold_out_tail(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)
+    report = train(spec, texts, out, show_progress=not quiet, heldout=heldout, force=force,
+                   progress_total=corpus_size(corpus))
+    print_report(report)
+    typer.echo(f"saved {out}")

@@ -1,0 +1,55 @@
+"""`train-tokenizer` through Typer's CliRunner on a throwaway app (cli/main.py registers it for real)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tfkit.cli.tokenizer import train_tokenizer
+from tfkit.errors import DataError
+from tfkit.tokenization.train import load_tokenizer
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+
+app = typer.Typer()
+app.command()(train_tokenizer)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    if not SHAKESPEARE.exists():
+        pytest.skip(f"corpus {SHAKESPEARE} not present")
+    path = tmp_path / "shakespeare.txt"
+    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:150_000])
+    return path
+
+
+def test_cli_trains_and_writes_every_file(corpus, tmp_path):
+    out = tmp_path / "tok"
+    result = CliRunner().invoke(app, [str(corpus), "--out", str(out), "--kind", "wordpiece", "--vocab-size", "600",
+                                      "--lowercase", "--special-token", "[USER]", "--heldout-chars", "5000", "-q"])
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == {
+        "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer_report.json"
+    }
+    report = json.loads((out / "tokenizer_report.json").read_text())
+    assert 4900 < report["heldout_bytes"] <= 5000  # the tail, cut at a line boundary
+    assert report["heldout_bytes"] + report["training_chars"] == 150_000
+    assert "bytes / token" in result.output and "wordpiece tokenizer" in result.output
+    tok = load_tokenizer(out)
+    assert tok.vocab_size == 600 and tok.token_to_id("[USER]") == 5
+    assert tok.encode("HEAR") == tok.encode("hear")
+
+
+def test_cli_errors_are_tfkit_errors(tmp_path):
+    result = CliRunner().invoke(app, [str(tmp_path / "missing.txt"), "--out", str(tmp_path / "tok")])
+    assert result.exit_code != 0 and isinstance(result.exception, DataError)
+    assert "missing.txt: no such file" in str(result.exception)
+    assert not (tmp_path / "tok").exists()
+
+
+def test_help_comes_from_the_docstring():
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0 and "Train a tokenizer on CORPUS" in result.output

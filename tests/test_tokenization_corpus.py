@@ -1,0 +1,138 @@
+"""Corpus readers: every spec form, streaming of big files, repairs and one-line errors."""
+
+import json
+import os
+import warnings
+
+import pytest
+
+from tfkit.errors import ConfigError, DataError
+from tfkit.tokenization.corpus import (
+    CorpusStats,
+    CorpusWarning,
+    corpus_fingerprint,
+    hold_out_tail,
+    iter_documents,
+    iter_pieces,
+    split_documents,
+)
+
+
+def test_text_file_is_one_document(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("hello\nworld\n")
+    assert list(iter_pieces(str(f))) == [("hello\nworld\n", True)]
+
+
+def test_large_file_streams_in_line_aligned_pieces_of_one_document(tmp_path):
+    f = tmp_path / "big.txt"
+    lines = [f"line {i} " + "é" * (i % 7) + "\n" for i in range(2000)]
+    f.write_text("".join(lines), encoding="utf-8")
+    pieces = list(iter_pieces(str(f), chunk_bytes=1000))
+    assert len(pieces) > 10
+    assert [new for _, new in pieces] == [True] + [False] * (len(pieces) - 1)
+    assert all(text.endswith("\n") for text, _ in pieces)  # cut at line boundaries
+    assert "".join(text for text, _ in pieces) == "".join(lines)
+
+
+def test_one_enormous_line_is_cut_without_breaking_characters(tmp_path):
+    f = tmp_path / "line.txt"
+    f.write_text("ab€" * 1000, encoding="utf-8")  # 5 bytes per repeat, no newline
+    pieces = list(iter_pieces(str(f), chunk_bytes=64))
+    assert len(pieces) > 1 and "".join(t for t, _ in pieces) == "ab€" * 1000
+
+
+def test_glob_and_folder_are_sorted_and_recursive(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "b.txt").write_text("B")
+    (tmp_path / "a.md").write_text("A")
+    (tmp_path / "sub" / "c.txt").write_text("C")
+    (tmp_path / "skip.bin").write_text("nope")
+    assert list(iter_documents(str(tmp_path))) == ["A", "B", "C"]
+    assert list(iter_documents(str(tmp_path / "*.txt"))) == ["B"]
+    assert list(iter_documents(str(tmp_path / "**" / "*.txt"))) == ["B", "C"]
+
+
+def test_jsonl_json_and_tsv(tmp_path):
+    jl = tmp_path / "d.jsonl"
+    jl.write_text('{"text": "one"}\n\n{"text": "two", "id": 2}\n')
+    assert list(iter_pieces(str(jl))) == [("one", True), ("two", True)]
+    body = tmp_path / "e.jsonl"
+    body.write_text('{"body": "x"}\n')
+    assert list(iter_documents(str(body), text_field="body")) == ["x"]
+    arr = tmp_path / "f.json"
+    arr.write_text(json.dumps(["s1", {"text": "s2"}]))
+    assert list(iter_documents(str(arr))) == ["s1", "s2"]
+    tsv = tmp_path / "g.tsv"
+    tsv.write_text("hello\tbonjour\nbye\tau revoir\n")
+    assert list(iter_documents(str(tsv))) == ["hello\nbonjour", "bye\nau revoir"]
+
+
+def test_invalid_utf8_is_replaced_counted_and_warned_once(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"good \xff\xfe text\n")
+    (tmp_path / "b.txt").write_bytes(b"more \x80 bad\n")
+    stats = CorpusStats()
+    with pytest.warns(CorpusWarning, match=r"3 invalid UTF-8 bytes.*2 file") as record:
+        docs = list(iter_documents(str(tmp_path), stats=stats))
+    assert len(record) == 1
+    assert docs == ["good \ufffd\ufffd text\n", "more \ufffd bad\n"]
+    assert stats.replaced_bytes == 3 and stats.documents == 2
+
+
+def test_clean_corpus_gives_no_warning(tmp_path):
+    (tmp_path / "a.txt").write_text("fine\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(iter_documents(str(tmp_path))) == ["fine\n"]
+
+
+@pytest.mark.parametrize(
+    "setup, spec, match",
+    [
+        (lambda d: None, "missing.txt", r"missing\.txt: no such file"),
+        (lambda d: None, "*.nothing", r"glob .*\*\.nothing.* matches no files"),
+        (lambda d: (d / "e.txt").write_text("  \n"), "e.txt", r"corpus .*e\.txt is empty"),
+        (lambda d: (d / "m.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n'), "m.jsonl", r"m\.jsonl:2: no 'text' field"),
+        (lambda d: (d / "j.jsonl").write_text('{"text": "a"}\n{oops\n'), "j.jsonl", r"j\.jsonl:2: invalid JSON"),
+        (lambda d: (d / "n.jsonl").write_text('{"text": 5}\n'), "n.jsonl", r"n\.jsonl:1: field 'text' is int"),
+        (lambda d: (d / "sub").mkdir(), "sub", r"sub: no .* files inside"),
+        (lambda d: None, "stdlib:pictures", r"stdlib:pictures.*expected stdlib:code or stdlib:docs"),
+    ],
+)
+def test_bad_corpus_is_one_line_data_error(tmp_path, setup, spec, match):
+    setup(tmp_path)
+    path = spec if spec.startswith("stdlib:") else str(tmp_path / spec)
+    with pytest.raises(DataError, match=match) as err:
+        list(iter_documents(path))
+    assert "\n" not in str(err.value)
+
+
+def test_split_documents_holds_out_the_tail():
+    docs = list(range(20))
+    assert split_documents(docs, 0.1) == (list(range(18)), [18, 19])
+    assert split_documents(docs[:3], 0.01) == ([0, 1], [2])  # at least one when possible
+    with pytest.raises(ConfigError, match="valid_fraction"):
+        split_documents(docs, 1.5)
+
+
+def test_hold_out_tail_keeps_the_last_chars_of_one_big_document():
+    texts = [f"line {i}\n" * 10 for i in range(100)]
+    heldout: list[str] = []
+    trained = list(hold_out_tail(iter(texts), max_chars=500, heldout=heldout))
+    assert len(heldout) == 1 and 400 <= len(heldout[0]) <= 500 and heldout[0].startswith("line")
+    assert "".join(trained) + heldout[0] == "".join(texts)
+    small: list[str] = []
+    list(hold_out_tail(["a\n" * 50], max_chars=10_000, heldout=small))  # capped at 10% of the stream
+    assert len(small[0]) <= 10
+
+
+def test_corpus_fingerprint_tracks_files(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("abc")
+    first = corpus_fingerprint(str(tmp_path))
+    assert first == corpus_fingerprint(str(tmp_path))
+    assert first != corpus_fingerprint(str(tmp_path), text_field="body")
+    f.write_text("abcd")
+    os.utime(f, ns=(1, 1))
+    assert corpus_fingerprint(str(tmp_path)) != first
+    assert len(corpus_fingerprint("stdlib:docs:train")) == 16

@@ -1,0 +1,296 @@
+"""Corpus readers: one spec string (file, glob, folder, JSONL, `stdlib:...`) to a stream of text.
+
+A *spec* is what users type after `--corpus` or put in a recipe:
+
+- a file: `.txt`/`.md` (one document per file), `.jsonl` (one document per line, `text_field`),
+  `.json` (a JSON array of strings or objects with `text_field`, or JSON lines), `.tsv` (one document per
+  line, its columns joined by newlines, so a `source<TAB>target` file trains a tokenizer on both sides);
+- a glob (`data/*.txt`, `**` allowed) or a folder (searched recursively for those suffixes), both sorted
+  so the order, and therefore every cache key and split, is deterministic;
+- `stdlib:code` / `stdlib:docs`, optionally `:train` / `:valid` (see `stdlib_corpus`).
+
+Large plain-text files are never read whole: they stream in ~1 MB pieces cut at line boundaries. A
+piece of the same file is *not* a new document, which matters for causal-LM packing (no EOS between
+them), so the low-level `iter_pieces` yields `(text, is_new_document)`; `iter_documents` yields the text
+only, for consumers that do not care (tokenizer training).
+
+Invalid UTF-8 is decoded with U+FFFD replacement, counted, and reported as ONE warning per pass (a few
+bad bytes in a web scrape should not stop a run). Everything else a user can get wrong is a one-line
+`DataError` naming the file (and line) at fault.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from ..errors import ConfigError, DataError
+from .stdlib_corpus import stdlib_documents, stdlib_fingerprint
+
+TEXT_SUFFIXES = (".txt", ".md")
+SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv")
+CHUNK_BYTES = 1 << 20  # piece size for streaming large plain-text files
+_SURROGATES = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of undecodable bytes
+
+T = TypeVar("T")
+
+
+class CorpusWarning(UserWarning):
+    """Something in the corpus was repaired rather than rejected (e.g. invalid UTF-8 replaced)."""
+
+
+@dataclass
+class CorpusStats:
+    """Filled while a corpus streams: lets callers report sizes and throughput without a second pass."""
+
+    files: int = 0
+    documents: int = 0
+    bytes_read: int = 0
+    replaced_bytes: int = 0
+    replaced_in: list[str] = field(default_factory=list)  # files where invalid UTF-8 was replaced
+
+
+def resolve_files(spec: str) -> list[Path]:
+    """The sorted files a path/glob/folder spec stands for; DataError if it names nothing usable."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+        if not files:
+            raise DataError(f"corpus folder {spec}: no {'/'.join(SUFFIXES)} files inside")
+        return files
+    if glob.has_magic(spec):
+        matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
+        files: list[Path] = []
+        for m in matches:
+            files.extend([m] if m.is_file() else resolve_files(str(m)) if m.is_dir() else [])
+        if not files:
+            raise DataError(f"corpus glob {spec!r} matches no files")
+        return files
+    raise DataError(f"corpus {spec}: no such file or folder")
+
+
+def _decode(data: bytes, name: str, stats: CorpusStats) -> str:
+    """UTF-8 decode; invalid bytes become U+FFFD and are counted (one warning is issued per pass)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="surrogateescape")  # one surrogate per bad byte: countable
+        bad = len(_SURROGATES.findall(text))
+        stats.replaced_bytes += bad
+        if name not in stats.replaced_in:
+            stats.replaced_in.append(name)
+        return _SURROGATES.sub("\ufffd", text)
+
+
+def _read_chunks(path: Path, stats: CorpusStats, chunk_bytes: int) -> Iterator[str]:
+    """A text file in pieces of about `chunk_bytes`, each ending at a line boundary when one exists."""
+    with open(path, "rb") as f:
+        rest = b""
+        while True:
+            block = f.read(chunk_bytes)
+            stats.bytes_read += len(block)
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # one enormous line: cut anyway, but before the lead byte of the last character
+                i = len(data) - 1
+                while i > len(data) - 4 and i > 0 and (data[i] & 0xC0) == 0x80:
+                    i -= 1
+                cut = i if data[i] >= 0xC0 else len(data)
+                if cut == 0:
+                    rest = data
+                    continue
+            rest = data[cut:]
+            yield _decode(data[:cut], str(path), stats)
+        if rest:
+            yield _decode(rest, str(path), stats)
+
+
+def _json_text(value: object, field_name: str, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and field_name in value:
+        text = value[field_name]
+        if isinstance(text, str):
+            return text
+        raise DataError(f"{where}: field {field_name!r} is {type(text).__name__}, expected a string")
+    raise DataError(f"{where}: no {field_name!r} field (set text_field to the key holding the text)")
+
+
+def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            stats.bytes_read += len(raw)
+            line = _decode(raw, str(path), stats).strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            yield _json_text(record, text_field, f"{path}:{lineno}")
+
+
+def _read_json(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
+    """A JSON array of records (read whole: JSON cannot be streamed without a parser) or JSON lines."""
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    if not head.startswith(b"["):
+        yield from _read_jsonl(path, text_field, stats)
+        return
+    data = path.read_bytes()
+    stats.bytes_read += len(data)
+    try:
+        records = json.loads(_decode(data, str(path), stats))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    for i, record in enumerate(records):
+        yield _json_text(record, text_field, f"{path}: item {i}")
+
+
+def _read_tsv(path: Path, stats: CorpusStats) -> Iterator[str]:
+    with open(path, "rb") as f:
+        for raw in f:
+            stats.bytes_read += len(raw)
+            yield "\n".join(_decode(raw, str(path), stats).rstrip("\r\n").split("\t"))
+
+
+def _file_pieces(path: Path, text_field: str, stats: CorpusStats, chunk_bytes: int):
+    """(text, is_new_document) for one file: chunks of a text file continue their document."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return ((t, True) for t in _read_jsonl(path, text_field, stats))
+    if suffix == ".json":
+        return ((t, True) for t in _read_json(path, text_field, stats))
+    if suffix == ".tsv":
+        return ((t, True) for t in _read_tsv(path, stats))
+    return ((t, i == 0) for i, t in enumerate(_read_chunks(path, stats, chunk_bytes)))
+
+
+def iter_pieces(
+    spec: str,
+    *,
+    text_field: str = "text",
+    chunk_bytes: int = CHUNK_BYTES,
+    stats: CorpusStats | None = None,
+) -> Iterator[tuple[str, bool]]:
+    """Stream `(text, is_new_document)`; pieces of one large text file have `is_new_document=False`.
+
+    Whitespace-only documents are skipped. Raises DataError for a missing path, an empty glob, bad JSON,
+    a missing field, or a corpus with no text at all (checked at the end, so nothing is read twice).
+    """
+    stats = stats if stats is not None else CorpusStats()
+    if spec.startswith("stdlib:"):
+        for text in stdlib_documents(spec):
+            stats.documents += 1
+            stats.bytes_read += len(text)
+            yield text, True
+        if not stats.documents:
+            raise DataError(f"corpus {spec} is empty")
+        return
+    files = resolve_files(spec)
+    for path in files:
+        stats.files += 1
+        started = False  # a document starts at its first non-blank piece
+        for text, new_doc in _file_pieces(path, text_field, stats, chunk_bytes):
+            if new_doc:
+                started = False
+            if not text.strip() and not started:
+                continue
+            if not started:
+                stats.documents += 1
+            yield text, not started
+            started = True
+    if stats.replaced_bytes:
+        warnings.warn(
+            f"corpus {spec}: {stats.replaced_bytes} invalid UTF-8 bytes replaced with U+FFFD in "
+            f"{len(stats.replaced_in)} file(s), first {stats.replaced_in[0]}",
+            CorpusWarning,
+            stacklevel=2,
+        )
+    if not stats.documents:
+        raise DataError(f"corpus {spec} is empty: {len(files)} file(s) but no text")
+
+
+def iter_documents(spec: str, *, text_field: str = "text", stats: CorpusStats | None = None) -> Iterator[str]:
+    """Stream the corpus as text units: each record, each small file, or each ~1 MB piece of a big file.
+
+    Use `iter_pieces` when document boundaries matter (token packing); here they do not.
+    """
+    for text, _ in iter_pieces(spec, text_field=text_field, stats=stats):
+        yield text
+
+
+def corpus_size(spec: str) -> int:
+    """Approximate size in bytes (file sizes, or characters for stdlib): for progress bars only."""
+    if spec.startswith("stdlib:"):
+        return sum(len(t) for t in stdlib_documents(spec))
+    return sum(p.stat().st_size for p in resolve_files(spec))
+
+
+def corpus_fingerprint(spec: str, text_field: str = "text") -> str:
+    """Cheap cache key: resolved paths, sizes and mtimes (Python version for stdlib), no reading."""
+    h = hashlib.sha256(f"text_field={text_field}".encode())
+    if spec.startswith("stdlib:"):
+        h.update(stdlib_fingerprint(spec).encode())
+    else:
+        for path in resolve_files(spec):
+            st = path.stat()
+            h.update(f"|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def split_documents(docs: Sequence[T], valid_fraction: float) -> tuple[list[T], list[T]]:
+    """Hold out the LAST `valid_fraction` of documents (deterministic; at least one if there are two).
+
+    The tail rather than a random sample because a corpus is often in time or source order, and a
+    held-out tail measures generalisation to text the model has not seen rather than interleaved text.
+    """
+    if not 0.0 < valid_fraction < 1.0:
+        raise ConfigError(f"data.valid_fraction: got {valid_fraction}, expected 0 < value < 1")
+    n_valid = max(1, round(len(docs) * valid_fraction)) if len(docs) >= 2 else 0
+    cut = len(docs) - n_valid
+    return list(docs[:cut]), list(docs[cut:])
+
+
+def hold_out_tail(
+    texts: Iterable[str], max_chars: int, heldout: list[str], max_fraction: float = 0.1
+) -> Iterator[str]:
+    """Yield the stream minus its last ~`max_chars` characters (at most `max_fraction` of it), which are
+    appended to `heldout` when the stream ends.
+
+    One pass and bounded memory: the tail is buffered before being released, so the held-out slice of a
+    single huge file (one document) still exists, cut at a line boundary. The head of the piece that
+    straddles the cut is yielded last, which is harmless for tokenizer training.
+    """
+    buffer: list[str] = []
+    buffered = total = 0
+    for text in texts:
+        buffer.append(text)
+        buffered += len(text)
+        total += len(text)
+        while len(buffer) > 1 and buffered - len(buffer[0]) >= max_chars:
+            buffered -= len(buffer[0])
+            yield buffer.pop(0)
+    keep = min(max_chars, int(total * max_fraction))
+    if keep <= 0 or not buffer:
+        yield from buffer
+        return
+    joined = "".join(buffer)
+    start = len(joined) - keep
+    newline = joined.find("\n", start)
+    start = newline + 1 if 0 <= newline < len(joined) - 1 else start
+    if start > 0:
+        yield joined[:start]
+    heldout.append(joined[start:])

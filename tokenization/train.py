@@ -1,0 +1,404 @@
+"""Train a tokenizer (byte-level BPE, BERT WordPiece, SentencePiece-style Unigram) into a folder.
+
+Each kind is a composed HuggingFace `tokenizers` pipeline (normalizer -> pre-tokenizer -> model ->
+post-processor -> decoder) trained from an iterator, so a corpus larger than memory streams through and
+the result is the standard `tokenizer.json` that `tokenizers`, `transformers` and tfkit all load:
+
+| kind      | like    | special tokens (ids from 0)             | unknown text           |
+| --------- | ------- | --------------------------------------- | ---------------------- |
+| bpe       | GPT-2   | `<|endoftext|>` (BOS = EOS), `<|pad|>`  | impossible (256 bytes) |
+| wordpiece | BERT    | `[PAD] [UNK] [CLS] [SEP] [MASK]`        | `[UNK]`                |
+| unigram   | XLM-R   | `<pad> <unk> <s> </s> <mask>`           | `<unk>`                |
+
+bpe training is deterministic: the same text and spec give a byte-identical tokenizer.json. tokenizers
+(0.23) trains WordPiece and Unigram with hash-map iteration order, so ties among equally frequent merges
+(and float sums in Unigram's EM) can differ between runs: same quality, occasionally a different piece
+near the vocabulary cut-off. Fingerprints (sha256 of the file) therefore identify a trained tokenizer,
+never a spec.
+
+The output folder is written to a temporary sibling and renamed into place, so an interrupted run never
+leaves a half-written tokenizer, and an existing folder holding a different tokenizer is never replaced
+unless `force=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError, DataError
+
+KINDS = ("bpe", "wordpiece", "unigram")
+KIND_SPECIALS = {
+    "bpe": ("<|endoftext|>", "<|pad|>"),
+    "wordpiece": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+    "unigram": ("<pad>", "<unk>", "<s>", "</s>", "<mask>"),
+}
+# Role -> token, in transformers' names. unigram reuses <s>/</s> as [CLS]/[SEP] (RoBERTa/XLM-R style).
+KIND_ROLES = {
+    "bpe": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|pad|>"},
+    "wordpiece": {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                  "mask_token": "[MASK]"},
+    "unigram": {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
+                "cls_token": "<s>", "sep_token": "</s>", "mask_token": "<mask>"},
+}
+MASK_NAMES = ("<|mask|>", "<mask>", "[MASK]")  # an extra special with one of these names becomes the mask
+ROLES = ("pad", "unk", "bos", "eos", "cls", "sep", "mask")
+
+REPORT_FILE = "tokenizer_report.json"
+
+
+@dataclass
+class TokenizerSpec:
+    kind: str = "bpe"  # bpe (GPT-2 byte-level) | wordpiece (BERT) | unigram (SentencePiece / XLM-R)
+    vocab_size: int = 8192  # final size including the alphabet and special tokens
+    min_frequency: int = 2  # a pair must occur this often to be merged (bpe, wordpiece; unigram ignores it)
+    special_tokens: list[str] = field(default_factory=list)  # extra specials, after the kind's own
+    limit_alphabet: int | None = None  # wordpiece: keep only the N most frequent characters (rest -> [UNK])
+    lowercase: bool = False  # lowercase before splitting (uncased models)
+    strip_accents: bool | None = None  # remove accents; None = same as lowercase (BERT's convention)
+
+    def problems(self, prefix: str = "tokenizer") -> list[str]:
+        """Every invalid field or impossible combination, each as one line naming the key."""
+        out: list[str] = []
+        if self.kind not in KINDS:
+            out.append(f"{prefix}.kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 1:
+            out.append(f"{prefix}.vocab_size: got {self.vocab_size!r}, expected a positive integer")
+        elif self.kind == "bpe" and self.vocab_size < self.min_vocab_size():
+            out.append(
+                f"{prefix}.vocab_size: got {self.vocab_size}, byte-level bpe needs at least "
+                f"{self.min_vocab_size()} (256 bytes + {len(self.all_special_tokens())} special tokens)"
+            )
+        if not isinstance(self.min_frequency, int) or self.min_frequency < 0:
+            out.append(f"{prefix}.min_frequency: got {self.min_frequency!r}, expected an integer >= 0")
+        if self.limit_alphabet is not None and self.kind != "wordpiece":
+            out.append(f"{prefix}.limit_alphabet: only wordpiece supports it (bpe keeps all 256 bytes, unigram "
+                       f"every character); got {self.limit_alphabet} with kind {self.kind!r}")
+        elif self.limit_alphabet is not None and (not isinstance(self.limit_alphabet, int) or self.limit_alphabet < 1):
+            out.append(f"{prefix}.limit_alphabet: got {self.limit_alphabet!r}, expected a positive integer")
+        bad = [t for t in self.special_tokens if not isinstance(t, str) or not t.strip()]
+        if bad:
+            out.append(f"{prefix}.special_tokens: got {bad!r}, expected non-empty strings")
+        elif len(set(self.all_special_tokens())) != len(self.all_special_tokens()):
+            dupes = sorted({t for t in self.special_tokens if self.all_special_tokens().count(t) > 1})
+            out.append(f"{prefix}.special_tokens: {', '.join(dupes)} listed twice or already built into {self.kind}")
+        return out
+
+    def validate(self) -> "TokenizerSpec":
+        if problems := self.problems():
+            raise ConfigError("; ".join(problems))
+        return self
+
+    def all_special_tokens(self) -> list[str]:
+        return list(KIND_SPECIALS.get(self.kind, ())) + list(self.special_tokens)
+
+    def min_vocab_size(self) -> int:
+        """Smallest vocabulary known before training (bpe: 256 bytes + specials)."""
+        return (256 if self.kind == "bpe" else 1) + len(self.all_special_tokens())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _normalizer(spec: TokenizerSpec):
+    strip = spec.lowercase if spec.strip_accents is None else spec.strip_accents
+    if spec.kind == "wordpiece":
+        return normalizers.BertNormalizer(clean_text=True, lowercase=spec.lowercase, strip_accents=strip)
+    steps = [normalizers.NFKC()] if spec.kind == "unigram" else []  # SentencePiece's default
+    if strip:
+        steps += [normalizers.NFD(), normalizers.StripAccents(), normalizers.NFC()]
+    if spec.lowercase:
+        steps.append(normalizers.Lowercase())
+    return normalizers.Sequence(steps) if steps else None
+
+
+def build_pipeline(spec: TokenizerSpec) -> tuple[Tokenizer, trainers.Trainer]:
+    """The untrained tokenizer and its trainer for a spec: the single place the three kinds differ."""
+    specials = spec.all_special_tokens()
+    if spec.kind == "bpe":
+        tok = Tokenizer(models.BPE())  # no unk_token: every byte is in the alphabet
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=spec.vocab_size,
+            min_frequency=spec.min_frequency,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    elif spec.kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        cls, sep = specials.index("[CLS]"), specials.index("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
+        tok.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=spec.vocab_size,
+            min_frequency=spec.min_frequency,
+            special_tokens=specials,
+            continuing_subword_prefix="##",
+            show_progress=False,
+            **({} if spec.limit_alphabet is None else {"limit_alphabet": spec.limit_alphabet}),
+        )
+    elif spec.kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        bos, eos = specials.index("<s>"), specials.index("</s>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>",
+            pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", bos), ("</s>", eos)],
+        )
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(
+            vocab_size=spec.vocab_size, special_tokens=specials, unk_token="<unk>", show_progress=False
+        )
+    else:
+        raise ConfigError(f"tokenizer.kind: got {spec.kind!r}, expected one of {', '.join(KINDS)}")
+    normalizer = _normalizer(spec)
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    return tok, trainer
+
+
+def _counted(texts: Iterable[str], bar: tqdm, seen: dict) -> Iterator[str]:
+    """Drive the progress bar and remember the characters seen (for the empty/too-small checks)."""
+    for text in texts:
+        seen["chars"] += len(text)
+        seen["alphabet"].update(text)
+        bar.update(len(text))
+        yield text
+
+
+def _check_out_dir(out: Path, force: bool) -> None:
+    if force or not out.exists():
+        return
+    if not out.is_dir():
+        raise DataError(f"tokenizer output {out}: exists and is not a folder")
+    if any(out.iterdir()) and not (out / "tokenizer.json").exists():
+        raise DataError(f"tokenizer output {out}: folder is not empty and holds no tokenizer (use --force)")
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Move the finished temp folder into place without ever losing a different existing tokenizer."""
+    if out.exists() and any(out.iterdir()):
+        old = out / "tokenizer.json"
+        same = old.exists() and old.read_bytes() == (tmp / "tokenizer.json").read_bytes()
+        if same and not force:  # same tokenizer: refresh our files, keep anything else in the folder
+            for f in tmp.iterdir():
+                f.replace(out / f.name)
+            return
+        if not force:
+            raise DataError(f"tokenizer output {out}: holds a different tokenizer; use --force to replace it")
+        trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        out.rename(trash)
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+
+
+def train_tokenizer(
+    spec: TokenizerSpec,
+    texts: Iterable[str],
+    out_dir: str | Path,
+    *,
+    show_progress: bool = True,
+    heldout: list[str] | None = None,
+    force: bool = False,
+    progress_total: int | None = None,
+) -> dict:
+    """Train on `texts` (streamed once), save the folder, return the report (also saved as JSON).
+
+    `heldout` texts (never trained on) give the compression and unknown-rate figures of the report.
+    `progress_total` is the approximate corpus size in characters, for the progress bar only.
+    Raises ConfigError for an invalid spec or a vocabulary smaller than the corpus alphabet, DataError
+    for an empty corpus or an output folder that must not be overwritten.
+    """
+    from .report import build_report  # report imports this module's spec type
+
+    spec.validate()
+    out = Path(out_dir)
+    _check_out_dir(out, force)
+    tok, trainer = build_pipeline(spec)
+    length = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
+    with tqdm(total=progress_total, unit="char", unit_scale=True, desc=f"train {spec.kind}",
+              disable=not show_progress) as bar:
+        seen: dict = {"chars": 0, "alphabet": set()}
+        start = time.perf_counter()
+        try:
+            tok.train_from_iterator(_counted(texts, bar, seen), trainer, length=length)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exception for user problems
+            if "not large enough" in str(e):
+                raise _too_small(spec, tok, seen["alphabet"]) from None
+            raise
+        seconds = time.perf_counter() - start
+    if seen["chars"] == 0 or not "".join(seen["alphabet"]).strip():
+        raise DataError("tokenizer corpus is empty: no text to train on")
+    if tok.get_vocab_size() > spec.vocab_size:
+        raise _too_small(spec, tok, seen["alphabet"], minimum=tok.get_vocab_size())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        roles = roles_for(spec.kind, spec.special_tokens)
+        write_tokenizer_files(tok, tmp, spec.kind, roles, spec.special_tokens, spec.to_dict())
+        trained = load_tokenizer(tmp)
+        report = build_report(trained, spec, heldout, seconds, seen["chars"])
+        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        _publish(tmp, out, force)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _too_small(spec: TokenizerSpec, tok: Tokenizer, alphabet: set[str], minimum: int | None = None) -> ConfigError:
+    """One line naming tokenizer.vocab_size and the minimum the corpus alphabet (plus specials) needs."""
+    about = "" if minimum is not None else "about "
+    if minimum is None:  # unigram refuses before building anything: estimate from the normalized alphabet
+        chars = tok.normalizer.normalize_str("".join(sorted(alphabet))) if tok.normalizer else "".join(alphabet)
+        minimum = len(set(chars) - set(" \t\n\r")) + 1 + len(spec.all_special_tokens())
+    hint = " (or set tokenizer.limit_alphabet)" if spec.kind == "wordpiece" else ""
+    return ConfigError(
+        f"tokenizer.vocab_size: got {spec.vocab_size}, smaller than the alphabet of this corpus; "
+        f"{spec.kind} needs at least {about}{minimum}{hint}"
+    )
+
+
+def check_vocab_fits(tokenizer: TfkitTokenizer, model_vocab_size: int) -> None:
+    """ConfigError when token ids could index past the model's embedding table."""
+    if tokenizer.vocab_size > model_vocab_size:
+        raise ConfigError(
+            f"model.vocab_size: got {model_vocab_size}, but the tokenizer {tokenizer.path} has "
+            f"{tokenizer.vocab_size} tokens; set model.vocab_size >= {tokenizer.vocab_size}"
+        )
+
+
+def roles_for(kind: str, extra_specials: Iterable[str] = ()) -> dict[str, str]:
+    """transformers-style role map (`pad_token` -> `<|pad|>`) for a kind plus its extra specials."""
+    roles = dict(KIND_ROLES.get(kind, {}))
+    mask = next((t for t in extra_specials if t in MASK_NAMES), None)
+    if "mask_token" not in roles and mask is not None:
+        roles["mask_token"] = mask  # e.g. bpe + <|mask|> for RoBERTa-style MLM
+    return roles
+
+
+def write_tokenizer_files(
+    tok: Tokenizer | bytes, folder: Path, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None
+) -> None:
+    """`tokenizer.json` + the two small files transformers' AutoTokenizer reads to find its specials."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_bytes(tok if isinstance(tok, bytes) else tok.to_str(pretty=True).encode())
+    special_map = {**roles, "additional_special_tokens": [t for t in extra if t not in roles.values()]}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_map, "clean_up_tokenization_spaces": False,
+              "tfkit_kind": kind, "tfkit_spec": spec}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2, ensure_ascii=False) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+class TfkitTokenizer:
+    """A trained `tokenizers.Tokenizer` plus what tfkit needs to know about it: kind and special ids.
+
+    Role ids are None when the kind has no such token (bpe has no [UNK]/[CLS]/[SEP]/[MASK]; wordpiece has
+    no BOS/EOS). `encode` defaults to `add_special_tokens=False` because tfkit's datasets place special
+    tokens themselves; pass True to get the post-processor's `[CLS] ... [SEP]` / `<s> ... </s>`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, json_bytes: bytes, path: Path, kind: str, roles: dict, extra: list, spec):
+        self.tokenizer, self.path, self.kind = tokenizer, path, kind
+        self.roles, self.extra_specials, self.spec = roles, extra, spec
+        self._json_bytes = json_bytes
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def _role_id(self, role: str) -> int | None:
+        token = self.roles.get(f"{role}_token")
+        return None if token is None else self.tokenizer.token_to_id(token)
+
+    pad_id = property(lambda self: self._role_id("pad"))
+    unk_id = property(lambda self: self._role_id("unk"))
+    bos_id = property(lambda self: self._role_id("bos"))
+    eos_id = property(lambda self: self._role_id("eos"))
+    cls_id = property(lambda self: self._role_id("cls"))
+    sep_id = property(lambda self: self._role_id("sep"))
+    mask_id = property(lambda self: self._role_id("mask"))
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Sorted ids of every special token (never masked, never sampled as a random replacement)."""
+        return sorted(i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """Many texts at once; tokenizers spreads the batch over all cores."""
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    token_to_id = property(lambda self: self.tokenizer.token_to_id)  # str -> id or None
+    id_to_token = property(lambda self: self.tokenizer.id_to_token)  # id -> str or None
+
+    def fingerprint(self) -> str:
+        """sha256 of tokenizer.json: the identity used in cache keys and checkpoint compatibility checks."""
+        return hashlib.sha256(self._json_bytes).hexdigest()
+
+    def save(self, folder: str | Path) -> None:
+        """Write the tokenizer files (byte-identical tokenizer.json) into e.g. a checkpoint folder."""
+        write_tokenizer_files(self._json_bytes, Path(folder), self.kind, self.roles, self.extra_specials, self.spec)
+
+    def __repr__(self) -> str:
+        return f"TfkitTokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, path={str(self.path)!r})"
+
+
+def load_tokenizer(path: str | Path) -> TfkitTokenizer:
+    """Load a folder (or its tokenizer.json); DataError naming the path if missing or invalid.
+
+    Roles come from tokenizer_config.json when present (tfkit and transformers write it), otherwise from
+    the kind's conventional token names found in the vocabulary.
+    """
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise DataError(f"tokenizer {file}: file not found (train one with `tfkit train-tokenizer`)")
+    raw = file.read_bytes()
+    try:
+        data = json.loads(raw)
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # noqa: BLE001 - JSON, UTF-8 and tokenizers' own parse errors alike
+        raise DataError(f"tokenizer {file}: not a valid tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+    config_file = file.parent / "tokenizer_config.json"
+    config: dict = {}
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"tokenizer config {config_file}: invalid JSON ({e})") from None
+    model = str((data.get("model") or {}).get("type", "unknown"))  # foreign files: infer from the model
+    kind = config.get("tfkit_kind") or {"BPE": "bpe", "WordPiece": "wordpiece"}.get(model, model.lower())
+    roles = {k: v for k, v in config.items() if k.endswith("_token") and k[:-6] in ROLES and isinstance(v, str)}
+    if not roles:
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        roles = {k: v for k, v in roles_for(kind).items() if v in vocab}
+    extra = [t for t in config.get("additional_special_tokens", []) if isinstance(t, str)]
+    return TfkitTokenizer(tokenizer, raw, file, kind, roles, extra, config.get("tfkit_spec"))
