@@ -1,0 +1,118 @@
+"""Checkpoint folders: save -> load gives identical logits, tied weights stay tied, run folders resolve to
+their latest complete step, and anything missing or corrupt is a CheckpointError naming the file."""
+
+import json
+
+import pytest
+import torch
+
+from tfkit.errors import CheckpointError
+from tfkit.models import ModelConfig, build_model, load_model, read_config, resolve_checkpoint, save_model
+
+
+def tiny_cfg(arch: str, **overrides) -> ModelConfig:
+    base = dict(arch=arch, vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
+    return ModelConfig(**{**base, **overrides})
+
+
+def logits(model, arch):
+    torch.manual_seed(1)
+    ids = torch.randint(0, 61, (2, 6))
+    return model(ids, ids[:, :4]) if arch == "transformer" else model(ids)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("arch", ["gpt", "bert", "transformer"])
+def test_round_trip_gives_identical_logits(tmp_path, arch, tie):
+    model = build_model(tiny_cfg(arch, tie_embeddings=tie, positions="rope", n_kv_heads=2)).eval()
+    save_model(model, tmp_path / "ckpt", extra={"step": 7})
+    loaded, cfg = load_model(tmp_path / "ckpt")
+    assert cfg == model.config and not loaded.training
+    torch.testing.assert_close(logits(loaded, arch), logits(model, arch), atol=0, rtol=0)
+    assert loaded.num_params() == model.num_params()  # tied weights stay tied (counted once)
+
+
+def test_tied_weights_are_the_same_tensor_after_load(tmp_path):
+    save_model(build_model(tiny_cfg("gpt")), tmp_path)
+    model, _ = load_model(tmp_path)
+    assert model.lm_head.weight is model.embed.tok.weight
+    save_model(build_model(tiny_cfg("transformer")), tmp_path / "t")
+    model, _ = load_model(tmp_path / "t")
+    assert model.lm_head.weight is model.src_embed.tok.weight is model.tgt_embed.tok.weight
+
+
+def test_config_json_holds_version_model_and_extra(tmp_path):
+    save_model(build_model(tiny_cfg("bert")), tmp_path, extra={"recipe": {"lr": 1e-3}})
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert set(config) == {"tfkit_version", "model", "recipe"}
+    assert config["model"]["arch"] == "bert" and config == read_config(tmp_path)
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_run_folder_resolves_to_latest_complete_step(tmp_path):
+    model = build_model(tiny_cfg("gpt"))
+    checkpoints = tmp_path / "checkpoints"
+    for step in (5, 20):
+        save_model(model, checkpoints / f"step-{step}")
+    save_model(model, checkpoints / ".step-300")  # temp folder being written
+    save_model(model, checkpoints / "step-400.tmp")
+    (checkpoints / "step-100").mkdir()  # incomplete: weights not written yet
+    (checkpoints / "step-100" / "config.json").write_text("{}")
+    assert resolve_checkpoint(tmp_path) == checkpoints / "step-20"
+    assert resolve_checkpoint(checkpoints) == checkpoints / "step-20"
+    assert resolve_checkpoint(checkpoints / "step-5") == checkpoints / "step-5"
+    assert load_model(tmp_path)[1] == model.config
+
+
+def test_not_a_checkpoint_names_the_path(tmp_path):
+    with pytest.raises(CheckpointError, match="no such"):
+        resolve_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        resolve_checkpoint(tmp_path)
+    (tmp_path / "checkpoints" / "step-1").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=str(tmp_path)):
+        load_model(tmp_path)
+
+
+def test_missing_weights_file_is_named(tmp_path):
+    save_model(build_model(tiny_cfg("gpt")), tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        load_model(tmp_path)
+
+
+def test_corrupt_weights_file_is_a_checkpoint_error(tmp_path):
+    save_model(build_model(tiny_cfg("gpt")), tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x00\x01 definitely not safetensors")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_model(tmp_path)
+
+
+def test_truncated_weights_file_is_a_checkpoint_error(tmp_path):
+    save_model(build_model(tiny_cfg("gpt")), tmp_path)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_model(tmp_path)
+
+
+def test_weights_of_another_shape_are_a_checkpoint_error(tmp_path):
+    save_model(build_model(tiny_cfg("gpt")), tmp_path)
+    other = tmp_path / "other"
+    save_model(build_model(tiny_cfg("gpt", n_kv_heads=1)), other)
+    (other / "model.safetensors").replace(tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_model(tmp_path)
+
+
+def test_corrupt_or_invalid_config_is_named(tmp_path):
+    save_model(build_model(tiny_cfg("gpt")), tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model": {"arch": "gpt", "n_layer": 2}}))
+    with pytest.raises(CheckpointError, match="n_layer"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"tfkit_version": "0.1.0"}))
+    with pytest.raises(CheckpointError, match="'model' section"):
+        read_config(tmp_path)
