@@ -12,6 +12,9 @@ from tfkit.tokenization.train import TokenizerSpec, check_vocab_fits, load_token
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"corpus {SHAKESPEARE} not present")
+# Every word is two letters and occurs a distinct (prime) number of times: no two pairs ever tie, so even
+# WordPiece/Unigram training (hash-map order in tokenizers) learns the same vocabulary on every run.
+TIE_FREE = [" ".join([w] * n) for w, n in zip(["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"], [2, 3, 5, 7, 11, 13, 17, 19])]
 TINY = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away!"] * 20
 
 
@@ -101,7 +104,7 @@ def test_report_is_saved_and_plausible(trained):
     assert tok.fingerprint() == hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
 
 
-def _raw_pipeline(kind: str, vocab_size: int) -> Tokenizer:
+def _raw_pipeline(kind: str, vocab_size: int, corpus: list[str]) -> Tokenizer:
     """The same pipelines written out by hand with `tokenizers` (the reference for parity)."""
     if kind == "bpe":
         tok = Tokenizer(models.BPE())
@@ -122,22 +125,23 @@ def _raw_pipeline(kind: str, vocab_size: int) -> Tokenizer:
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>", show_progress=False,
                                           special_tokens=["<pad>", "<unk>", "<s>", "</s>", "<mask>"])
-    tok.train_from_iterator(TINY, trainer)
+    tok.train_from_iterator(corpus, trainer)
     return tok
 
 
-@pytest.mark.parametrize("kind, vocab", [("bpe", 300), ("wordpiece", 1000), ("unigram", 60)])
+@pytest.mark.parametrize("kind, vocab", [("bpe", 300), ("wordpiece", 40), ("unigram", 60)])
 def test_same_vocabulary_as_the_raw_tokenizers_pipeline(tmp_path, kind, vocab):
     """Same tokens (and the same ids for bpe). tokenizers numbers WordPiece/Unigram pieces in hash-map
-    order and breaks ties between equal counts the same way, so for those the vocabulary is made large
-    enough to learn every merge of the tiny corpus, and the token set is compared."""
+    order and WordPiece breaks ties between equal pair counts by it, so wordpiece is trained on a
+    tie-free corpus; for wordpiece and unigram the token sets are compared."""
+    corpus = TIE_FREE if kind == "wordpiece" else TINY
     spec = TokenizerSpec(kind=kind, vocab_size=vocab, lowercase=kind == "wordpiece")
-    train_tokenizer(spec, TINY, tmp_path / "t", show_progress=False)
-    ours, raw = load_tokenizer(tmp_path / "t").tokenizer, _raw_pipeline(kind, vocab)
+    train_tokenizer(spec, corpus, tmp_path / "t", show_progress=False)
+    ours, raw = load_tokenizer(tmp_path / "t").tokenizer, _raw_pipeline(kind, vocab, corpus)
     assert set(ours.get_vocab()) == set(raw.get_vocab()) and ours.get_vocab_size() <= vocab
     if kind == "bpe":
         assert ours.get_vocab() == raw.get_vocab()
-    sentence = "the lazy fox jumps over the quick dog"
+    sentence = "the lazy fox jumps over the quick dog ab cd op"
     assert ours.encode(sentence, add_special_tokens=False).tokens == raw.encode(sentence).tokens
     specials = len(spec.all_special_tokens())
     assert [ours.id_to_token(i) for i in range(specials)] == spec.all_special_tokens()
