@@ -1,0 +1,64 @@
+"""`tfkit recipes list | show | validate`: find, read and check recipes before spending compute on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..trainer.recipe import bundled_recipes, find_recipe, load_recipe
+from ..trainer.schedules import lr_at
+from .options import Overrides
+
+app = typer.Typer(help="List, show and validate pretraining recipes.", no_args_is_help=True)
+console = Console()
+
+
+def _summary(path: Path) -> str:
+    """The first comment line of a recipe file: its one-line description."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+@app.command("list")
+def list_recipes() -> None:
+    """List the recipes bundled with tfkit."""
+    table = Table("name", "arch", "objective", "steps", "description")
+    for name, path in sorted(bundled_recipes().items()):
+        recipe = load_recipe(str(path))
+        table.add_row(name, recipe.model.arch, recipe.objective.name, str(recipe.train.max_steps), _summary(path))
+    console.print(table)
+
+
+@app.command("show")
+def show(
+    recipe: Annotated[str, typer.Argument(help="Bundled recipe name or path to a YAML file.")],
+    overrides: Overrides = None,
+    lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print.")] = 11,
+) -> None:
+    """Print the resolved recipe (sizes and overrides applied) and its learning-rate curve."""
+    resolved = load_recipe(recipe, overrides)
+    console.print(f"# {find_recipe(recipe)}", style="dim", highlight=False)
+    console.print(resolved.to_yaml(), highlight=False, markup=False)
+    steps = resolved.train.max_steps
+    table = Table("step", "lr", title=f"learning rate ({resolved.schedule.name})")
+    marks = sorted({round(i * steps / max(lr_points - 1, 1)) for i in range(lr_points)})
+    for step in marks:
+        table.add_row(str(step), f"{lr_at(step, resolved.schedule, resolved.optim.lr, steps, resolved.model.d_model):.3e}")
+    console.print(table)
+
+
+@app.command("validate")
+def validate(
+    files: Annotated[list[str], typer.Argument(help="Recipe files or bundled names to check.")],
+    overrides: Overrides = None,
+) -> None:
+    """Check recipes without running them; every problem of a file is reported at once."""
+    for item in files:
+        load_recipe(item, overrides)
+        console.print(f"[green]ok[/green] {item}", highlight=False)

@@ -1,0 +1,388 @@
+"""YAML recipes mapped onto typed dataclass sections.
+
+A recipe is the whole description of a pretraining run. Loading is strict on purpose: unknown keys get a
+"did you mean" suggestion, values are type-checked against the dataclass annotations, and every problem
+in the file is reported at once (as litgpt's `validate_args` does) so a user fixes a recipe in one pass.
+The resolved recipe (sizes applied, overrides applied) is saved beside each run so it can be reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from ..models.config import ModelConfig
+from ..models.sizes import sized_config
+from ..tokenization.train import TokenizerSpec
+
+OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
+SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class ModelSection(ModelConfig):
+    size: str | None = None  # named size (tiny, small) whose values fill every key not given here
+    vocab_size: int | None = None  # null = the tokenizer's vocabulary size
+
+    def problems(self, prefix: str = "model") -> list[str]:
+        return dataclasses.replace(self, vocab_size=self.vocab_size or 1).config().problems(prefix)
+
+    def config(self, vocab_size: int | None = None) -> ModelConfig:
+        """The plain ModelConfig, with the vocabulary size taken from the tokenizer when unset."""
+        values = {f.name: getattr(self, f.name) for f in fields(ModelConfig)}
+        values["vocab_size"] = self.vocab_size or vocab_size or 1
+        return ModelConfig(**values)
+
+
+@dataclass
+class TokenizerSection(TokenizerSpec):
+    path: str | None = None  # an existing tokenizer folder or tokenizer.json; null = train one
+    max_train_mb: float | None = None  # train the tokenizer on at most this many MB of the corpus
+
+    def problems(self, prefix: str = "tokenizer") -> list[str]:
+        out = [] if self.path else super().problems(prefix)
+        if self.max_train_mb is not None and self.max_train_mb <= 0:
+            out.append(f"{prefix}.max_train_mb: got {self.max_train_mb}, expected a positive number or null")
+        return out
+
+
+@dataclass
+class DataSection:
+    train: str = "stdlib:docs:train"  # file, glob, directory, .jsonl, or stdlib:docs / stdlib:code
+    valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of the training documents
+    valid_fraction: float = 0.05
+    text_field: str = "text"  # JSONL field holding the text
+    source_field: str = "source"  # seq2seq JSONL: field of the source text
+    target_field: str = "target"  # seq2seq JSONL: field of the target text
+    seq_len: int = 256  # tokens per training sequence (<= model.max_seq_len)
+    cache_dir: str | None = None  # token-shard cache; null = <run folder>/data
+
+    def problems(self, prefix: str = "data") -> list[str]:
+        out = []
+        if not 0.0 < self.valid_fraction < 1.0:
+            out.append(f"{prefix}.valid_fraction: got {self.valid_fraction}, expected 0 < value < 1")
+        if self.seq_len < 2:
+            out.append(f"{prefix}.seq_len: got {self.seq_len}, expected an integer >= 2")
+        return out
+
+
+@dataclass
+class ObjectiveSection:
+    name: str = "clm"  # mlm (bert) | clm (gpt) | seq2seq (transformer)
+    mask_prob: float = 0.15  # mlm: fraction of non-special tokens chosen for prediction
+    whole_word_mask: bool = False  # mlm: mask every piece of a chosen word together
+    label_smoothing: float = 0.0  # 0.1 in the original Transformer
+
+    def problems(self, prefix: str = "objective") -> list[str]:
+        out = []
+        if self.name not in OBJECTIVE_FOR_ARCH.values():
+            out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq")
+        if not 0.0 < self.mask_prob < 1.0:
+            out.append(f"{prefix}.mask_prob: got {self.mask_prob}, expected 0 < value < 1")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            out.append(f"{prefix}.label_smoothing: got {self.label_smoothing}, expected 0 <= value < 1")
+        return out
+
+
+@dataclass
+class OptimSection:
+    lr: float = 3e-4  # peak learning rate (the noam schedule scales it as a multiplier)
+    weight_decay: float = 0.1  # decoupled (AdamW); never applied to norms, biases, embeddings
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0  # max global gradient norm; null = no clipping
+
+    def problems(self, prefix: str = "optim") -> list[str]:
+        out = []
+        if self.lr <= 0:
+            out.append(f"{prefix}.lr: got {self.lr}, expected a positive number")
+        if self.weight_decay < 0:
+            out.append(f"{prefix}.weight_decay: got {self.weight_decay}, expected >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected 0 <= value < 1")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            out.append(f"{prefix}.grad_clip: got {self.grad_clip}, expected a positive number or null")
+        return out
+
+
+@dataclass
+class ScheduleSection:
+    name: str = "cosine"  # constant | linear | cosine | noam | wsd
+    warmup_steps: int = 100  # linear warmup from 0 to optim.lr
+    min_lr: float = 0.0  # floor of the cosine / linear / wsd decay
+    decay_fraction: float = 0.2  # wsd: final fraction of the steps spent decaying
+
+    def problems(self, prefix: str = "schedule") -> list[str]:
+        out = []
+        if self.name not in SCHEDULES:
+            out.append(f"{prefix}.name: got {self.name!r}, expected one of {', '.join(SCHEDULES)}")
+        if self.warmup_steps < 0:
+            out.append(f"{prefix}.warmup_steps: got {self.warmup_steps}, expected >= 0")
+        if self.min_lr < 0:
+            out.append(f"{prefix}.min_lr: got {self.min_lr}, expected >= 0")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            out.append(f"{prefix}.decay_fraction: got {self.decay_fraction}, expected 0 < value <= 1")
+        if self.name == "noam" and self.warmup_steps < 1:
+            out.append(f"{prefix}.warmup_steps: noam needs warmup_steps >= 1")
+        return out
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 1000  # optimizer steps
+    batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
+    grad_accum: int = 1  # micro-batches per optimizer step
+    seed: int = 1337
+    log_every: int = 10  # steps between log lines / metrics.jsonl rows
+    eval_every: int = 200  # steps between validations
+    save_every: int = 500  # steps between checkpoints (one is always written at the end)
+    keep_last: int = 3  # checkpoints kept in the run folder
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler)
+    compile: bool = False  # torch.compile the model
+    activation_checkpointing: bool = False  # recompute block activations in backward to save memory
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_bad_steps: int = 10  # consecutive NaN/inf steps (skipped) before the run stops
+    init_from: str | None = None  # checkpoint or run folder whose weights start this run
+    distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
+
+    def problems(self, prefix: str = "train") -> list[str]:
+        out = []
+        for name in ("max_steps", "batch_size", "grad_accum", "log_every", "eval_every", "save_every",
+                     "keep_last", "max_bad_steps"):
+            if getattr(self, name) < 1:
+                out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected a positive integer")
+        if self.grad_accum >= 1 and self.batch_size % self.grad_accum:
+            out.append(f"{prefix}.batch_size: {self.batch_size} is not divisible by "
+                       f"{prefix}.grad_accum={self.grad_accum}")
+        if self.precision not in PRECISIONS:
+            out.append(f"{prefix}.precision: got {self.precision!r}, expected one of {', '.join(PRECISIONS)}")
+        if self.distributed not in ("ddp", "fsdp"):
+            out.append(f"{prefix}.distributed: got {self.distributed!r}, expected ddp or fsdp")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            out.append(f"{prefix}.device: got {self.device!r}, expected auto, cpu, cuda or cuda:N")
+        return out
+
+
+@dataclass
+class EvalSection:
+    batches: int = 20  # validation batches per evaluation (the same batches every time)
+    batch_size: int | None = None  # null = train.batch_size
+    sample_prompt: str | None = None  # causal models: text to continue after training; null = no sample
+    sample_tokens: int = 64
+
+    def problems(self, prefix: str = "eval") -> list[str]:
+        out = []
+        if self.batches < 1:
+            out.append(f"{prefix}.batches: got {self.batches}, expected a positive integer")
+        if self.batch_size is not None and self.batch_size < 1:
+            out.append(f"{prefix}.batch_size: got {self.batch_size}, expected a positive integer or null")
+        return out
+
+
+@dataclass
+class LogSection:
+    run_dir: str | None = None  # null = runs/<recipe>-<timestamp>
+    tensorboard: bool = True  # write event files when tensorboard is installed
+    plot: bool = True  # write loss.png at the end when matplotlib is installed
+    progress: bool = True  # progress bars
+
+    def problems(self, prefix: str = "log") -> list[str]:
+        return []  # every value is valid: any path, any booleans
+
+
+@dataclass
+class Recipe:
+    name: str = "recipe"
+    model: ModelSection = field(default_factory=ModelSection)
+    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
+    data: DataSection = field(default_factory=DataSection)
+    objective: ObjectiveSection = field(default_factory=ObjectiveSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    def problems(self) -> list[str]:
+        """Every problem of every section, then the combinations across sections."""
+        out = [p for s in SECTIONS for p in getattr(self, s).problems(s)]
+        expected = OBJECTIVE_FOR_ARCH.get(self.model.arch)
+        if expected and self.objective.name in OBJECTIVE_FOR_ARCH.values() and self.objective.name != expected:
+            out.append(f"objective.name: {self.objective.name!r} does not train model.arch={self.model.arch!r} "
+                       f"(expected {expected!r})")
+        if self.data.seq_len > self.model.max_seq_len:
+            out.append(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+SECTIONS = ("model", "tokenizer", "data", "objective", "optim", "schedule", "train", "eval", "log")
+
+
+def bundled_recipes() -> dict[str, Path]:
+    """Name → path of every recipe shipped inside the package (they travel in the wheel)."""
+    folder = resources.files("tfkit.recipes")
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A path to an existing file, or the name of a bundled recipe."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    bundled = bundled_recipes()
+    if name_or_path in bundled:
+        return bundled[name_or_path]
+    hint = _suggest(name_or_path, bundled)
+    raise ConfigError(f"recipe {name_or_path!r}: no such file and no bundled recipe of that name{hint} "
+                      f"(bundled: {', '.join(sorted(bundled))})")
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
+    """Read, override (`key.sub=value` strings), type-check and validate a recipe; raise one ConfigError
+    listing every problem."""
+    path = find_recipe(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(raw).__name__}")
+    problems: list[str] = []
+    for item in overrides or []:
+        _apply_override(raw, item, problems)
+    recipe = recipe_from_dict(raw, default_name=path.stem, problems=problems)
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    return recipe
+
+
+def recipe_from_dict(raw: dict, default_name: str = "recipe", problems: list[str] | None = None) -> Recipe:
+    """Map a plain dict onto the sections. Problems are appended to `problems` (or raised when None)."""
+    collect = [] if problems is None else problems
+    raw = dict(raw)
+    name = raw.pop("name", default_name)
+    sections: dict[str, Any] = {}
+    for key in raw:
+        if key not in SECTIONS:
+            collect.append(f"unknown section {key!r}{_suggest(key, SECTIONS)}")
+    model_raw = _section_mapping(raw, "model", collect)
+    size = model_raw.get("size")
+    if size is not None:
+        try:
+            base = sized_config(model_raw.get("arch", "gpt"), size).to_dict()
+            base["vocab_size"] = None
+            model_raw = {**base, **model_raw}
+        except ConfigError as exc:
+            collect.append(f"model.size: {exc}")
+    for section_name in SECTIONS:
+        cls = typing.get_type_hints(Recipe)[section_name]
+        values = model_raw if section_name == "model" else _section_mapping(raw, section_name, collect)
+        sections[section_name] = _build_section(cls, values, section_name, collect)
+    recipe = Recipe(name=str(name), **sections)
+    collect.extend(recipe.problems())  # keys with a wrong type kept their (valid) defaults
+    if problems is None and collect:
+        raise ConfigError("; ".join(collect))
+    return recipe
+
+
+def _section_mapping(raw: dict, name: str, problems: list[str]) -> dict:
+    value = raw.get(name) or {}
+    if not isinstance(value, dict):
+        problems.append(f"{name}: expected a mapping of keys, got {type(value).__name__}")
+        return {}
+    return value
+
+
+def _build_section(cls: type, values: dict, prefix: str, problems: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            problems.append(f"{prefix}.{key}: unknown key{_suggest(key, hints)}")
+            continue
+        value = _as_float(value) if hints[key] in (float, float | None) else value
+        problem = _type_problem(value, hints[key])
+        if problem:
+            problems.append(f"{prefix}.{key}: got {value!r}, expected {problem}")
+            continue
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _as_float(value: Any) -> Any:
+    """Floats as users write them: PyYAML reads `3e-4` (no dot) as a string, and `1` as an int."""
+    if isinstance(value, bool) or value is None:
+        return value
+    try:
+        return float(value) if isinstance(value, (int, str)) else value
+    except ValueError:
+        return value
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """None when `value` fits the annotation, else a description of what was expected."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return None
+        if option is bool and isinstance(value, bool):
+            return None
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if option is str and isinstance(value, str):
+            return None
+        if typing.get_origin(option) is list and isinstance(value, list):
+            (inner,) = typing.get_args(option)
+            if all(_type_problem(v, inner) is None for v in value):
+                return None
+    names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return " or ".join(names.get(o, "a list of strings") for o in options)
+
+
+def _apply_override(raw: dict, item: str, problems: list[str]) -> None:
+    """Apply `section.key=value`; the value is parsed as YAML so `20`, `true`, `null`, `3e-4` get types."""
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        problems.append(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=20")
+        return
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    section, name = parts
+    if not isinstance(raw.get(section), dict):
+        raw[section] = {} if raw.get(section) is None else raw[section]
+    if isinstance(raw[section], dict):
+        raw[section][name] = value
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
