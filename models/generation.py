@@ -195,3 +195,37 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
         logits = decode_one_token(model, chosen[:, None], cache, pos, memory=memory, src_mask=src_mask)
     model.train(was_training)
     return outputs
+
+
+@torch.inference_mode()
+def fill_mask(model: nn.Module, tokenizer, text_with_mask: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+    """BERT's guesses for each mask in the text: per mask (left to right), the top_k (token, probability).
+
+    The mask may be written as `[MASK]` whatever the tokenizer's own mask token is (`<mask>` for unigram).
+    The text is encoded with the tokenizer's special tokens (`[CLS] ... [SEP]`), as in MLM training.
+    """
+    cfg = model.config
+    if cfg.arch != "bert":
+        raise ConfigError(f"--fill-mask needs a BERT (masked LM) checkpoint; this one is arch={cfg.arch}")
+    if tokenizer.mask_id is None:
+        raise ConfigError("--fill-mask: the checkpoint's tokenizer has no mask token")
+    if top_k < 1:
+        raise ConfigError(f"--top-k must be >= 1, got {top_k}")
+    mask_token = tokenizer.id_to_token(tokenizer.mask_id)
+    ids = tokenizer.encode(text_with_mask.replace("[MASK]", mask_token), add_special_tokens=True)
+    positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
+    if not positions:
+        raise ConfigError(f"--fill-mask: the text has no {mask_token} to fill, e.g. \"The {mask_token} sat.\"")
+    if len(ids) > cfg.max_seq_len:
+        raise ConfigError(f"--fill-mask: the text has {len(ids)} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+    was_training = model.training
+    model.eval()
+    input_ids = torch.tensor([ids], device=model_device(model))  # (1, T)
+    hidden = model.encode(input_ids)  # (1, T, D)
+    probs = torch.softmax(model.mlm_logits(hidden[0, positions]).float(), dim=-1)  # (N_mask, V)
+    top = torch.topk(probs, min(top_k, probs.shape[-1]), dim=-1)
+    model.train(was_training)
+    return [
+        [(tokenizer.decode([i], skip_special_tokens=False), p) for i, p in zip(row_ids, row_p)]
+        for row_ids, row_p in zip(top.indices.tolist(), top.values.tolist())
+    ]

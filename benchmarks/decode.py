@@ -1,0 +1,143 @@
+"""Decode throughput of MHA vs GQA vs MQA: what fewer key/value heads buy at inference.
+
+One model shape with random weights, built three times with n_kv_heads = n_heads (MHA), n_heads/4 (GQA)
+and 1 (MQA). For batch 1 and 16 at a short and a long context, the prompt is prefilled and then
+`--steps` tokens are decoded greedily one at a time through tfkit's static KV cache (the same
+`prefill`/`decode_one_token` that `tfkit generate` uses), timing only the decode steps. Decoding is
+memory-bound: each step reads every weight and the whole cache once, so the cache size (bytes per token,
+printed) is what GQA/MQA shrink and where they should win, most at long context and large batch.
+Ratios are against MHA measured in the same run, on the same machine, so they survive noisy hosts.
+
+Optionally also times HuggingFace `generate` on the same weights (MHA), when tfkit's HF export
+(`tfkit.models.hf_export.to_hf_model`) and `transformers` are importable; skipped otherwise.
+
+    python -m benchmarks.decode [--device cpu|cuda] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tfkit.models import ModelConfig, build_model, kv_cache_bytes_per_token
+from tfkit.models.generation import decode_one_token, prefill
+
+
+@dataclass(frozen=True)
+class Shape:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    contexts: tuple[int, int]  # short, long prompt lengths
+    steps: int  # decode steps timed per measurement
+
+
+FULL = Shape(d_model=768, n_layers=12, n_heads=16, vocab_size=32768, contexts=(128, 2048), steps=64)
+QUICK = Shape(d_model=256, n_layers=4, n_heads=8, vocab_size=8192, contexts=(64, 1024), steps=16)
+BATCHES = (1, 16)
+
+
+def variants(shape: Shape) -> dict[str, int]:
+    return {"MHA": shape.n_heads, "GQA": max(1, shape.n_heads // 4), "MQA": 1}
+
+
+def config(shape: Shape, n_kv_heads: int, steps: int) -> ModelConfig:
+    return ModelConfig(arch="gpt", vocab_size=shape.vocab_size, d_model=shape.d_model, n_layers=shape.n_layers,
+                       n_heads=shape.n_heads, n_kv_heads=n_kv_heads, positions="rope", norm="rmsnorm",
+                       activation="swiglu", bias=False, max_seq_len=max(shape.contexts) + steps + 1)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def decode_tokens_per_sec(model: torch.nn.Module, batch: int, context: int, steps: int,
+                          device: torch.device) -> float:
+    """Generated tokens per second (all rows) over `steps` greedy one-token steps after a prefill."""
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)  # (B, T)
+    cache = model.new_kv_cache(batch, context + steps + 1)
+    token = prefill(model, prompt, cache).argmax(-1, keepdim=True)  # (B, 1)
+    token = decode_one_token(model, token, cache, context).argmax(-1, keepdim=True)  # warm-up step
+    sync(device)
+    start = time.perf_counter()
+    for pos in range(context + 1, context + 1 + steps):
+        token = decode_one_token(model, token, cache, pos).argmax(-1, keepdim=True)  # (B, 1)
+    sync(device)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def hf_tokens_per_sec(model: torch.nn.Module, batch: int, context: int, steps: int,
+                      device: torch.device) -> float | None:
+    """HuggingFace `generate` (greedy, its own cache) on the same weights; None when unavailable."""
+    try:
+        to_hf_model = importlib.import_module("tfkit.models.hf_export").to_hf_model
+        importlib.import_module("transformers")
+    except (ImportError, AttributeError):  # the export is optional; a failing export is a real error
+        return None
+    hf_model = to_hf_model(model).to(device).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
+    kwargs = dict(do_sample=False, min_new_tokens=steps, max_new_tokens=steps, pad_token_id=0)
+    with torch.inference_mode():
+        hf_model.generate(prompt, **{**kwargs, "min_new_tokens": 1, "max_new_tokens": 1})  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        hf_model.generate(prompt, **kwargs)  # includes its prefill, so this slightly favours tfkit
+        sync(device)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="small model and contexts (CPU-friendly)")
+    parser.add_argument("--steps", type=int, default=None, help="decode steps per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per cell; the best is kept")
+    args = parser.parse_args()
+    shape = QUICK if args.quick else FULL
+    steps = args.steps or shape.steps
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+
+    cells = [(b, c) for c in shape.contexts for b in BATCHES]
+    models = {name: build_model(config(shape, kv, steps)).to(device=device, dtype=dtype).eval()
+              for name, kv in variants(shape).items()}
+    # Best of `--repeats`, with the variants interleaved inside each repeat: a busy host slows every
+    # variant alike instead of whichever happened to run during the disturbance.
+    rows: dict[str, dict[tuple[int, int], float]] = {name: {cell: 0.0 for cell in cells} for name in models}
+    for _ in range(args.repeats):
+        for cell in cells:
+            for name, model in models.items():
+                rows[name][cell] = max(rows[name][cell], decode_tokens_per_sec(model, *cell, steps, device))
+
+    cfg = models["MHA"].config
+    print(f"# decode, {args.device} {str(dtype).removeprefix('torch.')}: d_model={cfg.d_model} "
+          f"n_layers={cfg.n_layers} n_heads={cfg.n_heads} vocab={cfg.vocab_size} "
+          f"params={models['MHA'].num_params() / 1e6:.1f}M, {steps} greedy steps after a prefill, best of {args.repeats}")
+    head = ["variant", "kv_heads", "KV B/tok"] + [f"B={b} T={c} tok/s (xMHA)" for b, c in cells]
+    table = []
+    for name, model in models.items():
+        kv_bytes = kv_cache_bytes_per_token(model.config, dtype)
+        row = [name, str(model.config.kv_heads), f"{kv_bytes} ({kv_bytes / kv_cache_bytes_per_token(cfg, dtype):.2f}x)"]
+        row += [f"{rows[name][cell]:.0f} ({rows[name][cell] / rows['MHA'][cell]:.2f}x)" for cell in cells]
+        table.append(row)
+    hf = {cell: hf_tokens_per_sec(models["MHA"], *cell, steps, device) for cell in cells}
+    if all(v is not None for v in hf.values()):
+        table.append(["HF generate (MHA)", str(cfg.kv_heads), "-"]
+                     + [f"{hf[cell]:.0f} ({hf[cell] / rows['MHA'][cell]:.2f}x)" for cell in cells])
+    else:
+        print("# HF comparison skipped: no tfkit.models.hf_export.to_hf_model or transformers")
+    widths = [max(len(r[i]) for r in [head, *table]) for i in range(len(head))]
+    for r in [head, ["-" * w for w in widths], *table]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)))
+
+
+if __name__ == "__main__":
+    main()

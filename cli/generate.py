@@ -1,0 +1,147 @@
+"""`tfkit generate CKPT --prompt ...`: continue text with a GPT or encoder-decoder, fill masks with BERT.
+
+stdout carries only the generated text, so the command pipes (`tfkit generate run/ -p "To be" | wc -w`);
+everything else (what was loaded, which device) goes to stderr. With one prompt the text is streamed as
+tokens arrive; with several they are decoded as one batch and printed in order, one per line.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ..errors import ConfigError
+from .options import Device, Dtype
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def pick_runtime(device: str, dtype: str):
+    """(torch.device, torch.dtype) from the --device and --dtype strings; errors name the option."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(DTYPES)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device: {device!r} requested but CUDA is not available (use auto or cpu)")
+    if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"--device: got {device!r}, expected auto, cpu, cuda or cuda:N")
+    return torch.device(device), {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+
+class TextStream:
+    """Prints the text of a growing token list as it grows.
+
+    Tokens are not characters: a byte-level BPE token can hold half of a UTF-8 character, and WordPiece
+    or Metaspace decoding of a token depends on its neighbours. So the whole list is decoded each time
+    and only the new suffix is printed, held back while it ends in an incomplete character.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def __call__(self, row: int, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.printed):
+            return
+        typer.echo(text[len(self.printed):], nl=False)
+        self.printed = text
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids)
+        typer.echo(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
+
+
+def prompt_ids(tokenizer, text: str, arch: str) -> list[int]:
+    """Token ids to start from: GPT continues `<bos> text`; the encoder-decoder's decoder starts at `<bos>`.
+
+    GPT training packs documents separated by the end-of-text token, so a document start is "after an
+    end-of-text"; prefixing it (when the tokenizer has one) conditions the model as in training.
+    """
+    bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
+    if arch == "transformer":
+        if bos is None:
+            raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/CLS token to start the decoder")
+        return [bos]
+    ids = tokenizer.encode(text)
+    return ([bos] if bos is not None else []) + ids
+
+
+def generate(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint folder, or a run folder (its latest checkpoint).")],
+    prompt: Annotated[
+        Optional[list[str]],
+        typer.Option("--prompt", "-p", help="Text to continue (GPT) or translate (encoder-decoder); repeat for a batch."),
+    ] = None,
+    fill_mask_text: Annotated[
+        Optional[str], typer.Option("--fill-mask", help="BERT checkpoints: text with [MASK] to fill, e.g. \"The [MASK] sat.\""),
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per prompt at most.")] = 100,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy.")] = 0.8,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Sample among the k most likely tokens (fill-mask: fillers shown).")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Sample among the smallest set of tokens reaching probability p.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed: the same seed gives the same text.")] = None,
+    device: Device = "auto",
+    dtype: Dtype = "fp32",
+) -> None:
+    """Generate text from a checkpoint: continue prompts (GPT), decode from a source (encoder-decoder),
+    or fill [MASK] tokens (BERT, --fill-mask: one `mask<TAB>prob<TAB>token` line per guess).
+
+    Only the generated text goes to stdout, streamed token by token for a single prompt, so the output
+    can be piped; information goes to stderr. Stops at the end-of-text token, after --max-new-tokens, or
+    at the model's max_seq_len.
+    """
+    from ..models import load_model, resolve_checkpoint
+    from ..models.generation import fill_mask, generate as generate_ids
+    from ..tokenization import load_tokenizer
+
+    if fill_mask_text is not None and prompt:
+        raise ConfigError("--fill-mask and --prompt cannot be combined: fill masks (BERT) or continue prompts")
+    if fill_mask_text is None and not prompt:
+        raise ConfigError("--prompt is required (or --fill-mask for a BERT checkpoint)")
+    torch_device, torch_dtype = pick_runtime(device, dtype)
+    folder = resolve_checkpoint(checkpoint)
+    model, cfg = load_model(folder, device=torch_device)
+    model = model.to(dtype=torch_dtype)
+    tokenizer = load_tokenizer(folder)
+    err.print(f"loaded {folder} ({cfg.arch}, {model.num_params():,} params) on {torch_device}")
+
+    if fill_mask_text is not None:
+        err.print("mask\tprob\ttoken")
+        for i, guesses in enumerate(fill_mask(model, tokenizer, fill_mask_text, top_k or 5), start=1):
+            for token, prob in guesses:
+                typer.echo(f"{i}\t{prob:.4f}\t{token}")
+        return
+    if cfg.arch == "bert":
+        raise ConfigError("--prompt needs a GPT or encoder-decoder checkpoint; for BERT use --fill-mask \"... [MASK] ...\"")
+    prompts = [prompt_ids(tokenizer, text, cfg.arch) for text in prompt]
+    sources = None
+    if cfg.arch == "transformer":
+        sources = [tokenizer.encode(text, add_special_tokens=True) for text in prompt]
+        too_long = [len(s) for s in sources if len(s) > cfg.max_seq_len]
+        if too_long:
+            raise ConfigError(f"--prompt: a source has {too_long[0]} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+    longest = max(len(p) for p in prompts)
+    if longest > cfg.max_seq_len:
+        raise ConfigError(f"--prompt: a prompt has {longest} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+    if longest + max_new_tokens > cfg.max_seq_len:
+        err.print(f"note: generation stops at max_seq_len={cfg.max_seq_len} tokens (prompt included)")
+    eos = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
+    stream = TextStream(tokenizer) if len(prompts) == 1 else None
+    outputs = generate_ids(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           eos_id=eos, seed=seed, on_token=stream, source_ids=sources,
+                           pad_id=tokenizer.pad_id or 0)
+    if stream is not None:
+        stream.finish()
+        return
+    for text, ids in zip(prompt, outputs):
+        err.print(f"[dim]--- {text[:60]!r}[/dim]")
+        typer.echo(tokenizer.decode(ids))

@@ -1,0 +1,145 @@
+"""`tfkit generate` end to end on tiny random checkpoints with a tokenizer trained in the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from tfkit.errors import ConfigError, TfkitError
+from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models.generation import fill_mask, generate as generate_ids
+from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+FALLBACK = ["First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak."] * 200
+
+
+def corpus() -> list[str]:
+    if SHAKESPEARE.exists():
+        return [SHAKESPEARE.read_text(encoding="utf-8")[:100_000]]
+    return FALLBACK
+
+
+def cli_app() -> typer.Typer:
+    """The real app (with its error boundary) once every command module exists, else just ours."""
+    try:
+        from tfkit.cli.main import app
+        return app
+    except ImportError:
+        from tfkit.cli.generate import generate
+        app = typer.Typer()
+        app.command()(generate)
+        return app
+
+
+def invoke(args: list[str]):
+    app = cli_app()
+    if app.registered_commands and len(app.registered_commands) > 1:
+        args = ["generate", *args]
+    return CliRunner().invoke(app, args)
+
+
+def assert_user_error(result, option: str) -> None:
+    """Exit 2 with one line naming the option (real app), or the TfkitError itself (bare app)."""
+    if isinstance(result.exception, TfkitError):
+        assert option in str(result.exception)
+    else:
+        assert result.exit_code == 2, result.output
+        assert option in result.stderr and result.stdout == ""
+
+
+def checkpoint(tmp: Path, kind: str, **model) -> Path:
+    tok_dir = tmp / f"tok-{kind}"
+    train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus(), tok_dir, show_progress=False)
+    tok = load_tokenizer(tok_dir)
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64,
+               init_std=0.2)
+    folder = tmp / f"run-{kind}-{model.get('arch', 'gpt')}" / "checkpoints" / "step-7"
+    save_model(build_model(ModelConfig(**{**cfg, **model})), folder)
+    tok.save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gpt_ckpt(tmp_path_factory) -> Path:
+    return checkpoint(tmp_path_factory.mktemp("gpt"), "bpe", arch="gpt", positions="rope")
+
+
+@pytest.fixture(scope="module")
+def bert_ckpt(tmp_path_factory) -> Path:
+    return checkpoint(tmp_path_factory.mktemp("bert"), "wordpiece", arch="bert")
+
+
+def expected_text(folder: Path, prompt: str, n: int) -> str:
+    from tfkit.models import load_model
+
+    model, _ = load_model(folder)
+    tok = load_tokenizer(folder)
+    ids = generate_ids(model, [[tok.bos_id, *tok.encode(prompt)]], n, temperature=0, eos_id=tok.eos_id)[0]
+    return tok.decode(ids)
+
+
+def test_stdout_is_exactly_the_greedy_continuation_from_a_run_folder(gpt_ckpt: Path) -> None:
+    run_folder = gpt_ckpt.parents[1]
+    result = invoke([str(run_folder), "--prompt", "First Citizen:", "-n", "12", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected_text(gpt_ckpt, "First Citizen:", 12) + "\n"
+    assert "loaded" in result.stderr and "loaded" not in result.stdout
+
+
+def test_several_prompts_print_one_line_each_and_seed_repeats(gpt_ckpt: Path) -> None:
+    args = [str(gpt_ckpt), "-p", "To be", "-p", "All:", "-n", "6", "--seed", "3", "--top-k", "20", "--top-p", "0.9"]
+    first, again = invoke(args), invoke(args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == again.stdout
+    lines = first.stdout.split("\n")
+    assert len(lines) >= 3 and lines[-1] == ""
+
+
+def test_bad_input_names_the_option(gpt_ckpt: Path, bert_ckpt: Path) -> None:
+    assert_user_error(invoke([str(gpt_ckpt)]), "--prompt")
+    assert_user_error(invoke([str(gpt_ckpt), "--fill-mask", "The [MASK] sat."]), "--fill-mask")
+    assert_user_error(invoke([str(gpt_ckpt), "-p", "speak " * 80]), "--prompt")
+    assert_user_error(invoke([str(gpt_ckpt), "-p", "hi", "--temperature", "-1"]), "--temperature")
+    assert_user_error(invoke([str(gpt_ckpt), "-p", "hi", "--device", "tpu"]), "--device")
+    assert_user_error(invoke([str(bert_ckpt), "-p", "hi"]), "--fill-mask")
+    assert_user_error(invoke([str(bert_ckpt), "--fill-mask", "no mask here"]), "--fill-mask")
+
+
+def test_fill_mask_lists_top_k_fillers_per_mask(bert_ckpt: Path) -> None:
+    from tfkit.models import load_model
+
+    model, _ = load_model(bert_ckpt)
+    tok = load_tokenizer(bert_ckpt)
+    guesses = fill_mask(model, tok, "The [MASK] sat on the [MASK].", top_k=4)
+    assert len(guesses) == 2 and all(len(g) == 4 for g in guesses)
+    for g in guesses:
+        probs = [p for _, p in g]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+    result = invoke([str(bert_ckpt), "--fill-mask", "The [MASK] sat on the [MASK].", "--top-k", "4"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["1"] * 4 + ["2"] * 4
+    assert [r[2] for r in rows[:4]] == [t for t, _ in guesses[0]]
+    assert [r[2] for r in rows[4:]] == [t for t, _ in guesses[1]]
+    assert float(rows[0][1]) == pytest.approx(guesses[0][0][1], abs=1e-4)
+
+
+def test_encoder_decoder_checkpoint_generates(tmp_path: Path) -> None:
+    folder = checkpoint(tmp_path, "bpe", arch="transformer")
+    result = invoke([str(folder), "-p", "Hear me speak.", "-n", "5", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.endswith("\n")
+
+
+def test_fill_mask_rejects_gpt_models(gpt_ckpt: Path) -> None:
+    from tfkit.models import load_model
+
+    model, _ = load_model(gpt_ckpt)
+    with pytest.raises(ConfigError, match="--fill-mask"):
+        fill_mask(model, load_tokenizer(gpt_ckpt), "The [MASK] sat.", top_k=3)
