@@ -10,11 +10,9 @@ the result is the standard `tokenizer.json` that `tokenizers`, `transformers` an
 | wordpiece | BERT    | `[PAD] [UNK] [CLS] [SEP] [MASK]`        | `[UNK]`                |
 | unigram   | XLM-R   | `<pad> <unk> <s> </s> <mask>`           | `<unk>`                |
 
-bpe training is deterministic: the same text and spec give a byte-identical tokenizer.json. tokenizers
-(0.23) trains WordPiece and Unigram with hash-map iteration order, so ties among equally frequent merges
-(and float sums in Unigram's EM) can differ between runs: same quality, occasionally a different piece
-near the vocabulary cut-off. Fingerprints (sha256 of the file) therefore identify a trained tokenizer,
-never a spec.
+bpe training is deterministic (same text and spec: byte-identical tokenizer.json). tokenizers trains
+WordPiece and Unigram in hash-map order, so ties between equally frequent merges (and Unigram's float sums)
+can change a few pieces between runs; a fingerprint (sha256 of the file) identifies a tokenizer, not a spec.
 
 The output folder is written to a temporary sibling and renamed into place, so an interrupted run never
 leaves a half-written tokenizer, and an existing folder holding a different tokenizer is never replaced
@@ -36,6 +34,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
+from .report import build_report
 
 KINDS = ("bpe", "wordpiece", "unigram")
 KIND_SPECIALS = {
@@ -106,8 +105,7 @@ class TokenizerSpec:
         """Smallest vocabulary known before training (bpe: 256 bytes + specials)."""
         return (256 if self.kind == "bpe" else 1) + len(self.all_special_tokens())
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    to_dict = asdict
 
 
 def _normalizer(spec: TokenizerSpec):
@@ -186,11 +184,9 @@ def _counted(texts: Iterable[str], bar: tqdm, seen: dict) -> Iterator[str]:
 
 
 def _check_out_dir(out: Path, force: bool) -> None:
-    if force or not out.exists():
-        return
-    if not out.is_dir():
+    if out.exists() and not out.is_dir():
         raise DataError(f"tokenizer output {out}: exists and is not a folder")
-    if any(out.iterdir()) and not (out / "tokenizer.json").exists():
+    if not force and out.is_dir() and any(out.iterdir()) and not (out / "tokenizer.json").exists():
         raise DataError(f"tokenizer output {out}: folder is not empty and holds no tokenizer (use --force)")
 
 
@@ -232,8 +228,6 @@ def train_tokenizer(
     Raises ConfigError for an invalid spec or a vocabulary smaller than the corpus alphabet, DataError
     for an empty corpus or an output folder that must not be overwritten.
     """
-    from .report import build_report  # report imports this module's spec type
-
     spec.validate()
     out = Path(out_dir)
     _check_out_dir(out, force)

@@ -1,0 +1,211 @@
+"""Datasets: batch i is a pure function of (seed, i); CLM packing, MLM masking, seq2seq pairs/denoising."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tfkit.errors import ConfigError, DataError
+from tfkit.tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset, read_pairs
+from tfkit.tokenization.shards import prepare_tokens
+from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """bpe and wordpiece tokenizers and shards of a JSONL corpus of speeches (one document each)."""
+    if not SHAKESPEARE.exists():
+        pytest.skip(f"corpus {SHAKESPEARE} not present")
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
+    root = tmp_path_factory.mktemp("data")
+    docs = [d for d in text.split("\n\n") if d.strip()]
+    (root / "speeches.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    out = {"docs": docs}
+    for kind in ("bpe", "wordpiece"):
+        train_tokenizer(TokenizerSpec(kind=kind, vocab_size=600), [text], root / kind, show_progress=False)
+        tok = load_tokenizer(root / kind)
+        out[kind] = (tok, prepare_tokens(str(root / "speeches.jsonl"), tok, root / "cache", show_progress=False))
+    return out
+
+
+def test_clm_blocks_are_shifted_packed_slices_with_eos_between_documents(setup):
+    tok, shards = setup["bpe"]
+    ds = ClmDataset.from_shards(shards, seq_len=64, seed=0)
+    b = ds.batch(3, 8)
+    assert b["input_ids"].shape == b["labels"].shape == (8, 64) and b["input_ids"].dtype == torch.int64
+    assert torch.equal(b["input_ids"][:, 1:], b["labels"][:, :-1])  # labels = inputs shifted by one
+    stream = torch.from_numpy(np.asarray(shards.tokens, dtype=np.int64))
+    for row in range(8):  # every row is a real slice of the stream
+        starts = [s for s in range(0, len(stream) - 64, 64) if torch.equal(stream[s : s + 64], b["input_ids"][row])]
+        assert starts and torch.equal(stream[starts[0] + 1 : starts[0] + 65], b["labels"][row])
+    first = ClmDataset(shards.tokens, 256, 0, tok.eos_id).eval_batches(1, 1).__next__()["input_ids"][0]
+    eos = (first == tok.eos_id).nonzero().flatten().tolist()
+    assert eos and eos[0] == len(tok.encode(setup["docs"][0]))  # EOS right after the first document
+
+
+def test_clm_epoch_visits_each_block_once_and_is_reproducible(setup):
+    _, shards = setup["bpe"]
+    ds = ClmDataset.from_shards(shards, seq_len=64, seed=1)
+    n = ds.num_batches_per_epoch(16)
+    assert n == ds.num_examples // 16
+    seen = torch.cat([ds.batch(i, 16)["input_ids"] for i in range(n)])
+    assert len({tuple(r.tolist()) for r in seen}) == n * 16  # no block twice within an epoch
+    assert torch.equal(ds.batch(5, 16)["input_ids"], ClmDataset.from_shards(shards, 64, 1).batch(5, 16)["input_ids"])
+    assert not torch.equal(ds.batch(n, 16)["input_ids"], ds.batch(0, 16)["input_ids"])  # next epoch reshuffles
+    assert not torch.equal(ds.batch(5, 16)["input_ids"], ClmDataset.from_shards(shards, 64, 2).batch(5, 16)["input_ids"])
+
+
+@pytest.mark.parametrize("kind", ["clm", "mlm", "seq2seq"])
+def test_rank_slices_concatenate_to_the_global_batch(setup, kind):
+    tok, shards = setup["wordpiece"]
+    ds = {"clm": lambda: ClmDataset.from_shards(shards, 32, 0),
+          "mlm": lambda: MlmDataset.from_shards(shards, tok, 32, 0),
+          "seq2seq": lambda: Seq2SeqDataset.denoising(shards, tok, 0, max_src_len=32, max_tgt_len=32)}[kind]()
+    whole = ds.batch(7, 8)
+    for world in (2, 4):
+        parts = [ds.batch(7, 8, rank=r, world_size=world) for r in range(world)]
+        for key, value in whole.items():
+            assert torch.equal(torch.cat([p[key] for p in parts]), value), key
+    with pytest.raises(ConfigError, match="batch_size: 8 is not divisible by the world size 3"):
+        ds.batch(0, 8, rank=0, world_size=3)
+
+
+def test_eval_batches_are_sequential_and_identical_every_call(setup):
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 32, seed=0)
+    a, b = list(ds.eval_batches(3, 4)), list(ds.eval_batches(3, 4))
+    assert len(a) == 3 and all(torch.equal(x["labels"], y["labels"]) for x, y in zip(a, b))
+    clm = ClmDataset.from_shards(shards, 16, 0)
+    first = next(clm.eval_batches(1, 2))["input_ids"]
+    assert first[0].tolist() == shards.tokens[:16].tolist() and first[1].tolist() == shards.tokens[16:32].tolist()
+
+
+def test_too_little_data_for_one_batch_is_a_data_error(setup):
+    _, shards = setup["bpe"]
+    ds = ClmDataset(shards.tokens[:100], 64, 0, 0)
+    with pytest.raises(DataError, match="gives 1 blocks, fewer than one batch of 2"):
+        ds.batch(0, 2)
+
+
+def _originals(ds: MlmDataset, idx) -> torch.Tensor:
+    rows = []
+    for k in idx:
+        s, n = int(ds.chunk_starts[k]), int(ds.chunk_lens[k])
+        row = [ds.cls_id, *np.asarray(ds.tokens[s : s + n]).tolist(), ds.sep_id]
+        rows.append(row + [ds.pad_id] * (ds.max_len - len(row)))
+    return torch.tensor(rows)
+
+
+def test_mlm_masking_statistics_on_a_large_batch(setup):
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 64, seed=0)
+    i, B = 2, 512
+    b = ds.batch(i, B)
+    per = ds.num_batches_per_epoch(B)
+    orig = _originals(ds, ds._permutation(i // per)[(i % per) * B : (i % per + 1) * B])
+    sel = b["labels"] != -100
+    special = torch.isin(orig, torch.tensor(tok.special_ids))
+    assert not (sel & special).any() and torch.equal(b["input_ids"][special], orig[special])  # specials untouched
+    assert torch.equal(b["labels"][sel], orig[sel]) and torch.equal(b["input_ids"][~sel], orig[~sel])
+    assert abs(sel.sum().item() / (~special).sum().item() - 0.15) < 0.015
+    assert sel.any(dim=1).all()  # at least one target per sequence
+    masked = (b["input_ids"][sel] == tok.mask_id).float().mean().item()
+    kept = (b["input_ids"][sel] == orig[sel]).float().mean().item()
+    assert abs(masked - 0.8) < 0.03 and abs(kept - 0.1) < 0.03 and abs(1 - masked - kept - 0.1) < 0.03
+    assert not torch.isin(b["input_ids"][sel], torch.tensor([0, 1, 2, 3])).any()  # random ids are never specials
+    assert torch.equal(b["attention_mask"], orig != tok.pad_id) and b["attention_mask"].dtype == torch.bool
+    assert (b["token_type_ids"] == 0).all()
+    assert orig[:, 0].eq(tok.cls_id).all() and (orig == tok.sep_id).sum() == B  # [CLS] chunk [SEP]
+
+
+def test_mlm_is_deterministic_per_seed_and_batch(setup):
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 64, seed=0)
+    again = MlmDataset.from_shards(shards, tok, 64, seed=0)
+    assert all(torch.equal(ds.batch(4, 8)[k], again.batch(4, 8)[k]) for k in ds.batch(4, 8))
+    assert not torch.equal(ds.batch(4, 8)["labels"], ds.batch(5, 8)["labels"])
+
+
+def test_mlm_chunks_never_span_documents(setup):
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 40, seed=0)
+    ends = np.searchsorted(shards.doc_starts, ds.chunk_starts, side="right")
+    assert (ds.chunk_starts + ds.chunk_lens <= shards.doc_starts[ends] - 1).all()  # before the separator
+    assert ds.chunk_lens.max() == 38 and ds.chunk_lens.sum() == shards.num_tokens - shards.num_documents
+
+
+def test_whole_word_masking_masks_all_pieces_of_a_word(setup):
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 64, seed=0, whole_word=True)
+    b = ds.batch(0, 64)
+    sel = (b["labels"] != -100).tolist()
+    words_checked = 0
+    for row_sel, row_ids in zip(sel, torch.where(b["labels"] != -100, b["labels"], b["input_ids"]).tolist()):
+        words, current = [], []
+        for pos, tid in enumerate(row_ids):
+            piece = tok.id_to_token(tid)
+            if current and (not piece.startswith("##") or row_ids[pos - 1] in tok.special_ids):
+                words.append(current)
+                current = []
+            current.append(pos)
+        words.append(current)
+        for w in words:
+            assert len({row_sel[p] for p in w}) == 1, [(tok.id_to_token(row_ids[p]), row_sel[p]) for p in w]
+            words_checked += len(w) > 1 and row_sel[w[0]]
+    assert words_checked > 10
+    frac = (b["labels"] != -100).sum().item() / b["attention_mask"].sum().item()
+    assert 0.1 < frac < 0.2
+
+
+def test_mlm_needs_a_mask_token(setup):
+    tok, shards = setup["bpe"]
+    with pytest.raises(ConfigError, match=r"kind bpe has no mask token.*<\|mask\|>"):
+        MlmDataset.from_shards(shards, tok, 64, seed=0)
+
+
+def test_seq2seq_pairs_from_tsv_and_jsonl(setup, tmp_path):
+    tok, _ = setup["bpe"]
+    (tmp_path / "p.tsv").write_text("hear me speak\tspeak\nfirst citizen\tcitizen of rome and more words here\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"en": "all", "fr": "tous"}) + "\n")
+    assert read_pairs(str(tmp_path / "p.jsonl"), "en", "fr") == [("all", "tous")]
+    ds = Seq2SeqDataset.from_file(str(tmp_path / "p.tsv"), tok, 0, max_src_len=16, max_tgt_len=6)
+    b = next(ds.eval_batches(1, 2))
+    assert b["src_ids"].shape == (2, 16) and b["tgt_ids"].shape == b["labels"].shape == (2, 6)
+    src, tgt = tok.encode("hear me speak"), tok.encode("speak")
+    assert b["src_ids"][0, : len(src) + 1].tolist() == src + [tok.eos_id]
+    assert b["src_mask"][0].sum() == len(src) + 1
+    assert b["tgt_ids"][0, : len(tgt) + 1].tolist() == [tok.bos_id] + tgt
+    assert b["labels"][0].tolist() == tgt + [tok.eos_id] + [-100] * (5 - len(tgt))
+    assert torch.equal(b["tgt_mask"], b["labels"] != -100)
+    assert ds.truncated == {"source": 0, "target": 1} and b["tgt_mask"][1].all()
+
+
+def test_bad_pair_files_name_the_line(tmp_path):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"source": "a", "target": "b"}) + "\n" + json.dumps({"source": "c"}))
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: no string field 'target'"):
+        read_pairs(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "bad.tsv").write_text("only one column\n")
+    with pytest.raises(DataError, match=r"bad\.tsv:1: expected 2 tab-separated columns"):
+        read_pairs(str(tmp_path / "bad.tsv"))
+
+
+def test_seq2seq_denoising_replaces_spans_with_one_mask_each(setup):
+    tok, shards = setup["wordpiece"]
+    ds = Seq2SeqDataset.denoising(shards, tok, 0, max_src_len=64, max_tgt_len=64)
+    b = ds.batch(0, 32)
+    assert (b["tgt_ids"][:, 0] == tok.cls_id).all()  # wordpiece: [CLS] plays BOS, [SEP] plays EOS
+    dropped = total = 0
+    for src, smask, labels in zip(b["src_ids"], b["src_mask"], b["labels"]):
+        source = src[smask].tolist()[:-1]
+        target = labels[labels != -100].tolist()[:-1]
+        assert source.count(tok.mask_id) >= 1 and source[0] != tok.mask_id  # kept text comes first
+        it = iter(target)
+        assert all(t in it for t in source if t != tok.mask_id)  # the rest is a subsequence of the target
+        dropped += len(target) - (len(source) - source.count(tok.mask_id))
+        total += len(target)
+    assert 0.1 < dropped / total < 0.2
+    assert torch.equal(ds.batch(0, 32)["src_ids"], b["src_ids"])

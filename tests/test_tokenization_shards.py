@@ -1,0 +1,127 @@
+"""Token shards: layout (EOS between documents), caching, dtype choice, atomicity, splits."""
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import tfkit.tokenization.shards as shards_module
+from tfkit.tokenization.corpus import iter_pieces
+from tfkit.tokenization.shards import prepare_tokens, token_dtype
+from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="module")
+def text():
+    if not SHAKESPEARE.exists():
+        pytest.skip(f"corpus {SHAKESPEARE} not present")
+    return SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
+
+
+@pytest.fixture(scope="module")
+def bpe(text, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bpe")
+    train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=600), [text], folder, show_progress=False)
+    return load_tokenizer(folder)
+
+
+@pytest.fixture
+def docs_corpus(text, tmp_path):
+    """The slice as a JSONL corpus: one document per speech (blank-line separated)."""
+    docs = [d for d in text.split("\n\n") if d.strip()][:300]
+    path = tmp_path / "speeches.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return path, docs
+
+
+def test_documents_are_separated_by_eos_and_indexed(bpe, docs_corpus, tmp_path):
+    path, docs = docs_corpus
+    shards = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    assert shards.num_documents == len(docs) and shards.doc_starts[-1] == shards.num_tokens
+    assert shards.separator_id == bpe.eos_id == 0 and shards.dtype == np.uint16
+    eos_positions = np.flatnonzero(np.asarray(shards.tokens) == bpe.eos_id)
+    np.testing.assert_array_equal(eos_positions, shards.doc_starts[1:] - 1)  # exactly one EOS after each doc
+    for d in (0, 7, len(docs) - 1):
+        ids = shards.tokens[shards.doc_starts[d] : shards.doc_starts[d + 1] - 1]
+        assert bpe.decode(ids.tolist()) == docs[d]
+    assert shards.meta["num_tokens"] == shards.num_tokens and shards.meta["mb_per_s"] > 0
+
+
+def test_pieces_of_one_big_file_stay_one_document(bpe, text, tmp_path, monkeypatch):
+    monkeypatch.setattr(shards_module, "iter_pieces", functools.partial(iter_pieces, chunk_bytes=10_000))
+    (tmp_path / "big.txt").write_text(text[:60_000])
+    (tmp_path / "small.txt").write_text("A second file.\n")
+    shards = prepare_tokens(str(tmp_path / "*.txt"), bpe, tmp_path / "cache", show_progress=False)
+    assert shards.num_documents == 2  # six pieces of big.txt, then small.txt
+    assert int((np.asarray(shards.tokens) == bpe.eos_id).sum()) == 2
+    assert bpe.decode(shards.tokens[: shards.doc_starts[1] - 1].tolist()) == text[:60_000]
+
+
+def test_second_call_reuses_the_cache(bpe, docs_corpus, tmp_path, monkeypatch):
+    path, _ = docs_corpus
+    first = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    folder = next((tmp_path / "cache").iterdir())
+    mtime = (folder / "tokens.bin").stat().st_mtime_ns
+    monkeypatch.setattr(type(bpe), "encode_batch", lambda *a, **k: pytest.fail("tokenized again"))
+    second = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    assert (first.from_cache, second.from_cache) == (False, True)
+    assert (folder / "tokens.bin").stat().st_mtime_ns == mtime
+    np.testing.assert_array_equal(first.tokens, second.tokens)
+    monkeypatch.undo()
+    path.write_text(path.read_text() + json.dumps({"text": "one more"}) + "\n")  # corpus changed: new key
+    third = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    assert not third.from_cache and third.num_documents == first.num_documents + 1
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_killed_run_leaves_no_loadable_cache(bpe, docs_corpus, tmp_path, monkeypatch):
+    path, _ = docs_corpus
+    monkeypatch.setattr(shards_module, "BATCH_CHARS", 1000)
+    calls = []
+
+    def dying(self, texts, add_special_tokens=False):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    monkeypatch.setattr(type(bpe), "encode_batch", dying)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    assert list((tmp_path / "cache").iterdir()) == []
+    monkeypatch.undo()
+    assert not prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False).from_cache
+
+
+def test_dtype_is_uint16_while_ids_fit_then_uint32(tmp_path):
+    assert token_dtype(600) == np.uint16 and token_dtype(65_536) == np.uint16
+    assert token_dtype(65_537) == np.uint32
+    vocab = {f"w{i}": i for i in range(70_000)}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.add_special_tokens(["<eos>"])
+    folder = tmp_path / "big_vocab"
+    folder.mkdir()
+    raw.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    tok = load_tokenizer(folder)
+    (tmp_path / "c.txt").write_text("w1 w65535 w69999")
+    shards = prepare_tokens(str(tmp_path / "c.txt"), tok, tmp_path / "cache", show_progress=False)
+    assert shards.dtype == np.uint32 and tok.kind == "wordlevel"
+    assert shards.tokens.tolist() == [1, 65_535, 69_999, 70_000]
+
+
+def test_split_holds_out_the_tail_at_a_document_start(bpe, docs_corpus, tmp_path):
+    path, _ = docs_corpus
+    shards = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    train, valid = shards.split(0.1)
+    assert train.num_tokens + valid.num_tokens == shards.num_tokens
+    assert abs(valid.num_tokens / shards.num_tokens - 0.1) < 0.05
+    assert train.num_documents + valid.num_documents == shards.num_documents
+    assert valid.tokens[valid.doc_starts[0]] == shards.tokens[shards.doc_starts[train.num_documents]]
+    assert train.tokens[-1] == bpe.eos_id and valid.doc_starts[-1] == valid.num_tokens

@@ -1,0 +1,315 @@
+"""Datasets for the three objectives; batch `i` is a pure function of `(seed, i)`.
+
+Why pure functions instead of a stateful DataLoader: the loader's position in a checkpoint is just the
+number of batches consumed, so resume is exact, and DDP ranks take disjoint row slices of the same global
+batch (`rank` r of `world_size` W gets rows [r*B/W, (r+1)*B/W)) with no sampler state to keep in sync.
+
+Each dataset is a list of *examples* (CLM: packed blocks; MLM: document chunks; seq2seq: pairs or
+chunks). Epoch e visits them in a permutation seeded by (seed, e); global batch i is epoch
+i // batches_per_epoch, slice i % batches_per_epoch of it (the last partial batch of each epoch is
+dropped; it differs every epoch). Randomness inside an example (masking, noise) comes from a generator
+seeded by (seed, i, global row), so a row is the same whichever rank computes it. `eval_batches` walks
+the examples in order with fixed seeds, so every evaluation sees the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, DataError
+from .corpus import resolve_files
+from .masking import IGNORE_INDEX, mask_tokens, word_start_table
+from .shards import TokenShards
+from .train import TfkitTokenizer
+
+TRAIN, EVAL = 0, 1  # seed-stream tags: evaluation randomness never collides with training's
+
+
+def _seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys (SeedSequence mixes them well; Python's hash is salted)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _require(value: int | None, what: str, tok: TfkitTokenizer) -> int:
+    if value is None:
+        raise ConfigError(f"tokenizer {tok.path}: kind {tok.kind} has no {what}, which this objective needs")
+    return value
+
+
+class _PureDataset(ABC):
+    """Shared batching: per-epoch permutations, rank slices, sequential evaluation."""
+
+    num_examples: int
+    seed: int
+    name = "examples"
+
+    @abstractmethod
+    def _rows(self, idx: np.ndarray, keys: list[tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """The rows for example indices `idx`, randomness seeded by one key per row."""
+
+    def num_batches_per_epoch(self, batch_size: int) -> int:
+        n = self.num_examples // batch_size
+        if n == 0:
+            raise DataError(f"the data gives {self.num_examples} {self.name}, fewer than one batch of {batch_size}")
+        return n
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        cache = self.__dict__.setdefault("_perm_cache", {})
+        if epoch not in cache:
+            cache.clear()  # one epoch at a time: permutations of a large corpus are large
+            cache[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+        return cache[epoch]
+
+    @staticmethod
+    def _local(batch_size: int, rank: int, world_size: int) -> range:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is not in 0..world_size-1 (world_size={world_size})")
+        if batch_size < 1 or batch_size % world_size:
+            raise ConfigError(f"train.batch_size: {batch_size} is not divisible by the world size {world_size}")
+        per = batch_size // world_size
+        return range(rank * per, (rank + 1) * per)
+
+    def batch(self, i: int, batch_size: int, rank: int = 0, world_size: int = 1) -> dict[str, torch.Tensor]:
+        """Global batch `i` (batch_size rows), this rank's slice of it."""
+        rows = self._local(batch_size, rank, world_size)
+        per_epoch = self.num_batches_per_epoch(batch_size)
+        perm = self._permutation(i // per_epoch)
+        offset = (i % per_epoch) * batch_size
+        idx = perm[[offset + r for r in rows]]
+        return self._rows(idx, [(TRAIN, self.seed, i, r) for r in rows])
+
+    def eval_batches(self, n: int, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[dict]:
+        """Up to `n` batches over the examples in order, identical on every call."""
+        rows = self._local(batch_size, rank, world_size)
+        for k in range(min(n, self.num_examples // batch_size)):
+            idx = np.array([k * batch_size + r for r in rows])
+            yield self._rows(idx, [(EVAL, self.seed, k, r) for r in rows])
+
+
+class ClmDataset(_PureDataset):
+    """Causal LM: the flat stream (documents separated by EOS) cut into blocks of seq_len+1 tokens.
+
+    Blocks overlap by one token so every token is a label exactly once; a block may span a document
+    boundary, where the EOS tells the model a new document starts (GPT-2/nanoGPT packing, no padding).
+    Returns input_ids (B, T) and labels (B, T) = the next tokens, both int64.
+    """
+
+    name = "blocks"
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, eos_id: int | None):
+        if seq_len < 1:
+            raise ConfigError(f"data.seq_len: got {seq_len}, expected a positive integer")
+        self.tokens, self.seq_len, self.seed, self.eos_id = tokens, seq_len, seed, eos_id
+        self.num_examples = max(0, (len(tokens) - 1) // seq_len)
+
+    @classmethod
+    def from_shards(cls, shards: TokenShards, seq_len: int, seed: int) -> "ClmDataset":
+        return cls(shards.tokens, seq_len, seed, shards.separator_id)
+
+    def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
+        T = self.seq_len
+        blocks = np.stack([np.asarray(self.tokens[k * T : k * T + T + 1], dtype=np.int64) for k in idx])
+        blocks_t = torch.from_numpy(blocks)  # (B, T+1)
+        return {"input_ids": blocks_t[:, :-1].contiguous(), "labels": blocks_t[:, 1:].contiguous()}
+
+
+def _chunks(starts: np.ndarray, ends: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut each document [start, end) into pieces of at most `size`: (chunk starts, chunk lengths)."""
+    n = np.maximum(0, (ends - starts + size - 1) // size)  # chunks per document
+    doc = np.repeat(np.arange(len(starts)), n)
+    k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # chunk number inside its document
+    chunk_starts = starts[doc] + k * size
+    return chunk_starts, np.minimum(size, ends[doc] - chunk_starts)
+
+
+def _document_spans(tokens: np.ndarray, doc_starts: np.ndarray, separator_id: int | None):
+    """(starts, ends) of each document's own tokens, without the separator the shards appended."""
+    starts, ends = np.asarray(doc_starts[:-1], np.int64), np.asarray(doc_starts[1:], np.int64)
+    if separator_id is not None and len(ends):
+        ends = ends - (np.asarray(tokens[np.maximum(ends - 1, 0)]) == separator_id)
+    return starts, np.maximum(ends, starts)
+
+
+def _pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, length) int64 ids and (B, length) bool mask (True = real token)."""
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        mask[b, : len(row)] = True
+    return ids, mask
+
+
+class MlmDataset(_PureDataset):
+    """Masked LM: `[CLS] chunk [SEP]` + padding to max_len, chunks never spanning documents.
+
+    Returns input_ids (B, L), attention_mask (B, L) bool, token_type_ids (B, L) zeros and labels
+    (B, L) with -100 except at masked positions (see `masking.mask_tokens`). For tokenizers without
+    [CLS]/[SEP] (bpe) BOS/EOS play their part; a mask token is required.
+    """
+
+    name = "chunks"
+
+    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, max_len: int, seed: int,
+                 tokenizer: TfkitTokenizer, *, mask_prob: float = 0.15, whole_word: bool = False,
+                 separator_id: int | None = None):
+        if max_len < 3:
+            raise ConfigError(f"data.seq_len: got {max_len}, MLM needs at least 3 ([CLS] token [SEP])")
+        if not 0.0 < mask_prob < 1.0:
+            raise ConfigError(f"objective.mask_prob: got {mask_prob}, expected 0 < value < 1")
+        tok = tokenizer
+        self.cls_id = _require(tok.cls_id if tok.cls_id is not None else tok.bos_id, "[CLS]/BOS token", tok)
+        self.sep_id = _require(tok.sep_id if tok.sep_id is not None else tok.eos_id, "[SEP]/EOS token", tok)
+        self.pad_id = _require(tok.pad_id, "padding token", tok)
+        self.mask_id = _require(tok.mask_id, "mask token (add '<|mask|>' to tokenizer.special_tokens)", tok)
+        self.tokens, self.max_len, self.seed, self.mask_prob = tokens, max_len, seed, mask_prob
+        self.vocab_size, self.special_ids = tok.vocab_size, tok.special_ids
+        self.word_starts = word_start_table(tok.tokenizer.get_vocab(), tok.kind) if whole_word else None
+        starts, ends = _document_spans(tokens, doc_starts, separator_id)
+        self.chunk_starts, self.chunk_lens = _chunks(starts, ends, max_len - 2)
+        self.num_examples = len(self.chunk_starts)
+
+    @classmethod
+    def from_shards(cls, shards: TokenShards, tokenizer: TfkitTokenizer, max_len: int, seed: int, **kw):
+        return cls(shards.tokens, shards.doc_starts, max_len, seed, tokenizer, separator_id=shards.separator_id, **kw)
+
+    def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
+        out: dict[str, list[torch.Tensor]] = {"input_ids": [], "labels": [], "attention_mask": []}
+        for k, key in zip(idx, keys):
+            s, n = int(self.chunk_starts[k]), int(self.chunk_lens[k])
+            body = np.asarray(self.tokens[s : s + n], dtype=np.int64)
+            ids, real = _pad([[self.cls_id, *body.tolist(), self.sep_id]], self.max_len, self.pad_id)  # (1, L)
+            special = ~real | torch.isin(ids, torch.tensor(self.special_ids))  # (1, L)
+            starts = None if self.word_starts is None else torch.from_numpy(self.word_starts[ids.numpy()])
+            masked, labels = mask_tokens(
+                ids, special, mask_id=self.mask_id, vocab_size=self.vocab_size, mask_prob=self.mask_prob,
+                generator=torch.Generator().manual_seed(_seed(*key)), word_starts=starts, special_ids=self.special_ids,
+            )
+            out["input_ids"].append(masked)
+            out["labels"].append(labels)
+            out["attention_mask"].append(real)
+        batch = {name: torch.cat(rows) for name, rows in out.items()}  # each (B, L)
+        batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        return batch
+
+
+def read_pairs(spec: str, source_field: str = "source", target_field: str = "target") -> list[tuple[str, str]]:
+    """(source, target) pairs from TSV (`source<TAB>target`) or JSONL files (a path, glob or folder)."""
+    pairs: list[tuple[str, str]] = []
+    for path in resolve_files(spec):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                if path.suffix.lower() == ".tsv":
+                    cols = line.rstrip("\r\n").split("\t")
+                    if len(cols) != 2:
+                        raise DataError(f"{where}: expected 2 tab-separated columns (source, target), got {len(cols)}")
+                    pairs.append((cols[0], cols[1]))
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{where}: invalid JSON ({e.msg})") from None
+                missing = [k for k in (source_field, target_field) if not isinstance(record.get(k), str)]
+                if missing:
+                    raise DataError(f"{where}: no string field {missing[0]!r} (set source_field/target_field)")
+                pairs.append((record[source_field], record[target_field]))
+    if not pairs:
+        raise DataError(f"seq2seq data {spec}: no pairs found")
+    return pairs
+
+
+def _noise_spans(n: int, density: float, mean_span: float, rng: np.random.Generator) -> np.ndarray:
+    """(n,) bool noise mask of about density*n tokens in spans of mean length `mean_span` (T5's
+    random_spans_noise_mask): noise and kept lengths are random compositions, kept text first."""
+    n_noise = min(max(1, round(n * density)), n - 1)
+    n_spans = max(1, min(round(n_noise / mean_span), n_noise, n - n_noise))
+
+    def parts(total: int) -> np.ndarray:
+        cuts = np.sort(rng.choice(np.arange(1, total), n_spans - 1, replace=False)) if n_spans > 1 else []
+        return np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int64)
+
+    lengths = np.stack([parts(n - n_noise), parts(n_noise)], axis=1).reshape(-1)  # kept, noise, kept, ...
+    return np.repeat(np.tile([False, True], n_spans), lengths)
+
+
+class Seq2SeqDataset(_PureDataset):
+    """Encoder-decoder pairs: `from_pairs` / `from_file` (translation-style data) or `denoising` (plain
+    text, BART-style infilling: source = a chunk with ~15% of its tokens, in spans of mean length 3,
+    each span replaced by ONE mask token, target = the original chunk; one mask token rather than T5's
+    sentinels because every tfkit tokenizer has a mask token and the target is the whole text).
+
+    Returns src_ids (B, S) = source + EOS, src_mask (B, S) bool, tgt_ids (B, T) = BOS + target,
+    tgt_mask (B, T) bool, labels (B, T) = target + EOS with -100 on padding. S = max_src_len,
+    T = max_tgt_len; longer pairs are truncated and counted in `self.truncated`.
+    """
+
+    name = "pairs"
+
+    def __init__(self, tokenizer: TfkitTokenizer, seed: int, max_src_len: int, max_tgt_len: int):
+        if max_src_len < 2 or max_tgt_len < 2:
+            raise ConfigError(f"data.max_src_len/max_tgt_len: got {max_src_len}/{max_tgt_len}, expected >= 2")
+        tok = tokenizer
+        self.bos_id = _require(tok.bos_id if tok.bos_id is not None else tok.cls_id, "BOS/[CLS] token", tok)
+        self.eos_id = _require(tok.eos_id if tok.eos_id is not None else tok.sep_id, "EOS/[SEP] token", tok)
+        self.pad_id = _require(tok.pad_id, "padding token", tok)
+        self.tokenizer, self.seed, self.max_src_len, self.max_tgt_len = tok, seed, max_src_len, max_tgt_len
+        self.truncated = {"source": 0, "target": 0}
+        self.pairs: tuple[list[list[int]], list[list[int]]] | None = None
+        self.noise: tuple[np.ndarray, np.ndarray, np.ndarray, float, float] | None = None
+        self.num_examples = 0
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, str]], tokenizer: TfkitTokenizer, seed: int, *,
+                   max_src_len: int = 256, max_tgt_len: int = 256) -> "Seq2SeqDataset":
+        ds = cls(tokenizer, seed, max_src_len, max_tgt_len)
+        src = tokenizer.encode_batch([p[0] for p in pairs])
+        tgt = tokenizer.encode_batch([p[1] for p in pairs])
+        ds.truncated = {"source": sum(len(s) > max_src_len - 1 for s in src),
+                        "target": sum(len(t) > max_tgt_len - 1 for t in tgt)}
+        ds.pairs = ([s[: max_src_len - 1] for s in src], [t[: max_tgt_len - 1] for t in tgt])
+        ds.num_examples = len(pairs)
+        return ds
+
+    @classmethod
+    def from_file(cls, spec: str, tokenizer: TfkitTokenizer, seed: int, *, source_field: str = "source",
+                  target_field: str = "target", **lengths) -> "Seq2SeqDataset":
+        return cls.from_pairs(read_pairs(spec, source_field, target_field), tokenizer, seed, **lengths)
+
+    @classmethod
+    def denoising(cls, shards: TokenShards, tokenizer: TfkitTokenizer, seed: int, *, max_src_len: int = 256,
+                  max_tgt_len: int = 256, noise_density: float = 0.15, mean_span: float = 3.0) -> "Seq2SeqDataset":
+        ds = cls(tokenizer, seed, max_src_len, max_tgt_len)
+        mask = _require(tokenizer.mask_id, "mask token (add '<|mask|>' to tokenizer.special_tokens)", tokenizer)
+        starts, ends = _document_spans(shards.tokens, shards.doc_starts, shards.separator_id)
+        chunk_starts, chunk_lens = _chunks(starts, ends, min(max_src_len, max_tgt_len) - 1)
+        ds.noise = (shards.tokens, chunk_starts, chunk_lens, noise_density, mean_span)
+        ds.mask_id, ds.num_examples = mask, len(chunk_starts)
+        return ds
+
+    def _example(self, k: int, key: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        if self.pairs is not None:
+            return self.pairs[0][k], self.pairs[1][k]
+        tokens, starts, lens, density, mean_span = self.noise  # type: ignore[misc]
+        target = np.asarray(tokens[starts[k] : starts[k] + lens[k]], dtype=np.int64)
+        if len(target) < 2:
+            return target.tolist(), target.tolist()
+        noise = _noise_spans(len(target), density, mean_span, np.random.default_rng(_seed(*key)))
+        span_start = noise & ~np.concatenate([[False], noise[:-1]])
+        source = np.where(span_start, self.mask_id, target)[~noise | span_start]
+        return source.tolist(), target.tolist()
+
+    def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
+        examples = [self._example(int(k), key) for k, key in zip(idx, keys)]
+        src_ids, src_mask = _pad([s + [self.eos_id] for s, _ in examples], self.max_src_len, self.pad_id)
+        tgt_ids, tgt_mask = _pad([[self.bos_id] + t for _, t in examples], self.max_tgt_len, self.pad_id)
+        labels, _ = _pad([t + [self.eos_id] for _, t in examples], self.max_tgt_len, IGNORE_INDEX)
+        return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_ids, "tgt_mask": tgt_mask, "labels": labels}

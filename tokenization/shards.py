@@ -1,0 +1,205 @@
+"""Token shards: a corpus tokenized once into a flat memory-mapped token file, reused by every run.
+
+Layout of a cache folder `<cache_dir>/tokens-<key>/`:
+
+- `tokens.bin`: every document's ids followed by one separator token (EOS, or [SEP] for tokenizers
+  without EOS), all documents back to back: `doc0 SEP doc1 SEP ...`. uint16 when every id fits
+  (vocab <= 65,536: half the disk and page cache of uint32), else uint32.
+- `doc_starts.bin`: int64 offset of each document's first token, plus a final entry = num_tokens, so
+  document d is `tokens[doc_starts[d] : doc_starts[d + 1] - 1]` (without its separator).
+- `meta.json`: counts, dtype, separator, fingerprints, throughput; written last.
+
+`key` hashes the tokenizer fingerprint (sha256 of tokenizer.json) and the corpus fingerprint (paths,
+sizes, mtimes), so a changed corpus or tokenizer gets a new cache and a second call is just a memmap.
+Everything is written under a temporary name and renamed, so a killed run never leaves a cache that
+loads. Pieces of one large text file are concatenated without separators (they are one document).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..errors import DataError
+from .corpus import CorpusStats, corpus_fingerprint, iter_pieces
+from .train import TfkitTokenizer
+
+log = logging.getLogger("tfkit.tokenization")
+FORMAT_VERSION = 1
+BATCH_CHARS = 4 << 20  # characters handed to one encode_batch call (bounded memory)
+SPLIT_CHARS = 64 << 10  # big pieces are cut at newlines into sub-pieces so all cores get work
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id (0 .. vocab_size-1) fits, else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+@dataclass
+class TokenShards:
+    """A memory-mapped token stream and its document boundaries (see the module docstring)."""
+
+    tokens: np.ndarray  # (N,) np.memmap of uint16/uint32 ids
+    doc_starts: np.ndarray  # (D + 1,) int64, last entry == N
+    vocab_size: int
+    separator_id: int | None  # token appended after each document (None: nothing appended)
+    meta: dict
+    from_cache: bool = False  # True when this call found the shards already built
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.doc_starts.shape[0] - 1)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tokens.dtype
+
+    def split(self, valid_fraction: float) -> tuple["TokenShards", "TokenShards"]:
+        """(train, valid) views: the LAST `valid_fraction` of tokens, cut at a document start when one
+        lies in the last half of the tail (else mid-document), for recipes without a valid corpus."""
+        if not 0.0 < valid_fraction < 1.0:
+            raise DataError(f"data.valid_fraction: got {valid_fraction}, expected 0 < value < 1")
+        cut = int(self.num_tokens * (1 - valid_fraction))
+        later = self.doc_starts[(self.doc_starts >= cut) & (self.doc_starts < self.num_tokens)]
+        if len(later) and later[0] - cut <= (self.num_tokens - cut) // 2:
+            cut = int(later[0])
+        return self._view(0, cut), self._view(cut, self.num_tokens)
+
+    def _view(self, lo: int, hi: int) -> "TokenShards":
+        inside = self.doc_starts[(self.doc_starts > lo) & (self.doc_starts < hi)] - lo
+        starts = np.concatenate([[0], inside, [hi - lo]]).astype(np.int64)
+        return TokenShards(self.tokens[lo:hi], starts, self.vocab_size, self.separator_id, self.meta, self.from_cache)
+
+
+def _sub_pieces(text: str) -> list[str]:
+    """Cut a long piece at newlines into ~SPLIT_CHARS parts (one document still: joined by the caller)."""
+    if len(text) <= SPLIT_CHARS:
+        return [text]
+    out, start = [], 0
+    while start < len(text):
+        end = text.find("\n", start + SPLIT_CHARS)
+        end = len(text) if end < 0 else end + 1
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+class _Writer:
+    """Appends encoded batches to the token file and records document starts; never holds the corpus."""
+
+    def __init__(self, folder: Path, dtype: np.dtype, separator: int | None):
+        self.tokens = open(folder / "tokens.bin", "wb")
+        self.dtype, self.separator = dtype, separator
+        self.starts: list[int] = []
+        self.count = 0
+
+    def write(self, tokenizer: TfkitTokenizer, texts: list[str], new_doc: list[bool]) -> None:
+        ids = tokenizer.encode_batch(texts)
+        parts = []
+        for piece_ids, new in zip(ids, new_doc):
+            if new:
+                if self.starts and self.separator is not None:
+                    parts.append([self.separator])
+                self.starts.append(self.count + sum(len(p) for p in parts))
+            parts.append(piece_ids)
+        flat = np.concatenate([np.asarray(p, dtype=self.dtype) for p in parts]) if parts else np.zeros(0, self.dtype)
+        self.tokens.write(flat.tobytes())
+        self.count += len(flat)
+
+    def close(self) -> None:
+        if self.starts and self.separator is not None:
+            self.tokens.write(np.array([self.separator], dtype=self.dtype).tobytes())
+            self.count += 1
+        self.tokens.close()
+
+
+def _open(folder: Path, from_cache: bool) -> TokenShards:
+    meta = json.loads((folder / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    tokens = np.memmap(folder / "tokens.bin", dtype=dtype, mode="r", shape=(meta["num_tokens"],))
+    starts = np.fromfile(folder / "doc_starts.bin", dtype=np.int64)
+    return TokenShards(tokens, starts, meta["vocab_size"], meta["separator_id"], meta, from_cache)
+
+
+def prepare_tokens(
+    spec: str,
+    tokenizer: TfkitTokenizer,
+    cache_dir: str | Path,
+    *,
+    text_field: str = "text",
+    show_progress: bool = True,
+) -> TokenShards:
+    """Tokenize corpus `spec` once (multi-core `encode_batch`), or reopen the cached result."""
+    corpus_key = corpus_fingerprint(spec, text_field)
+    key = hashlib.sha256(f"{tokenizer.fingerprint()}|{corpus_key}|v{FORMAT_VERSION}".encode()).hexdigest()[:16]
+    folder = Path(cache_dir) / f"tokens-{key}"
+    if (folder / "meta.json").is_file():
+        return _open(folder, from_cache=True)
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tokens-{key}.tmp-", dir=cache_dir))
+    try:
+        separator = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
+        dtype = token_dtype(tokenizer.vocab_size)
+        writer, stats = _Writer(tmp, dtype, separator), CorpusStats()
+        start = time.perf_counter()
+        texts: list[str] = []
+        new_doc: list[bool] = []
+        with tqdm(desc=f"tokenize {spec}", unit="B", unit_scale=True, disable=not show_progress) as bar:
+            for text, new in iter_pieces(spec, text_field=text_field, stats=stats):
+                subs = _sub_pieces(text)
+                texts += subs
+                new_doc += [new] + [False] * (len(subs) - 1)
+                if sum(map(len, texts)) >= BATCH_CHARS:
+                    writer.write(tokenizer, texts, new_doc)
+                    texts, new_doc = [], []
+                    bar.update(stats.bytes_read - bar.n)
+                    bar.set_postfix(tokens=f"{writer.count:,}")
+            if texts:
+                writer.write(tokenizer, texts, new_doc)
+            bar.update(stats.bytes_read - bar.n)
+            writer.close()
+            bar.set_postfix(tokens=f"{writer.count:,}")
+        seconds = time.perf_counter() - start
+        np.array(writer.starts + [writer.count], dtype=np.int64).tofile(tmp / "doc_starts.bin")
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "corpus": spec,
+            "text_field": text_field,
+            "corpus_fingerprint": corpus_key,
+            "tokenizer_fingerprint": tokenizer.fingerprint(),
+            "tokenizer_kind": tokenizer.kind,
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": dtype.name,
+            "separator_id": separator,
+            "num_tokens": writer.count,
+            "num_documents": len(writer.starts),
+            "bytes": stats.bytes_read,
+            "seconds": round(seconds, 3),
+            "mb_per_s": round(stats.bytes_read / 1e6 / max(seconds, 1e-9), 3),
+            "replaced_bytes": stats.replaced_bytes,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another process finished the same cache first: use theirs
+            if not (folder / "meta.json").is_file():
+                raise
+        log.info("tokenized %s: %s tokens, %s documents, %.1f MB/s", spec, f"{writer.count:,}",
+                 f"{len(writer.starts):,}", meta["mb_per_s"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _open(folder, from_cache=False)
