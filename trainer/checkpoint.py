@@ -18,10 +18,12 @@ is atomic on POSIX). A crash mid-write leaves only a temp folder, which `resolve
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as load_safetensors_into
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
+from ..models.config import ModelConfig
 from ..models.io import CONFIG, WEIGHTS, read_config, save_model
 
 TRAINER_STATE = "trainer_state.pt"
@@ -164,10 +167,6 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         raise CheckpointError(f"{folder / WEIGHTS}: does not hold the weights of this model ({err})") from err
 
 
-def checkpoint_model_config(folder: Path) -> dict:
-    return read_config(folder)["model"]
-
-
 def _fsync_tree(folder: Path) -> None:
     for path in folder.iterdir():
         if path.is_file():
@@ -188,3 +187,104 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# --- where a run starts from: run folder, resume checkpoint, model config --------------------------------
+
+MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
+
+
+def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Path:
+    """`--run-dir`, else `log.run_dir`, else the run folder of `--resume PATH`, else (with `--resume auto`)
+    the newest `runs/<recipe>-*` holding a checkpoint, else a new `runs/<recipe>-<YYYYmmdd-HHMMSS>`."""
+    if run_dir:
+        return Path(run_dir)
+    if recipe.log.run_dir:
+        return Path(recipe.log.run_dir)
+    if resume and resume != "auto":
+        folder = resolve_resume(resume)
+        return folder.parent.parent  # <run>/checkpoints/step-N
+    if resume == "auto":
+        previous = [p for p in sorted(Path("runs").glob(f"{recipe.name}-*")) if latest_checkpoint(p)]
+        if previous:
+            return previous[-1]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = Path("runs") / f"{recipe.name}-{stamp}", 1
+    while candidate.exists():  # two runs started in the same second
+        candidate, n = Path("runs") / f"{recipe.name}-{stamp}-{n}", n + 1
+    return candidate
+
+
+def find_resume(run_dir: Path, resume: str | None) -> Path | None:
+    """The checkpoint to resume from, None for a fresh start. A fresh start into a folder that already
+    holds checkpoints is refused: pruning would mix the two runs' checkpoints."""
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    if resume:
+        return resolve_resume(resume)
+    if latest_checkpoint(run_dir):
+        raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume auto to continue "
+                              "it, or choose another --run-dir")
+    return None
+
+
+def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
+    """The model config of this run: the recipe's (vocabulary from the tokenizer) for a fresh start, the
+    checkpoint's when resuming or initialising from one. A recipe key that contradicts the checkpoint is an
+    error naming every such key; only MAY_DIFFER keys (dropout, attention kernel) follow the recipe."""
+    if source is None:
+        cfg = recipe.model.config(tokenizer.vocab_size)
+        if cfg.pad_token_id is None and tokenizer.pad_id is not None:
+            cfg = dataclasses.replace(cfg, pad_token_id=tokenizer.pad_id)
+        return cfg.validate()
+    try:
+        saved = ModelConfig.from_dict(read_config(source)["model"])
+    except ConfigError as err:
+        raise CheckpointError(f"{source / CONFIG}: invalid model config ({err})") from err
+    wanted = recipe.model.config(saved.vocab_size)
+    skip = set(MAY_DIFFER) | {"pad_token_id"}
+    conflicts = [f"model.{f.name} is {getattr(wanted, f.name)!r} but the checkpoint has {getattr(saved, f.name)!r}"
+                 for f in dataclasses.fields(ModelConfig)
+                 if f.name not in skip and getattr(wanted, f.name) != getattr(saved, f.name)]
+    if conflicts:
+        raise ConfigError(f"{source}: the recipe's model does not match the checkpoint's: " + "; ".join(conflicts)
+                          + " (set these keys to the checkpoint's values)")
+    return dataclasses.replace(saved, **{k: getattr(wanted, k) for k in MAY_DIFFER}).validate()
+
+
+# --- distributed-aware state: FSDP2 shards parameters and optimizer state, DDP/single do not -------------
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, mode: str, distributed: bool) -> dict:
+    """The full optimizer state keyed by parameter name (a collective under FSDP: call on every rank)."""
+    if distributed and mode == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer_state_by_name(model, optimizer)
+
+
+def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict, mode: str, distributed: bool) -> None:
+    if distributed and mode == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(full_state_dict=True))
+        return
+    load_optimizer_state_by_name(model, optimizer, sd)
+
+
+def full_weights_model(model: nn.Module, cfg: ModelConfig, mode: str, distributed: bool, is_main: bool):
+    """A module holding the full weights to save: the model itself, or under FSDP a CPU copy assembled from
+    the shards on rank 0 (None on other ranks; a collective, so every rank calls it)."""
+    if not (distributed and mode == "fsdp"):
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from ..models import build_model
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main:
+        return None
+    copy = build_model(cfg)
+    copy.load_state_dict(full)
+    return copy

@@ -1,7 +1,7 @@
 """Validation: the same fixed batches every time, so successive numbers are comparable.
 
-Validation batch `i` is a pure function of (seed, i) like a training batch, so evaluating batches
-0..n-1 measures every checkpoint on identical tokens (and an MLM model on identical masks). Under data
+`dataset.eval_batches(n, ...)` walks the first n batches of validation examples in order with fixed
+seeds, so every evaluation measures the model on identical tokens (and an MLM model on identical masks). Under data
 parallelism each rank evaluates its slice of each batch and the sums are all-reduced, so the result does
 not depend on the number of processes.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import DataError
 from .distributed import DistInfo, all_reduce_sum
 from .objectives import move_batch
 from .optim import autocast_context
@@ -37,13 +38,13 @@ class EvalResult:
 @torch.no_grad()
 def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, info: DistInfo,
              precision: str) -> EvalResult:
-    """Loss and accuracy of `loss_module` (see objectives.LossModule) over validation batches 0..n-1."""
+    """Loss and accuracy of `loss_module` (see objectives.LossModule) over the first n validation batches."""
     was_training = loss_module.training
     loss_module.eval()
     totals = [0.0, 0.0, 0.0]  # loss sum, correct, count
     try:
-        for i in range(n_batches):
-            batch = move_batch(dataset.batch(i, batch_size, info.rank, info.world_size), info.device)
+        for batch in dataset.eval_batches(n_batches, batch_size, info.rank, info.world_size):
+            batch = move_batch(batch, info.device)
             with autocast_context(precision, info.device):
                 loss_sum, correct, count = loss_module(batch)
             totals[0] += float(loss_sum)
@@ -52,5 +53,7 @@ def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, i
     finally:
         loss_module.train(was_training)
     loss_sum, correct, count = all_reduce_sum(totals, info)
-    count = max(count, 1.0)
+    if not count:
+        raise DataError(f"the validation data gives no batch of {batch_size} (eval.batch_size); use more "
+                        "validation text (data.valid / data.valid_fraction) or a smaller eval.batch_size")
     return EvalResult(loss=loss_sum / count, accuracy=correct / count, tokens=int(count))

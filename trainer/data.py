@@ -1,0 +1,140 @@
+"""The data side of a run: its tokenizer folder and its train/validation datasets.
+
+Rank 0 calls `prepare_tokenizer` (training or copying) and the shard-building half of `build_datasets`
+while the other ranks wait at a barrier; afterwards every rank opens the same cached shards. Token shards
+are cached under `data.cache_dir` (default `<run folder>/data`) keyed by corpus and tokenizer, so a
+resumed run or a second run with the same tokenizer skips tokenization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rich.console import Console
+
+from ..errors import CheckpointError
+from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset, read_pairs
+from ..tokenization.corpus import corpus_size, iter_documents, resolve_files, split_documents
+from ..tokenization.shards import prepare_tokens
+from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
+from .checkpoint import TOKENIZER_FILES
+from .distributed import DistInfo, barrier
+from .recipe import Recipe
+
+HELDOUT_CHARS = 200_000  # validation text used for the tokenizer report (bytes per token, unknown rate)
+
+
+def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: Console) -> None:
+    """Fill `out` with the run's tokenizer: the checkpoint's (resume / init_from), the one at
+    `tokenizer.path`, or a new one trained on at most `tokenizer.max_train_mb` of `data.train`."""
+    if source is not None:
+        if not (source / "tokenizer.json").is_file():
+            raise CheckpointError(f"{source}: holds no tokenizer.json, so the run cannot know its token ids")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, out / name)
+        return
+    if recipe.tokenizer.path:
+        load_tokenizer(recipe.tokenizer.path).save(out)  # validates it, writes the standard files
+        return
+    spec = TokenizerSpec(**{f.name: getattr(recipe.tokenizer, f.name) for f in dataclasses.fields(TokenizerSpec)})
+    limit = int(recipe.tokenizer.max_train_mb * 1e6) if recipe.tokenizer.max_train_mb else None
+    texts = _first_chars(tokenizer_texts(recipe), limit)
+    heldout = None
+    if recipe.data.valid:
+        heldout = list(_first_chars(iter_documents(recipe.data.valid, text_field=recipe.data.text_field),
+                                    HELDOUT_CHARS))
+    total = corpus_size(recipe.data.train)
+    console.print(f"training a {spec.kind} tokenizer (vocab {spec.vocab_size}) on "
+                  f"{min(total, limit or total) / 1e6:.1f} MB of {recipe.data.train}", highlight=False)
+    report = train_tokenizer(spec, texts, out, show_progress=recipe.log.progress, heldout=heldout, force=True,
+                             progress_total=min(total, limit or total))
+    summary = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    console.print("tokenizer: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in list(summary.items())[:6]), highlight=False)
+
+
+def _first_chars(texts: Iterable[str], limit: int | None) -> Iterator[str]:
+    """The stream cut after `limit` characters (the last text truncated), all of it when None."""
+    seen = 0
+    for text in texts:
+        if limit is not None and seen + len(text) >= limit:
+            yield text[: limit - seen]
+            return
+        seen += len(text)
+        yield text
+
+
+def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, info: DistInfo, console: Console):
+    """(train, valid) datasets of the recipe's objective. Rank 0 tokenizes into the shard cache first;
+    the other ranks then open the cached shards (a memmap, no second tokenization)."""
+    cache = Path(recipe.data.cache_dir) if recipe.data.cache_dir else run_dir / "data"
+    datasets = _build(recipe, tokenizer, cache, console, show=recipe.log.progress) if info.is_main else None
+    barrier(info)
+    return datasets if info.is_main else _build(recipe, tokenizer, cache, console, show=False)
+
+
+def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Console, show: bool):
+    d, seed, name = recipe.data, recipe.train.seed, recipe.objective.name
+    if name == "seq2seq" and is_pair_data(d.train, d.source_field):
+        lengths = dict(max_src_len=d.seq_len, max_tgt_len=d.seq_len)
+        pairs = read_pairs(d.train, d.source_field, d.target_field)
+        if d.valid:
+            valid_pairs = read_pairs(d.valid, d.source_field, d.target_field)
+        else:
+            pairs, valid_pairs = split_documents(pairs, d.valid_fraction)
+        out = (Seq2SeqDataset.from_pairs(pairs, tokenizer, seed, **lengths),
+               Seq2SeqDataset.from_pairs(valid_pairs, tokenizer, seed, **lengths))
+    else:
+        train = prepare_tokens(d.train, tokenizer, cache, text_field=d.text_field, show_progress=show)
+        if d.valid:
+            valid = prepare_tokens(d.valid, tokenizer, cache, text_field=d.text_field, show_progress=show)
+        else:
+            train, valid = train.split(d.valid_fraction)
+        if show:
+            console.print(f"data: {train.num_tokens:,} training tokens, {valid.num_tokens:,} validation tokens "
+                          f"(cache {cache})", highlight=False)
+        out = tuple(_dataset(recipe, tokenizer, shards) for shards in (train, valid))
+    return out
+
+
+def _dataset(recipe: Recipe, tokenizer: TfkitTokenizer, shards):
+    d, o, seed = recipe.data, recipe.objective, recipe.train.seed
+    if o.name == "clm":
+        return ClmDataset.from_shards(shards, d.seq_len, seed)
+    if o.name == "mlm":
+        return MlmDataset.from_shards(shards, tokenizer, d.seq_len, seed, mask_prob=o.mask_prob,
+                                      whole_word=o.whole_word_mask)
+    return Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=d.seq_len, max_tgt_len=d.seq_len)
+
+
+def is_pair_data(spec: str, source_field: str) -> bool:
+    """Seq2seq data given as pairs (TSV, or JSONL records with `source_field`) rather than plain text,
+    which becomes denoising pairs."""
+    if spec.startswith("stdlib:"):
+        return False
+    files = resolve_files(spec)
+    if any(p.suffix.lower() == ".tsv" for p in files):
+        return True
+    for path in files:
+        if path.suffix.lower() == ".jsonl":
+            with open(path, encoding="utf-8", errors="replace") as f:
+                first = next((line for line in f if line.strip()), "")
+            try:
+                return isinstance(json.loads(first), dict) and source_field in json.loads(first)
+            except json.JSONDecodeError:
+                return False
+    return False
+
+
+def tokenizer_texts(recipe: Recipe) -> Iterator[str]:
+    """The text a tokenizer is trained on: the training corpus, or both sides of seq2seq pairs."""
+    d = recipe.data
+    if recipe.objective.name == "seq2seq" and is_pair_data(d.train, d.source_field):
+        return (f"{s}\n{t}" for s, t in read_pairs(d.train, d.source_field, d.target_field))
+    return iter_documents(d.train, text_field=d.text_field)

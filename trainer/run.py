@@ -1,0 +1,208 @@
+"""`tfkit pretrain`: recipe → run folder → tokenizer → token shards → model → training → final report.
+
+This module only orchestrates; each step lives in its own component (tokenization, models, optim,
+objectives, checkpoint, loop, validate, metrics). Rank 0 does everything that writes files (run folder,
+tokenizer training, token-shard cache) while the other ranks wait at a barrier, then every rank builds
+the same model from the same seed and trains its slice of each batch.
+
+Where a run starts from:
+- fresh: weights from `train.seed`, tokenizer trained (or copied from `tokenizer.path`);
+- `--resume auto|PATH`: the checkpoint's weights, optimizer, step, data position and RNG; exact;
+- `train.init_from`: a *new* run whose weights, model config and tokenizer come from a checkpoint (e.g.
+  GQA uptraining after `tfkit convert-mqa-to-gqa`); optimizer and step start from zero.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ..models import build_model
+from ..models.io import resolve_checkpoint
+from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
+from . import checkpoint as ckpt
+from .data import build_datasets, prepare_tokenizer
+from .distributed import (DistInfo, apply_activation_checkpointing, barrier, broadcast_object, init_distributed,
+                          shutdown, wrap)
+from .loop import Loop, TrainState, micro_batch_size, run_loop
+from .metrics import MetricsWriter, peak_flops, plot_loss
+from .objectives import LossModule
+from .optim import build_optimizer, grad_scaler
+from .recipe import Recipe
+from .validate import EvalResult, evaluate
+
+console = Console()
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    state: TrainState
+    final: EvalResult | None  # None when the run was interrupted
+    checkpoint: Path | None  # the last checkpoint written
+    wall_time: float
+    sample: str | None = None
+
+    @property
+    def interrupted(self) -> int:
+        """The signal number that stopped the run (SIGINT 2, SIGTERM 15), 0 if it finished."""
+        return self.state.interrupted
+
+
+def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | None = None) -> RunResult:
+    """Run a recipe end to end; see the module docstring. Works alone or under torchrun."""
+    info = init_distributed(recipe.train.device)
+    try:
+        return _pretrain(recipe, run_dir, resume, info)
+    finally:
+        shutdown(info)
+
+
+def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None, info: DistInfo) -> RunResult:
+    start = time.perf_counter()
+    run_dir = Path(broadcast_object(str(ckpt.choose_run_dir(recipe, run_dir_arg, resume)) if info.is_main else None, info))
+    resume_from = ckpt.find_resume(run_dir, resume)
+    init_from = None if resume_from or not recipe.train.init_from else resolve_checkpoint(recipe.train.init_from)
+    source = resume_from or init_from  # the checkpoint that supplies model config and tokenizer
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
+        prepare_tokenizer(recipe, run_dir / "tokenizer", source, console)
+    barrier(info)
+    tokenizer = load_tokenizer(run_dir / "tokenizer")
+    cfg = ckpt.model_config(recipe, tokenizer, source)
+    check_vocab_fits(tokenizer, cfg.vocab_size)
+    train_data, valid_data = build_datasets(recipe, tokenizer, run_dir, info, console)
+
+    torch.manual_seed(recipe.train.seed)
+    model = build_model(cfg)
+    if source is not None:
+        ckpt.load_weights(model, source)
+    model.to(info.device)
+    if recipe.train.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    loss_module = LossModule(model, recipe.objective)
+    if recipe.train.compile:
+        loss_module.compile()
+    train_module = wrap(loss_module, recipe.train.distributed, info)
+    optimizer = build_optimizer(model, recipe.optim, info.device)
+    scaler = grad_scaler(recipe.train.precision, info.device)
+    state = TrainState()
+    trainer_state = ckpt.load_trainer_state(resume_from) if resume_from else None
+    if trainer_state is not None:
+        ckpt.load_optimizer(model, optimizer, trainer_state["optimizer"], recipe.train.distributed, info.enabled)
+        scaler.load_state_dict(trainer_state["scaler"])
+        state = TrainState.from_dict(trainer_state["state"])
+        state.interrupted = 0
+
+    metrics = MetricsWriter(run_dir, info.is_main, recipe.log.tensorboard, state.step if resume_from else None)
+    eval_bs = recipe.eval.batch_size or micro_batch_size(recipe)
+    last: list[Path | None] = [resume_from]
+    extra = {"objective": recipe.objective.name, "recipe": recipe.name}
+
+    def save(s: TrainState) -> Path | None:
+        payload = {"state": s.to_dict(), "rng": ckpt.rng_state(), "scaler": scaler.state_dict(),
+                   "optimizer": ckpt.optimizer_state(model, optimizer, recipe.train.distributed, info.enabled)}
+        weights = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
+        if info.is_main:
+            last[0] = ckpt.save_checkpoint(run_dir, s.step, weights, payload, run_dir / "tokenizer", extra,
+                                           recipe.train.keep_last)
+        barrier(info)
+        return last[0]
+
+    def validate(step: int) -> dict:
+        row = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info, recipe.train.precision).row(step)
+        metrics.log(row)
+        return row
+
+    loop = Loop(recipe, model, train_module, optimizer, scaler, train_data, info, metrics.log, save, validate,
+                flops_per_token=model.flops_per_token(recipe.data.seq_len),
+                peak_flops=peak_flops(torch.cuda.get_device_name(info.device)) if info.device.type == "cuda" else None,
+                state=state)
+    if info.is_main:
+        _describe(recipe, model, cfg, info, run_dir, resume_from, init_from)
+    if trainer_state is not None:
+        ckpt.set_rng_state(trainer_state["rng"])  # last: everything above may draw random numbers
+    else:
+        validate(0)  # the untrained baseline every curve starts from
+    steps_before, tokens_before, train_start = state.step, state.tokens, time.perf_counter()
+    try:
+        run_loop(loop, last_checkpoint=lambda: last[0])
+    finally:
+        train_time = time.perf_counter() - train_start
+    if state.step > steps_before or state.interrupted or not last[0]:
+        save(state)
+    result = RunResult(run_dir, state, None, last[0], 0.0)
+    if not state.interrupted:
+        result.final = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info, recipe.train.precision)
+        metrics.log(result.final.row(state.step))
+        if info.is_main:
+            result.sample = _sample(model, tokenizer, recipe)
+    metrics.close()
+    result.wall_time = time.perf_counter() - start
+    if info.is_main:
+        if recipe.log.plot and plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png"):
+            console.print(f"loss curve: {run_dir / 'loss.png'}", highlight=False)
+        tokens_per_sec = (state.tokens - tokens_before) / max(train_time, 1e-9)
+        _report(result, model, tokens_per_sec)
+    return result
+
+
+def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from, init_from) -> None:
+    """What is about to run, including the global batch in tokens (the number that sets the LR)."""
+    t = recipe.train
+    per_rank = micro_batch_size(recipe) // info.world_size
+    console.print(
+        f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
+        f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
+        f"vocab {cfg.vocab_size}, {recipe.objective.name}, {t.precision} on {info.device}"
+        + (f" x{info.world_size} ({t.distributed})" if info.enabled else ""), highlight=False)
+    console.print(
+        f"global batch {t.batch_size} x {recipe.data.seq_len} = {t.batch_size * recipe.data.seq_len:,} tokens "
+        f"({t.grad_accum} micro-batch(es) of {per_rank} sequences per rank), {t.max_steps} steps, "
+        f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
+    origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
+    console.print(f"run folder {run_dir} ({origin})", highlight=False)
+
+
+def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
+    """The trained model continuing `eval.sample_prompt` (causal models only)."""
+    if recipe.model.arch != "gpt" or not recipe.eval.sample_prompt:
+        return None
+    from ..models.generation import generate
+
+    prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else []  # documents start after a BOS/EOS
+    prompt = prefix + tokenizer.encode(recipe.eval.sample_prompt)
+    new = generate(model, [prompt], recipe.eval.sample_tokens, temperature=0.8, top_k=40,
+                   eos_id=tokenizer.eos_id, seed=recipe.train.seed)[0]
+    return recipe.eval.sample_prompt + tokenizer.decode(new)
+
+
+def _report(result: RunResult, model, tokens_per_sec: float) -> None:
+    """The final table: what a user compares between runs."""
+    table = Table(title=f"pretrain: {result.run_dir.name}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    if result.final is not None:
+        table.add_row("validation loss", f"{result.final.loss:.4f}")
+        table.add_row("perplexity", f"{result.final.perplexity:.2f}")
+        table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
+    table.add_row("steps", f"{result.state.step:,}")
+    table.add_row("tokens", f"{result.state.tokens:,}")
+    table.add_row("tokens / s", f"{tokens_per_sec:,.0f}")
+    table.add_row("parameters", f"{model.num_params():,}")
+    table.add_row("skipped steps", str(result.state.bad_steps))
+    table.add_row("wall time", f"{result.wall_time:.1f} s")
+    table.add_row("checkpoint", str(result.checkpoint))
+    console.print(table)
+    if result.sample is not None:
+        console.print("[bold]sample:[/bold]", highlight=False)
+        console.print(result.sample, highlight=False, markup=False)
+    if result.interrupted:
+        console.print(f"interrupted: continue with --resume auto --run-dir {result.run_dir}", highlight=False)
