@@ -70,9 +70,9 @@ def self_attention_mask(q_len: int, *, causal: bool, start_pos: int = 0, key_pad
         allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)
     if alibi is None:
         return AttnMask(allowed, is_causal=pure_causal)
-    distance = (q_pos - k_pos).abs().to(dtype)  # (T_q, T_k): symmetric, so it also serves encoders
-    bias = -alibi.to(device=device, dtype=dtype)[:, None, None] * distance  # (H, T_q, T_k)
-    return AttnMask(bias[None].masked_fill(~allowed, float("-inf")))  # (B|1, H, T_q, T_k)
+    distance = (q_pos - k_pos).abs().float()  # (T_q, T_k): symmetric, so it also serves encoders
+    bias = -alibi.to(device=device, dtype=torch.float32)[:, None, None] * distance  # (H, T_q, T_k)
+    return AttnMask(bias[None].masked_fill(~allowed, float("-inf")).to(dtype))  # (B|1, H, T_q, T_k)
 
 
 def cross_attention_mask(src_padding: Tensor | None) -> AttnMask:

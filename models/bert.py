@@ -49,7 +49,7 @@ class BERT(ModelBase):
         padding = self._padding(input_ids, attention_mask)
         x = self.embed(input_ids, token_type_ids=token_type_ids)  # (B, T, C)
         mask = self._self_mask(x, causal=False, padding=padding)  # once, for all layers
-        rope = self._rope(0, input_ids.shape[1])
+        rope = self._rope(x)
         for block in self.blocks:
             x = block(x, mask, rope=rope)  # (B, T, C)
         return x if self.ln_f is None else self.ln_f(x)

@@ -37,7 +37,7 @@ class GPT(ModelBase):
         self._check_span(start_pos, T, kv_cache)
         x = self.embed(input_ids, start_pos)  # (B, T, C)
         mask = self._self_mask(x, causal=True, start_pos=start_pos, padding=attention_mask)  # once, for all layers
-        rope = self._rope(start_pos, T)
+        rope = self._rope(x, start_pos)
         for i, block in enumerate(self.blocks):
             cache = None if kv_cache is None else kv_cache.layers[i]
             x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos)  # (B, T, C)

@@ -54,22 +54,19 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
     return table  # (S, C)
 
 
-class Rotary(nn.Module):
-    """RoPE cos/sin tables for every position up to max_seq_len; slicing at start_pos makes caching exact."""
+def rope_angles(cfg: ModelConfig, start_pos: int, length: int,
+                device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """RoPE cos/sin for positions start_pos..start_pos+T, so cached decoding rotates exactly like a full pass.
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        dim = cfg.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))  # (D/2,)
-        angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)  # (S, D/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (S, D): rotate-half layout (GPT-NeoX, Llama)
-        # Not persistent: derived from the config, so checkpoints hold only learned weights.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(self, start_pos: int, length: int) -> tuple[Tensor, Tensor]:
-        end = start_pos + length
-        return self.cos[start_pos:end], self.sin[start_pos:end]  # (T, D) each
+    Computed once per forward and shared by every layer, not stored as a buffer: a buffer would be cast
+    with the model to bf16, whose 8-bit mantissa garbles the angles of distant positions.
+    """
+    exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** exponents)  # (D/2,)
+    positions = torch.arange(start_pos, start_pos + length, dtype=torch.float32, device=device)  # (T,)
+    angles = torch.outer(positions, inv_freq)  # (T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, D): rotate-half layout (GPT-NeoX, Llama)
+    return angles.cos(), angles.sin()  # (T, D) each, fp32
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

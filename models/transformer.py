@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from .attention import Attention, AttnMask, cross_attention_mask, self_attention_mask
 from .config import ModelConfig
 from .kv_cache import CrossKV, KVCache, LayerKV
-from .layers import Embeddings, FeedForward, Rotary, alibi_slopes, init_weights, make_norm
+from .layers import Embeddings, FeedForward, alibi_slopes, init_weights, make_norm, rope_angles
 
 
 class Block(nn.Module):
@@ -54,9 +54,6 @@ class ModelBase(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.rotary = Rotary(cfg) if cfg.positions == "rope" else None
-        slopes = alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
-        self.register_buffer("alibi", slopes, persistent=False)
 
     def _check_span(self, start_pos: int, length: int, kv_cache: KVCache | None) -> None:
         if start_pos and kv_cache is None:
@@ -66,12 +63,18 @@ class ModelBase(nn.Module):
                 f"sequence reaches position {start_pos + length} but model.max_seq_len is {self.config.max_seq_len}"
             )
 
-    def _rope(self, start_pos: int, length: int) -> tuple[Tensor, Tensor] | None:
-        return None if self.rotary is None else self.rotary(start_pos, length)
+    def _rope(self, x: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor] | None:
+        """RoPE cos/sin for the positions of x (B, T, C), or None when positions are not rope."""
+        if self.config.positions != "rope":
+            return None
+        return rope_angles(self.config, start_pos, x.shape[1], x.device)
 
     def _self_mask(self, x: Tensor, causal: bool, start_pos: int = 0, padding: Tensor | None = None) -> AttnMask:
+        """The self-attention mask (with the ALiBi bias folded in) for x (B, T, C), built once per forward.
+        Slopes are fp32 and not a buffer, so casting the model to bf16 cannot round them."""
+        slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
         return self_attention_mask(x.shape[1], causal=causal, start_pos=start_pos, key_padding=padding,
-                                   alibi=self.alibi, device=x.device, dtype=x.dtype)
+                                   alibi=slopes, device=x.device, dtype=x.dtype)
 
     def _padding(self, ids: Tensor, mask: Tensor | None) -> Tensor | None:
         """The given (B, T) mask, else one built from config.pad_token_id, else None (no padding)."""
@@ -139,7 +142,7 @@ class Transformer(ModelBase):
         src_mask = self._padding(src_ids, src_mask)
         x = self.src_embed(src_ids)  # (B, S, C)
         mask = self._self_mask(x, causal=False, padding=src_mask)
-        rope = self._rope(0, src_ids.shape[1])
+        rope = self._rope(x)
         for block in self.encoder:
             x = block(x, mask, rope=rope)
         return x if self.enc_norm is None else self.enc_norm(x)  # (B, S, C)
@@ -156,7 +159,7 @@ class Transformer(ModelBase):
         x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
         self_mask = self._self_mask(x, causal=True, start_pos=start_pos, padding=tgt_mask)
         memory_mask = cross_attention_mask(src_mask)
-        rope = self._rope(start_pos, T)
+        rope = self._rope(x, start_pos)
         for i, block in enumerate(self.decoder):
             x = block(x, self_mask, rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,
                       cache=None if kv_cache is None else kv_cache.layers[i],
