@@ -21,19 +21,21 @@ def train_tokenizer(
         str, typer.Argument(help="File, glob ('data/*.txt'), folder, JSONL, or stdlib:docs / stdlib:code[:train].")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for tokenizer.json and friends.")],
-    kind: Annotated[str, typer.Option(help="bpe (GPT-2 byte-level) | wordpiece (BERT) | unigram (SentencePiece).")] = "bpe",
-    vocab_size: Annotated[int, typer.Option(help="Final vocabulary size, alphabet and special tokens included.")] = 8192,
+    kind: Annotated[str, typer.Option(help="bpe (GPT-2 byte-level) | wordpiece (BERT) | unigram (SentencePiece).")] = (
+        "bpe"
+    ),
+    vocab_size: Annotated[int, typer.Option(help="Final vocabulary size, specials and alphabet included.")] = 8192,
     min_frequency: Annotated[int, typer.Option(help="Minimum pair count for a merge (bpe, wordpiece).")] = 2,
     special_token: Annotated[
         Optional[list[str]], typer.Option("--special-token", help="Extra special token (repeatable).")
     ] = None,
-    limit_alphabet: Annotated[Optional[int], typer.Option(help="wordpiece: keep the N most frequent characters.")] = None,
+    limit_alphabet: Annotated[Optional[int], typer.Option(help="wordpiece: keep the N most frequent chars.")] = None,
     lowercase: Annotated[bool, typer.Option(help="Lowercase the text first (uncased models).")] = False,
     text_field: Annotated[str, typer.Option(help="JSON/JSONL key holding the text.")] = "text",
     heldout_chars: Annotated[
         int, typer.Option(help="Characters from the end of the corpus held out for the report (at most 10%).")
     ] = 200_000,
-    force: Annotated[bool, typer.Option("--force", help="Replace an output folder holding a different tokenizer.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an output folder with a different tokenizer.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train a tokenizer on CORPUS and save tokenizer.json, the transformers config files and a report.

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from tfkit.errors import ConfigError, DataError
 from tfkit.tokenization.train import TokenizerSpec, check_vocab_fits, load_tokenizer, train_tokenizer
@@ -14,7 +14,8 @@ SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"corpus {SHAKESPEARE} not present")
 # Every word is two letters and occurs a distinct (prime) number of times: no two pairs ever tie, so even
 # WordPiece/Unigram training (hash-map order in tokenizers) learns the same vocabulary on every run.
-TIE_FREE = [" ".join([w] * n) for w, n in zip(["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"], [2, 3, 5, 7, 11, 13, 17, 19])]
+TIE_FREE = [" ".join([w] * n)
+            for w, n in zip(["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"], [2, 3, 5, 7, 11, 13, 17, 19])]
 TINY = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away!"] * 20
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -97,6 +96,7 @@ class ClmDataset(_PureDataset):
 
     Blocks overlap by one token so every token is a label exactly once; a block may span a document
     boundary, where the EOS tells the model a new document starts (GPT-2/nanoGPT packing, no padding).
+    `eos_id` is that separator, kept so callers can find document boundaries inside a block.
     Returns input_ids (B, T) and labels (B, T) = the next tokens, both int64.
     """
 

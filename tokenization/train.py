@@ -120,8 +120,9 @@ def _normalizer(spec: TokenizerSpec):
     return normalizers.Sequence(steps) if steps else None
 
 
-def build_pipeline(spec: TokenizerSpec) -> tuple[Tokenizer, trainers.Trainer]:
-    """The untrained tokenizer and its trainer for a spec: the single place the three kinds differ."""
+def build_pipeline(spec: TokenizerSpec, show_progress: bool = False) -> tuple[Tokenizer, trainers.Trainer]:
+    """The untrained tokenizer and its trainer for a spec: the single place the three kinds differ.
+    `show_progress` enables tokenizers' own bars for the merge / EM phase after the text is read."""
     specials = spec.all_special_tokens()
     if spec.kind == "bpe":
         tok = Tokenizer(models.BPE())  # no unk_token: every byte is in the alphabet
@@ -133,7 +134,7 @@ def build_pipeline(spec: TokenizerSpec) -> tuple[Tokenizer, trainers.Trainer]:
             min_frequency=spec.min_frequency,
             special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
+            show_progress=show_progress,
         )
     elif spec.kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -150,7 +151,7 @@ def build_pipeline(spec: TokenizerSpec) -> tuple[Tokenizer, trainers.Trainer]:
             min_frequency=spec.min_frequency,
             special_tokens=specials,
             continuing_subword_prefix="##",
-            show_progress=False,
+            show_progress=show_progress,
             **({} if spec.limit_alphabet is None else {"limit_alphabet": spec.limit_alphabet}),
         )
     elif spec.kind == "unigram":
@@ -164,7 +165,7 @@ def build_pipeline(spec: TokenizerSpec) -> tuple[Tokenizer, trainers.Trainer]:
         )
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
         trainer = trainers.UnigramTrainer(
-            vocab_size=spec.vocab_size, special_tokens=specials, unk_token="<unk>", show_progress=False
+            vocab_size=spec.vocab_size, special_tokens=specials, unk_token="<unk>", show_progress=show_progress
         )
     else:
         raise ConfigError(f"tokenizer.kind: got {spec.kind!r}, expected one of {', '.join(KINDS)}")
@@ -231,7 +232,7 @@ def train_tokenizer(
     spec.validate()
     out = Path(out_dir)
     _check_out_dir(out, force)
-    tok, trainer = build_pipeline(spec)
+    tok, trainer = build_pipeline(spec, show_progress)
     length = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
     with tqdm(total=progress_total, unit="char", unit_scale=True, desc=f"train {spec.kind}",
               disable=not show_progress) as bar:
