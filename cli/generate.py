@@ -60,19 +60,20 @@ class TextStream:
         typer.echo(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
 
 
-def prompt_ids(tokenizer, text: str, arch: str) -> list[int]:
-    """Token ids to start from: GPT continues `<bos> text`; the encoder-decoder's decoder starts at `<bos>`.
+def prompt_ids(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | None]:
+    """(decoder prompt, encoder source) token ids, laid out exactly as the training batches were.
 
-    GPT training packs documents separated by the end-of-text token, so a document start is "after an
-    end-of-text"; prefixing it (when the tokenizer has one) conditions the model as in training.
+    GPT: training packs documents as `doc EOS doc EOS ...` (EOS, or [SEP] without one), so a document
+    starts right after the separator; prefixing it conditions the model on "a new document begins".
+    Encoder-decoder: the source is `text EOS`, and the decoder starts from BOS (or [CLS]).
     """
+    sep = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
+    if arch != "transformer":
+        return ([sep] if sep is not None else []) + tokenizer.encode(text), None
     bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
-    if arch == "transformer":
-        if bos is None:
-            raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/CLS token to start the decoder")
-        return [bos]
-    ids = tokenizer.encode(text)
-    return ([bos] if bos is not None else []) + ids
+    if bos is None or sep is None:
+        raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source")
+    return [bos], tokenizer.encode(text) + [sep]
 
 
 def generate(
@@ -122,13 +123,12 @@ def generate(
         return
     if cfg.arch == "bert":
         raise ConfigError("--prompt needs a GPT or encoder-decoder checkpoint; for BERT use --fill-mask \"... [MASK] ...\"")
-    prompts = [prompt_ids(tokenizer, text, cfg.arch) for text in prompt]
-    sources = None
-    if cfg.arch == "transformer":
-        sources = [tokenizer.encode(text, add_special_tokens=True) for text in prompt]
-        too_long = [len(s) for s in sources if len(s) > cfg.max_seq_len]
-        if too_long:
-            raise ConfigError(f"--prompt: a source has {too_long[0]} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+    framed = [prompt_ids(tokenizer, text, cfg.arch) for text in prompt]
+    prompts = [p for p, _ in framed]
+    sources = [s for _, s in framed] if cfg.arch == "transformer" else None
+    if sources and max(map(len, sources)) > cfg.max_seq_len:
+        raise ConfigError(f"--prompt: a source has {max(map(len, sources))} tokens but the model's "
+                          f"max_seq_len is {cfg.max_seq_len}")
     longest = max(len(p) for p in prompts)
     if longest > cfg.max_seq_len:
         raise ConfigError(f"--prompt: a prompt has {longest} tokens but the model's max_seq_len is {cfg.max_seq_len}")

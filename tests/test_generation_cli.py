@@ -80,7 +80,7 @@ def expected_text(folder: Path, prompt: str, n: int) -> str:
 
     model, _ = load_model(folder)
     tok = load_tokenizer(folder)
-    ids = generate_ids(model, [[tok.bos_id, *tok.encode(prompt)]], n, temperature=0, eos_id=tok.eos_id)[0]
+    ids = generate_ids(model, [[tok.eos_id, *tok.encode(prompt)]], n, temperature=0, eos_id=tok.eos_id)[0]
     return tok.decode(ids)
 
 

@@ -1,0 +1,81 @@
+"""`tfkit eval CKPT [CKPT ...] --data SPEC`: score checkpoints on the same data, one table row each.
+
+Every checkpoint is scored on identical batches (same corpus, seq_len, seed and batch size; MLM masks
+included), so the rows compare. The table goes to stdout, progress to stderr; `--json OUT` writes the
+same numbers as a list, one object per checkpoint in the order given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import ConfigError
+from .generate import pick_runtime
+from .options import Device, Dtype
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def results_table(rows: list[dict], names: list[str], data: str) -> Table:
+    """One row per checkpoint: what a user compares (lower loss/ppl/bpb is better)."""
+    table = Table(title=f"eval on {data}")
+    for column in ("checkpoint", "arch", "step", "params", "loss", "ppl", "bits/byte", "acc", "tokens",
+                   "KV B/tok", "tok/s"):
+        table.add_column(column, justify="left" if column in ("checkpoint", "arch") else "right")
+    for name, r in zip(names, rows):
+        table.add_row(name, r["arch"], _num(r["step"], ","), f"{r['params']:,}", f"{r['loss']:.4f}",
+                      f"{r['perplexity']:.2f}", _num(r["bits_per_byte"], ".4f"), f"{100 * r['token_accuracy']:.2f}%",
+                      f"{r['tokens']:,}", _num(r["kv_cache_bytes_per_token"], ","), _num(r["tokens_per_sec"], ",.0f"))
+    return table
+
+
+def evaluate(
+    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint folders or run folders (latest checkpoint each).")],
+    data: Annotated[str, typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")],
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (MLM masks depend on it).")] = 8,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored (default: all).")] = None,
+    max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches (default: all).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default: the smallest max_seq_len of the checkpoints).")] = None,
+    stride: Annotated[Optional[int], typer.Option("--stride", help="GPT: sliding-window perplexity, scoring `stride` new tokens per window.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the evaluation batches (MLM masks): keep it to compare runs.")] = 0,
+    device: Device = "auto",
+    dtype: Dtype = "fp32",
+) -> None:
+    """Evaluate checkpoints on a corpus: loss, perplexity, bits per byte, token accuracy, parameters,
+    KV-cache bytes per token and throughput, one table row per checkpoint.
+
+    GPT checkpoints are scored on next-token prediction, BERT on masked tokens (the same masks for every
+    checkpoint), encoder-decoders on their seq2seq objective. Bits per byte divides by the text's UTF-8
+    bytes rather than tokens, so checkpoints with different tokenizers compare.
+    """
+    from ..models import read_config
+    from ..trainer.evaluate import evaluate_checkpoint
+
+    torch_device, _ = pick_runtime(device, dtype)
+    if seq_len is None:  # one context length for every row, or the numbers would not compare
+        seq_len = min(read_config(c)["model"]["max_seq_len"] for c in checkpoints)
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if max_batches is not None and max_batches < 1:
+        raise ConfigError(f"--max-batches must be >= 1, got {max_batches}")
+    rows = []
+    for ckpt in checkpoints:
+        rows.append(evaluate_checkpoint(ckpt, data, batch_size=batch_size, max_batches=max_batches,
+                                        max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
+                                        dtype=dtype, seed=seed, show_progress=sys.stderr.isatty()))
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(results_table(rows, checkpoints, data))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        Console(stderr=True).print(f"wrote {json_out}", highlight=False)

@@ -1,0 +1,190 @@
+"""Checkpoint evaluation: hand-checked bits per byte, the uniform-model perplexity, identical MLM masks,
+sliding windows, and `tfkit eval` printing the same numbers it writes to JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import typer
+from typer.testing import CliRunner
+
+from tfkit.errors import ConfigError, TfkitError
+from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
+from tfkit.tokenization.shards import TokenShards
+from tfkit.trainer.evaluate import evaluate_checkpoint, sliding_windows, token_byte_lengths
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+FALLBACK = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 300
+
+
+def text() -> str:
+    return SHAKESPEARE.read_text(encoding="utf-8")[:60_000] if SHAKESPEARE.exists() else FALLBACK
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for kind in ("bpe", "wordpiece"):
+        folder = tmp_path_factory.mktemp(kind)
+        train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), [text()], folder, show_progress=False)
+        out[kind] = folder
+    return out
+
+
+@pytest.fixture(scope="module")
+def valid_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "valid.txt"
+    path.write_text(text()[-6_000:], encoding="utf-8")
+    return path
+
+
+def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embeddings: bool = False, **model) -> Path:
+    tok = load_tokenizer(tokenizer_dir)
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, max_seq_len=64)
+    net = build_model(ModelConfig(**{**cfg, **model}))
+    if zero_embeddings:  # tied output head = 0: every logit is 0, the next-token distribution is uniform
+        with torch.no_grad():
+            net.embed.tok.weight.zero_()
+    save_model(net, folder, extra={"step": 5})
+    tok.save(folder)
+    return folder
+
+
+def score(path: Path, data: Path, tmp_path: Path, **kw) -> dict:
+    return evaluate_checkpoint(path, str(data), cache_dir=tmp_path / "cache", show_progress=False, **kw)
+
+
+def test_bits_per_byte_is_nll_over_ln2_over_the_scored_bytes(tokenizers, tmp_path: Path) -> None:
+    data = tmp_path / "tiny.txt"
+    data.write_text("To be, or not to be: that is the question. " * 12, encoding="utf-8")
+    ckpt = make_checkpoint(tmp_path / "ckpt", tokenizers["bpe"], init_std=0.3)
+    got = score(ckpt, data, tmp_path, batch_size=2, seq_len=16)
+
+    # By hand: the stream is `text EOS`, blocks of 17 tokens overlapping by one, 2 per batch.
+    tok = load_tokenizer(tokenizers["bpe"])
+    stream = tok.encode(data.read_text()) + [tok.eos_id]
+    n_blocks = ((len(stream) - 1) // 16) // 2 * 2  # whole batches only
+    blocks = torch.tensor([stream[k * 16 : k * 16 + 17] for k in range(n_blocks)])
+    from tfkit.models import load_model
+
+    model, _ = load_model(ckpt)
+    with torch.no_grad():
+        logits = model(blocks[:, :-1])
+    nll = F.cross_entropy(logits.flatten(0, 1), blocks[:, 1:].flatten(), reduction="sum").item()
+    labels = blocks[:, 1:].flatten().tolist()
+    n_bytes = sum(len(tok.decode([t]).encode("utf-8")) for t in labels if t != tok.eos_id)  # ASCII text
+    assert got["tokens"] == len(labels) and got["bytes"] == n_bytes
+    assert got["loss"] == pytest.approx(nll / len(labels), rel=1e-5)
+    assert got["bits_per_byte"] == pytest.approx(nll / math.log(2) / n_bytes, rel=1e-5)
+    assert got["perplexity"] == pytest.approx(math.exp(nll / len(labels)), rel=1e-5)
+
+
+def test_uniform_model_has_perplexity_vocab_size(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "uniform", tokenizers["bpe"], zero_embeddings=True)
+    got = score(ckpt, valid_file, tmp_path, batch_size=4, seq_len=32)
+    vocab = load_tokenizer(tokenizers["bpe"]).vocab_size
+    assert got["perplexity"] == pytest.approx(vocab, rel=1e-4)
+    assert got["bits_per_byte"] == pytest.approx(got["tokens"] * math.log2(vocab) / got["bytes"], rel=1e-4)
+    assert got["kv_cache_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # K,V x layers x kv heads x head dim x fp32
+    assert got["params"] > 0 and got["tokens_per_sec"] > 0 and got["step"] == 5
+
+
+def test_byte_table_bpe_is_exact_and_specials_are_free(tokenizers) -> None:
+    tok = load_tokenizer(tokenizers["bpe"])
+    table = token_byte_lengths(tok)
+    sample = "Speak, speak! ünïcödé"
+    assert table[tok.encode(sample)].sum() == len(sample.encode("utf-8"))
+    assert all(table[i] == 0 for i in tok.special_ids)
+
+
+def test_mlm_checkpoints_are_scored_on_the_same_masks(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    a = make_checkpoint(tmp_path / "bert-a", tokenizers["wordpiece"], seed=1, arch="bert")
+    b = make_checkpoint(tmp_path / "bert-b", tokenizers["wordpiece"], seed=2, arch="bert", n_kv_heads=1)
+    ra, rb = (score(c, valid_file, tmp_path, batch_size=4, seq_len=32, max_batches=3) for c in (a, b))
+    assert ra["data_fingerprint"] == rb["data_fingerprint"] and ra["tokens"] == rb["tokens"]
+    assert ra["loss"] != rb["loss"]  # different weights, same targets
+    assert ra["kv_cache_bytes_per_token"] is None  # an encoder keeps no KV cache
+    other_seed = score(a, valid_file, tmp_path, batch_size=4, seq_len=32, max_batches=3, seed=1)
+    assert other_seed["data_fingerprint"] != ra["data_fingerprint"]
+
+
+def test_sliding_windows_score_every_token_once_with_context() -> None:
+    tokens = np.array([5, 6, 7, 8, 9, 10, 11, 0, 12, 13, 0, 14, 15, 16, 17, 18, 19, 20, 21, 22, 0])
+    shards = TokenShards(tokens, np.array([0, 8, 11, 21]), 30, 0, {})
+    seq_len, stride = 4, 2
+    scored: list[int] = []
+    for d, (window, skip) in enumerate(sliding_windows(shards, seq_len, stride)):
+        assert len(window) <= seq_len + 1
+        scored += window[1 + skip:].tolist()
+        if skip:
+            assert skip + 1 >= seq_len - stride  # each newly scored token sees >= seq_len - stride context
+    assert scored == tokens.tolist()  # every token, each document's separator included, exactly once
+
+
+def test_stride_scores_each_document_token_once(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"], positions="rope")
+    full = score(ckpt, valid_file, tmp_path, batch_size=4, seq_len=32, stride=32)
+    overlap = score(ckpt, valid_file, tmp_path, batch_size=4, seq_len=32, stride=8)
+    n_tokens = len(load_tokenizer(tokenizers["bpe"]).encode(valid_file.read_text())) + 1  # + the final EOS
+    assert full["tokens"] == overlap["tokens"] == n_tokens
+    assert full["bytes"] == overlap["bytes"]
+    assert overlap["loss"] != full["loss"]
+
+
+def test_bad_options_name_the_flag(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    bert = make_checkpoint(tmp_path / "bert", tokenizers["wordpiece"], arch="bert")
+    with pytest.raises(ConfigError, match="--stride"):
+        score(bert, valid_file, tmp_path, stride=8)
+    with pytest.raises(ConfigError, match="--seq-len"):
+        score(bert, valid_file, tmp_path, seq_len=65)
+    with pytest.raises(ConfigError, match="--dtype"):
+        score(bert, valid_file, tmp_path, dtype="int8")
+
+
+def cli_app() -> tuple[typer.Typer, list[str]]:
+    try:
+        from tfkit.cli.main import app
+        return app, ["eval"]
+    except ImportError:  # the lead's main.py imports commands that may not exist yet
+        from tfkit.cli.evaluate import evaluate
+        app = typer.Typer()
+        app.command()(evaluate)
+        return app, []
+
+
+def test_cli_prints_one_row_per_checkpoint_and_the_same_json(tokenizers, valid_file: Path, tmp_path: Path,
+                                                             monkeypatch) -> None:
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    mha = make_checkpoint(tmp_path / "run-mha" / "checkpoints" / "step-5", tokenizers["bpe"])
+    mqa = make_checkpoint(tmp_path / "mqa", tokenizers["bpe"], seed=3, n_kv_heads=1)
+    app, prefix = cli_app()
+    out = tmp_path / "results.json"
+    args = [*prefix, str(mha.parents[1]), str(mqa), "--data", str(valid_file), "--json", str(out),
+            "--batch-size", "4", "--max-tokens", "600", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [r["checkpoint"] for r in rows] == [str(mha), str(mqa)]
+    for key in ("checkpoint", "loss", "perplexity", "bits_per_byte", "token_accuracy", "params",
+                "kv_cache_bytes_per_token", "tokens_per_sec"):
+        assert all(key in r for r in rows)
+    assert rows[0]["kv_cache_bytes_per_token"] == 4 * rows[1]["kv_cache_bytes_per_token"]
+    table_lines = [line for line in result.stdout.splitlines() if "gpt" in line]
+    assert len(table_lines) == 2
+    for line, r in zip(table_lines, rows):
+        for shown in (f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", f"{r['bits_per_byte']:.4f}", f"{r['params']:,}"):
+            assert shown in line
+
+    bad = CliRunner().invoke(app, [*prefix, str(mqa), "--data", str(valid_file), "--stride", "999"])
+    if isinstance(bad.exception, TfkitError):
+        assert "--stride" in str(bad.exception)
+    else:
+        assert bad.exit_code == 2 and "--stride" in bad.stderr

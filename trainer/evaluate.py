@@ -1,0 +1,223 @@
+"""Checkpoint evaluation: the numbers that compare models, beyond the trainer's validation loss.
+
+`evaluate_checkpoint` scores a checkpoint on a corpus with the trainer's own objective code
+(`objectives.compute_loss`, label smoothing off, so the loss is the true NLL) over the tokenization
+datasets' `eval_batches`, and adds what a comparison table needs:
+
+- perplexity = exp(loss), token accuracy (argmax = label), over the scored tokens;
+- bits_per_byte = total NLL (nats) / ln 2 / UTF-8 bytes of the scored tokens. Unlike perplexity it does
+  not depend on the tokenizer, so models with different vocabularies compare. Bytes are counted per
+  scored token from a per-id table (`token_byte_lengths`): exact for byte-level BPE, where every token is
+  a fixed byte string and special tokens stand for no text; WordPiece and Unigram drop whitespace while
+  pre-tokenizing, so there a word-start token is counted with the one space it replaced (exact for
+  single-spaced text, an estimate otherwise);
+- MLM: masked-token loss/accuracy with masks drawn from `seed` (not the run's training seed), so every
+  checkpoint sharing a tokenizer is scored on the same masked tokens; `data_fingerprint` (sha256 of every
+  evaluated batch) proves two rows saw identical inputs and targets;
+- causal models with `stride`: sliding-window perplexity per document, each token scored once with at
+  least seq_len - stride tokens of context (documents longer than the context are not cut blind);
+- params, kv_cache_bytes_per_token (at the evaluation dtype), tokens_per_sec (tokens fed through the
+  model per second of forward passes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError, DataError
+from ..models import kv_cache_bytes_per_token, load_model, read_config, resolve_checkpoint
+from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
+from ..tokenization.shards import TokenShards, prepare_tokens
+from ..tokenization.train import TfkitTokenizer, load_tokenizer
+from .data import is_pair_data
+from .objectives import compute_loss, move_batch
+from .optim import autocast_context
+from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, ObjectiveSection
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def default_cache_dir() -> Path:
+    """Token shards of evaluation corpora, shared by every checkpoint with the same tokenizer."""
+    root = os.environ.get("TFKIT_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "tfkit")
+    return Path(root).expanduser() / "eval-tokens"
+
+
+def token_byte_lengths(tokenizer: TfkitTokenizer) -> np.ndarray:
+    """(V,) int64: UTF-8 bytes of text each token id stands for (0 for special tokens); see module doc."""
+    vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)
+    table = np.zeros(max(max(vocab.values()) + 1, tokenizer.vocab_size), dtype=np.int64)
+    specials = set(tokenizer.special_ids)
+    for token, i in vocab.items():
+        if i in specials:
+            continue
+        if tokenizer.kind == "bpe":  # byte-level alphabet: one character per byte
+            table[i] = len(token)
+        elif tokenizer.kind == "wordpiece":
+            piece = token[2:] if token.startswith("##") else token
+            word_start = not token.startswith("##") and piece[:1].isalnum()
+            table[i] = len(piece.encode("utf-8")) + word_start
+        else:  # unigram / Metaspace: "▁" is exactly the space it replaced
+            table[i] = len(token.replace("\u2581", " ").encode("utf-8"))
+    return table
+
+
+def sliding_windows(shards: TokenShards, seq_len: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
+    """(window of <= seq_len+1 tokens, labels to skip) over each document preceded by its separator.
+
+    A document is scored as `SEP doc SEP` (it starts after a separator, as in training, and its end is
+    predicted too); a window's first `skip` labels were scored by the previous window and only give
+    context. stride = seq_len reproduces non-overlapping blocks, smaller strides give more context.
+    """
+    sep = [shards.separator_id] if shards.separator_id is not None else []
+    for d in range(shards.num_documents):
+        lo, hi = int(shards.doc_starts[d]), int(shards.doc_starts[d + 1])
+        seq = np.concatenate([np.asarray(sep, np.int64), np.asarray(shards.tokens[lo:hi], np.int64)])
+        scored_until, begin = 1, 0  # position of the next token to score
+        while scored_until < len(seq):
+            end = min(begin + seq_len + 1, len(seq))
+            yield seq[begin:end], scored_until - (begin + 1)
+            scored_until, begin = end, begin + stride
+
+
+def window_batches(windows: Iterator[tuple[np.ndarray, int]], seq_len: int, batch_size: int) -> Iterator[dict]:
+    """CLM batches (input_ids, labels) of windows right-padded to seq_len; padding and context get -100.
+
+    Right padding never changes a causal model's outputs at the real positions before it."""
+    rows: list[tuple[np.ndarray, int]] = []
+    for window in windows:
+        rows.append(window)
+        if len(rows) == batch_size:
+            yield _window_batch(rows, seq_len)
+            rows = []
+    if rows:
+        yield _window_batch(rows, seq_len)
+
+
+def _window_batch(rows: list[tuple[np.ndarray, int]], seq_len: int) -> dict[str, Tensor]:
+    input_ids = torch.zeros(len(rows), seq_len, dtype=torch.long)  # (B, T)
+    labels = torch.full((len(rows), seq_len), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+    for b, (seq, skip) in enumerate(rows):
+        n = len(seq) - 1
+        input_ids[b, :n] = torch.from_numpy(seq[:-1])
+        labels[b, skip:n] = torch.from_numpy(seq[1 + skip:])
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, seq_len: int, batch_size: int,
+                 stride: int | None, seed: int, cache_dir: Path, show_progress: bool) -> Iterator[dict]:
+    """The batches to score: the tokenization datasets in evaluation order (or sliding windows)."""
+    if objective == "seq2seq" and is_pair_data(data_spec, "source"):
+        dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
+        return dataset.eval_batches(dataset.num_batches_per_epoch(batch_size), batch_size)
+    shards = prepare_tokens(data_spec, tokenizer, cache_dir, show_progress=show_progress)
+    if stride is not None:
+        return window_batches(sliding_windows(shards, seq_len, stride), seq_len, batch_size)
+    if objective == "clm":
+        dataset = ClmDataset.from_shards(shards, seq_len, seed)
+    elif objective == "mlm":
+        dataset = MlmDataset.from_shards(shards, tokenizer, seq_len, seed)
+    else:
+        dataset = Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
+    return dataset.eval_batches(dataset.num_batches_per_epoch(batch_size), batch_size)
+
+
+def _fed_tokens(batch: dict[str, Tensor]) -> int:
+    """Real (non-padding) tokens the model reads in a batch."""
+    if "src_ids" in batch:
+        return int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    return int(batch["input_ids"].numel())
+
+
+def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective: str, batch_size: int) -> None:
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if not 1 <= seq_len <= max_seq_len:
+        raise ConfigError(f"--seq-len must be in 1..{max_seq_len} (the model's max_seq_len), got {seq_len}")
+    if stride is not None and objective != "clm":
+        raise ConfigError(f"--stride (sliding-window perplexity) needs a causal (GPT) checkpoint, not {objective}")
+    if stride is not None and not 1 <= stride <= seq_len:
+        raise ConfigError(f"--stride must be in 1..seq_len={seq_len}, got {stride}")
+
+
+@torch.no_grad()
+def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
+                        max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
+                        device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
+                        cache_dir: str | Path | None = None, show_progress: bool = True) -> dict:
+    """Score one checkpoint (folder or run folder) on `data_spec`; returns the metrics dict (module doc).
+
+    Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
+    (both None: the whole corpus). seq_len defaults to the model's max_seq_len.
+    """
+    if dtype not in PRECISIONS:
+        raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
+    folder = resolve_checkpoint(path)
+    device = torch.device(device)
+    model, cfg = load_model(folder, device=device)
+    tokenizer = load_tokenizer(folder)
+    objective = OBJECTIVE_FOR_ARCH[cfg.arch]
+    seq_len = seq_len or cfg.max_seq_len
+    check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
+    byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
+    loss_spec = ObjectiveSection(name=objective, label_smoothing=0.0)
+    batches = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size, stride=stride,
+                           seed=seed, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
+                           show_progress=show_progress)
+
+    nll, correct, scored, n_bytes, fed, seconds, n_batches = 0.0, 0, 0, 0, 0, 0.0, 0
+    digest = hashlib.sha256()
+    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"eval {folder.name}", disable=not show_progress,
+               leave=False)
+    for batch in batches:
+        if (max_batches is not None and n_batches >= max_batches) or (max_tokens is not None and scored >= max_tokens):
+            break
+        for name in sorted(batch):
+            digest.update(name.encode() + batch[name].numpy().tobytes())
+        labels = batch["labels"]
+        start = time.perf_counter()
+        with autocast_context(dtype, device):
+            out = compute_loss(model, move_batch(batch, device), loss_spec)
+        nll += float(out.loss_sum)  # float() syncs, so the forward is inside the timing
+        seconds += time.perf_counter() - start
+        correct, count = correct + int(out.correct), int(out.count)
+        scored, fed, n_batches = scored + count, fed + _fed_tokens(batch), n_batches + 1
+        n_bytes += int(byte_table[labels[labels != IGNORE_INDEX]].sum())
+        bar.update(count)
+    bar.close()
+    if scored == 0:
+        raise DataError(f"{data_spec}: no tokens to score with batch size {batch_size} and seq_len {seq_len} "
+                        "(use a smaller --batch-size or --seq-len, or more data)")
+    loss = nll / scored
+    config = read_config(folder)
+    return {
+        "checkpoint": str(folder),
+        "arch": cfg.arch,
+        "step": config.get("step"),
+        "objective": objective,
+        "data": data_spec,
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "bits_per_byte": nll / math.log(2) / n_bytes if n_bytes else None,
+        "token_accuracy": correct / scored,
+        "tokens": scored,
+        "bytes": n_bytes,
+        "seq_len": seq_len,
+        "stride": stride,
+        "params": model.num_params(),
+        "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg, TORCH_DTYPES[dtype]),
+        "tokens_per_sec": fed / seconds if seconds else None,
+        "data_fingerprint": digest.hexdigest()[:16],
+    }
