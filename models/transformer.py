@@ -99,6 +99,8 @@ class ModelBase(nn.Module):
         6 = 2 (multiply-add) * 3 (forward + backward). The second term is QK^T and AV over seq_len keys,
         counted in full even where causal masking skips half. For the encoder-decoder a "token" is one
         source plus one target token (S = T = seq_len): both stacks, and cross-attention, count once.
+        BERT counts its MLM head on every position (training applies it to ~15%) and its pooler: a few
+        percent high for a small BERT, which makes MFU slightly optimistic there.
         """
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         n_attn = self.attention_layers_per_token * self.config.n_layers

@@ -48,7 +48,8 @@ def bert_state_dict(hf: dict) -> dict:
              "cls.predictions.decoder": "mlm.decoder"}
     for i in range(L):
         src, dst = f"bert.encoder.layer.{i}.", f"blocks.{i}."
-        names.update({src + "attention.self.query": dst + "attn.q_proj", src + "attention.self.key": dst + "attn.k_proj",
+        names.update({src + "attention.self.query": dst + "attn.q_proj",
+                      src + "attention.self.key": dst + "attn.k_proj",
                       src + "attention.self.value": dst + "attn.v_proj",
                       src + "attention.output.dense": dst + "attn.o_proj",
                       src + "attention.output.LayerNorm": dst + "norm_attn",
