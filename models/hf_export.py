@@ -1,0 +1,162 @@
+"""Export a tfkit checkpoint as a HuggingFace folder (`tfkit export-hf`).
+
+A tfkit config is exported only when transformers has a class that computes the *same function*:
+- bert arch (learned positions, post-LN LayerNorm, gelu/relu, biases, MHA) -> `BertForMaskedLM`;
+- gpt arch with learned positions (pre-LN LayerNorm, gelu/relu, biases, MHA) -> `GPT2LMHeadModel`
+  (`activation_function: gelu`, the exact GELU, not GPT-2's default tanh approximation);
+- gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`.
+Anything else is a ConfigError naming each field that has no equivalent, never a silently different model.
+The folder loads with `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained` with no missing or
+unexpected weights, and with `AutoTokenizer` when the checkpoint has a tokenizer. transformers itself is
+never imported: the config is written as the dict its `config.json` holds.
+
+BERT's pooler is not exported: `BertForMaskedLM` has none, and transformers would report it as an
+unexpected weight. (tfkit's MLM pretraining does not train it either.)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from ..errors import ConfigError
+from ..tokenization.train import load_tokenizer
+from .config import ModelConfig
+from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, check_out_dir, join_to_hf, publish, read_json
+from .io import load_model, resolve_checkpoint
+
+# What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
+REQUIREMENTS = {
+    "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
+             ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "relu"), "gelu or relu"),
+             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings")],
+    "gpt2": [("norm", ("layernorm",), "LayerNorm"), ("norm_placement", ("pre",), "pre-LN"),
+             ("activation", ("gelu", "relu"), "gelu or relu"), ("bias", (True,), "biases everywhere"),
+             ("scale_embeddings", (False,), "unscaled embeddings")],
+    "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
+              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings")],
+}
+FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",
+               "llama": "gpt with rope positions (Llama)"}
+
+
+def export_family(cfg: ModelConfig) -> str:
+    """The HF family a config is exported as; ConfigError naming every field without an HF equivalent."""
+    if cfg.arch == "bert":
+        family = "bert"
+    elif cfg.arch == "gpt" and cfg.positions in ("learned", "rope"):
+        family = "gpt2" if cfg.positions == "learned" else "llama"
+    elif cfg.arch == "gpt":
+        raise ConfigError(f"model.positions={cfg.positions} has no HuggingFace equivalent for gpt "
+                          "(export supports learned -> GPT-2 and rope -> Llama)")
+    else:
+        raise ConfigError(f"model.arch={cfg.arch} has no HuggingFace equivalent (export supports bert and gpt)")
+    problems = [f"model.{name}={getattr(cfg, name)} has no HuggingFace equivalent for {FAMILY_NAME[family]}, "
+                f"which has {what}" for name, allowed, what in REQUIREMENTS[family] if getattr(cfg, name) not in allowed]
+    if family != "llama" and cfg.kv_heads != cfg.n_heads:
+        problems.append(f"model.n_kv_heads={cfg.n_kv_heads} has no HuggingFace equivalent for {FAMILY_NAME[family]}, "
+                        "which has multi-head attention only (rope + rmsnorm + swiglu exports as Llama, with GQA)")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return family
+
+
+def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    common = {"architectures": [EXPORT_ARCHITECTURE[family]], "vocab_size": cfg.vocab_size,
+              "initializer_range": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings,
+              "pad_token_id": cfg.pad_token_id, "dtype": str(dtype).removeprefix("torch.")}
+    if family == "bert":
+        return {**common, "model_type": "bert", "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+                "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.ffn_dim, "hidden_act": cfg.activation,
+                "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attn_dropout,
+                "max_position_embeddings": cfg.max_seq_len, "type_vocab_size": max(cfg.type_vocab_size, 1),
+                "layer_norm_eps": cfg.norm_eps, "position_embedding_type": "absolute"}
+    if family == "gpt2":
+        return {**common, "model_type": "gpt2", "n_embd": cfg.d_model, "n_layer": cfg.n_layers,
+                "n_head": cfg.n_heads, "n_inner": cfg.d_ff,  # None = 4 * n_embd in both
+                "n_positions": cfg.max_seq_len,
+                "activation_function": cfg.activation, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+                "attn_pdrop": cfg.attn_dropout, "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
+                "bos_token_id": None, "eos_token_id": None}
+    return {**common, "model_type": "llama", "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,
+            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
+            "bos_token_id": None, "eos_token_id": None}
+
+
+def tfkit_to_hf(cfg: ModelConfig, state: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
+    """(config.json dict, state dict) of the HF model computing what tfkit's `cfg` + `state` compute.
+
+    Tied weights are stored once, as transformers saves them. A config without an HF equivalent is a
+    ConfigError naming the fields; a state that does not fit the config is a KeyError naming the tensor.
+    """
+    family = export_family(cfg)
+    state = dict(state)
+    if family == "bert" and cfg.type_vocab_size == 0:
+        # HF BERT always adds a segment embedding; one zero row adds nothing, so the function is unchanged.
+        cfg = ModelConfig(**{**cfg.to_dict(), "type_vocab_size": 1})
+        state["embed.seg.weight"] = state["embed.tok.weight"].new_zeros(1, cfg.d_model)
+    hf_state: dict[str, Tensor] = {}
+    stored: set[int] = set()
+    for rule in RULES[family](cfg):
+        if rule.group != "pooler":
+            tensor = join_to_hf(rule, state)
+            # safetensors refuses two names for one memory (untied BERT stores its output bias twice)
+            hf_state[rule.hf] = tensor.clone() if tensor.data_ptr() in stored else tensor
+            stored.add(tensor.data_ptr())
+    dtype = state["embed.tok.weight"].dtype
+    return _hf_config(family, cfg, dtype), hf_state
+
+
+def _export_tokenizer(ckpt: Path, dst: Path, family: str, cfg: ModelConfig) -> dict[str, int | None]:
+    """Copy the tokenizer with a tokenizer_config.json AutoTokenizer reads (special tokens, max length,
+    model inputs); returns the special token ids for the model's config.json."""
+    tok = load_tokenizer(ckpt)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ConfigError(f"the checkpoint's tokenizer has {tok.vocab_size} tokens but model.vocab_size is "
+                          f"{cfg.vocab_size}; the exported model could not embed every id")
+    shutil.copyfile(ckpt / "tokenizer.json", dst / "tokenizer.json")
+    config = read_json(ckpt / "tokenizer_config.json") if (ckpt / "tokenizer_config.json").is_file() else {}
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    config.update(tok.roles, model_max_length=cfg.max_seq_len)
+    # BERT takes segments; GPT-2 would add token_type_ids through its word embeddings and Llama rejects them.
+    segments = ["token_type_ids"] if family == "bert" else []
+    config["model_input_names"] = ["input_ids", *segments, "attention_mask"]
+    specials = {**tok.roles, "additional_special_tokens": tok.extra_specials}
+    (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    (dst / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
+    return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+
+
+def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:
+    """Write the HF folder (config.json, model.safetensors, tokenizer files) of a tfkit checkpoint or run
+    folder into `out_dir`; returns `out_dir`. An existing non-empty `out_dir` needs force=True."""
+    folder, out = resolve_checkpoint(ckpt), Path(out_dir)
+    check_out_dir(out, force)
+    model, cfg = load_model(folder)
+    family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
+    hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        if (folder / "tokenizer.json").is_file():
+            ids = _export_tokenizer(folder, tmp, family, cfg)
+            hf_config.update({k: v for k, v in ids.items() if k in hf_config and hf_config[k] is None})
+        else:
+            warnings.warn(f"{folder} has no tokenizer: the export has none either", HFInteropWarning, stacklevel=2)
+        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,375 @@
+"""Import a HuggingFace BERT, GPT-2 or Llama folder as a tfkit checkpoint (`tfkit import-hf`).
+
+Works from `config.json` and the raw state dict only (transformers is never imported), so importing needs
+nothing beyond tfkit's own dependencies. Every HF option that changes the function the model computes is
+either mapped onto a `ModelConfig` field or refused with a ConfigError naming it: a model that imports is
+one tfkit computes exactly as transformers does (tests/test_hf_import.py checks logits to 1e-5). The one
+knowing exception is GPT-2's tanh-approximated GELU (`gelu_new`): tfkit has only the exact GELU, so it is
+imported with a warning (the two GELUs differ by at most 5e-4; a 2-layer test model's logits by ~6e-4).
+
+Weights HF does not have (the MLM head of a bare `BertModel`, the pooler of `BertForMaskedLM`) are
+initialised like tfkit's own init from a fixed seed, so an import is a pure function of its input and
+import -> export -> import gives identical tensors. Each one is reported as an `HFInteropWarning`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import CheckpointError, ConfigError, DataError
+from ..tokenization.train import load_tokenizer, write_tokenizer_files
+from . import build_model
+from .config import ModelConfig
+from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, check_out_dir, publish, read_json,
+                       split_to_tfkit)
+from .io import save_model
+
+SUPPORTED = {
+    "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
+    "gpt2": ("GPT2Model", "GPT2LMHeadModel"),
+    "llama": ("LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"),
+}
+MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama"}
+ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # imported as exact gelu, with a warning
+# Buffers some HF versions save next to the weights; derived from the config, never learned.
+BUFFERS = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq|\.position_ids)$")
+DROPPED = ("cls.seq_relationship.",)  # BERT's next-sentence head: tfkit has no NSP objective
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, HFInteropWarning, stacklevel=3)
+
+
+def _family(hf: dict) -> tuple[str, str]:
+    """(family, architecture name) of a config.json, or a ConfigError naming what is unsupported."""
+    arch = (hf.get("architectures") or [None])[0]
+    family = MODEL_TYPES.get(str(hf.get("model_type")))
+    supported = ", ".join(a for archs in SUPPORTED.values() for a in archs)
+    if family is None or (arch is not None and arch not in SUPPORTED[family]):
+        name = arch or f"model_type={hf.get('model_type')!r}"
+        raise ConfigError(f"config.json: {name} is not supported by import-hf (supported: {supported})")
+    return family, arch or SUPPORTED[family][-1]
+
+
+def _activation(hf: dict, key: str, default: str, problems: list[str]) -> str:
+    act = hf.get(key, default)
+    if act in TANH_GELUS:
+        _warn(f"{key}={act} (tanh-approximated GELU) is imported as tfkit's exact gelu: outputs differ "
+              "slightly from transformers' (the two GELUs differ by at most 5e-4 per activation)")
+        return "gelu"
+    if act not in ACTIVATIONS:
+        problems.append(f"{key}={act!r} (tfkit has {', '.join(ACTIVATIONS)} for this architecture)")
+    return ACTIVATIONS.get(act, "gelu")
+
+
+def _bert_config(hf: dict, problems: list[str]) -> dict:
+    if hf.get("position_embedding_type", "absolute") not in (None, "absolute"):
+        problems.append(f"position_embedding_type={hf['position_embedding_type']!r} "
+                        "(tfkit BERT has absolute learned positions only)")
+    for flag in ("is_decoder", "add_cross_attention"):
+        if hf.get(flag):
+            problems.append(f"{flag}=true (tfkit BERT is an encoder without cross-attention)")
+    return dict(
+        arch="bert", d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+        d_ff=hf["intermediate_size"], max_seq_len=hf["max_position_embeddings"], positions="learned",
+        norm="layernorm", norm_placement="post", norm_eps=hf.get("layer_norm_eps", 1e-12),
+        activation=_activation(hf, "hidden_act", "gelu", problems), bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", True), dropout=hf.get("hidden_dropout_prob", 0.1),
+        attn_dropout=hf.get("attention_probs_dropout_prob", 0.1), type_vocab_size=hf.get("type_vocab_size", 2),
+        pad_token_id=hf.get("pad_token_id", 0),
+    )
+
+
+def _gpt2_config(hf: dict, problems: list[str]) -> dict:
+    if not hf.get("scale_attn_weights", True):
+        problems.append("scale_attn_weights=false (tfkit always scales attention scores by 1/sqrt(head_dim))")
+    for flag in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if hf.get(flag):
+            problems.append(f"{flag}=true (no tfkit equivalent)")
+    return dict(
+        arch="gpt", d_model=hf["n_embd"], n_layers=hf["n_layer"], n_heads=hf["n_head"], d_ff=hf.get("n_inner"),
+        max_seq_len=hf["n_positions"], positions="learned", norm="layernorm", norm_placement="pre",
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation=_activation(hf, "activation_function", "gelu_new", problems),
+        bias=True, tie_embeddings=hf.get("tie_word_embeddings", True), dropout=hf.get("resid_pdrop", 0.1),
+        attn_dropout=hf.get("attn_pdrop", 0.1), type_vocab_size=0, pad_token_id=hf.get("pad_token_id"),
+    )
+
+
+def _rope_theta(hf: dict, problems: list[str]) -> float:
+    """rope_theta from transformers 5 (`rope_parameters`) or 4 (`rope_theta` + `rope_scaling`) configs."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+        problems.append(f"{key}.rope_type={rope_type!r} (tfkit's RoPE has no scaling)")
+    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        problems.append("partial_rotary_factor != 1 (tfkit rotates the whole head)")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _llama_config(hf: dict, problems: list[str]) -> dict:
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+        problems.append(f"hidden_act={hf['hidden_act']!r} (tfkit's SwiGLU gates with silu)")
+    heads, width = hf["num_attention_heads"], hf["hidden_size"]
+    if hf.get("head_dim") not in (None, width // heads):
+        problems.append(f"head_dim={hf['head_dim']} (tfkit needs hidden_size / num_attention_heads = {width // heads})")
+    attention_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
+    if attention_bias != mlp_bias:
+        problems.append(f"attention_bias={attention_bias} with mlp_bias={mlp_bias} (tfkit's `bias` covers both)")
+    window = hf.get("sliding_window")
+    if window is not None and window < hf.get("max_position_embeddings", 0):
+        problems.append(f"sliding_window={window} (tfkit attends over the whole context)")
+    kv = hf.get("num_key_value_heads") or heads
+    return dict(
+        arch="gpt", d_model=width, n_layers=hf["num_hidden_layers"], n_heads=heads,
+        n_kv_heads=None if kv == heads else kv, d_ff=hf["intermediate_size"],
+        max_seq_len=hf["max_position_embeddings"], positions="rope", rope_theta=_rope_theta(hf, problems),
+        norm="rmsnorm", norm_placement="pre", norm_eps=hf.get("rms_norm_eps", 1e-6), activation="swiglu",
+        bias=attention_bias, tie_embeddings=hf.get("tie_word_embeddings", False), dropout=0.0,
+        attn_dropout=hf.get("attention_dropout", 0.0), type_vocab_size=0, pad_token_id=hf.get("pad_token_id"),
+    )
+
+
+def config_from_hf(hf_config: dict) -> tuple[str, str, ModelConfig]:
+    """(family, HF architecture, ModelConfig) for a config.json; ConfigError lists every unsupported option."""
+    family, arch = _family(hf_config)
+    problems: list[str] = []
+    try:
+        fields = {"bert": _bert_config, "gpt2": _gpt2_config, "llama": _llama_config}[family](hf_config, problems)
+    except KeyError as err:
+        raise ConfigError(f"config.json of {arch}: required key {err.args[0]!r} is missing") from None
+    if problems:
+        raise ConfigError(f"cannot import {arch}: unsupported " + "; ".join(problems))
+    fields.update(vocab_size=hf_config["vocab_size"], init_std=hf_config.get("initializer_range", 0.02))
+    try:
+        return family, arch, ModelConfig(**fields).validate()
+    except ConfigError as err:
+        raise ConfigError(f"config.json of {arch} maps to an invalid tfkit config: {err}") from None
+
+
+def _normalise_keys(family: str, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Keys as in the model with a head: base-model keys prefixed, legacy LayerNorm gamma/beta renamed,
+    derived buffers dropped."""
+    prefix, heads = BASE_PREFIX[family], ("cls.", "lm_head.")
+    has_prefix = any(k.startswith(prefix) for k in hf_state)
+    out = {}
+    for key, tensor in hf_state.items():
+        if BUFFERS.search(key):
+            continue
+        key = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))
+        out[key if has_prefix or key.startswith(heads) else prefix + key] = tensor
+    return out
+
+
+def _drop_redundant(family: str, cfg: ModelConfig, state: dict[str, Tensor]) -> None:
+    """Remove keys that duplicate a tied tensor (equal) or belong to heads tfkit lacks (NSP, with a warning)."""
+    tok = state.get(next(r.hf for r in RULES[family](cfg) if r.tfkit == ("embed.tok.weight",)))
+    duplicates = {"cls.predictions.decoder.bias": state.get("cls.predictions.bias")}
+    if cfg.tie_embeddings:
+        duplicates.update({"lm_head.weight": tok, "cls.predictions.decoder.weight": tok})
+    consumed = {rule.hf for rule in RULES[family](cfg)}
+    for key, original in duplicates.items():
+        if key in state and key not in consumed and original is not None:
+            if not torch.equal(state[key], original):
+                raise CheckpointError(f"{key} differs from the tensor it is tied to (tie_word_embeddings="
+                                      f"{cfg.tie_embeddings}); the checkpoint is inconsistent")
+            del state[key]
+    dropped = [k for k in state if k.startswith(DROPPED)]
+    if dropped:
+        _warn(f"dropped {', '.join(sorted(dropped))}: the next-sentence-prediction head has no tfkit equivalent")
+        for key in dropped:
+            del state[key]
+
+
+def _initialise(cfg: ModelConfig, names: list[str], shapes: dict[str, torch.Size], state: dict[str, Tensor],
+                dtype: torch.dtype) -> None:
+    """Fill weights HF did not have as tfkit's `normal` init does, from a fixed seed (deterministic)."""
+    gen = torch.Generator().manual_seed(0)
+    for name in sorted(names):
+        if name == TIED_ALIASES["bert"] and cfg.tie_embeddings:
+            continue  # tied to the word embeddings below
+        if "norm." in name:
+            state[name] = (torch.ones if name.endswith("weight") else torch.zeros)(shapes[name], dtype=dtype)
+        elif name.endswith(".bias"):
+            state[name] = torch.zeros(shapes[name], dtype=dtype)
+        else:
+            state[name] = (torch.randn(shapes[name], generator=gen) * cfg.init_std).to(dtype)
+
+
+def hf_to_tfkit(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """The tfkit config and state dict (tied names share one tensor) of a HuggingFace model.
+
+    ConfigError for unsupported architectures/options, CheckpointError for missing, unexpected or
+    mis-shaped weights. Floating tensors keep the dtype of the word embeddings.
+    """
+    return _convert(*config_from_hf(hf_config), hf_state)
+
+
+def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tensor]) -> tuple[ModelConfig, dict]:
+    hf = _normalise_keys(family, hf_state)
+    _drop_redundant(family, cfg, hf)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
+    state: dict[str, Tensor] = {}
+    missing: dict[str, list[str]] = {"body": [], "head": [], "pooler": []}
+    for rule in RULES[family](cfg):
+        if rule.hf in hf:
+            state.update(split_to_tfkit(rule, hf.pop(rule.hf)))
+        else:
+            missing[rule.group].append(rule.hf)
+    if missing["body"]:
+        raise CheckpointError(f"{arch} weights are missing: {', '.join(missing['body'])}")
+    if hf:
+        raise CheckpointError(f"{arch} has weights tfkit has no place for: {', '.join(sorted(hf))}")
+    dtype = state["embed.tok.weight"].dtype
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    absent = [n for rule in RULES[family](cfg) if rule.hf in missing["head"] + missing["pooler"] for n in rule.tfkit]
+    _initialise(cfg, absent, shapes, state, dtype)
+    if missing["head"]:
+        _warn(f"{arch} has no MLM head: cls.predictions.* initialised (decoder tied to the word embeddings); "
+              "train it before trusting MLM logits")
+    if missing["pooler"]:
+        _warn(f"{arch} has no pooler: initialised (only used for fine-tuning on the [CLS] summary)")
+    if cfg.tie_embeddings:
+        state[TIED_ALIASES[family]] = state["embed.tok.weight"]
+    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(s)})" for k, s in shapes.items() if state[k].shape != s]
+    if wrong:
+        raise CheckpointError(f"{arch} weights do not match its config.json: {', '.join(wrong)}")
+    return cfg, state
+
+
+def _load_file(file: Path) -> dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if file.suffix == ".safetensors":
+            return load_file(str(file))
+        return torch.load(file, map_location="cpu", weights_only=True)  # pickle, but no code execution
+    except (SafetensorError, RuntimeError, OSError, EOFError) as err:
+        raise CheckpointError(f"{file}: cannot read the weights ({str(err).splitlines()[0]})") from None
+
+
+def read_hf_weights(folder: Path) -> dict[str, Tensor]:
+    """The state dict of a HF folder: model.safetensors, pytorch_model.bin, or their sharded `.index.json`."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return _load_file(folder / name)
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            state: dict[str, Tensor] = {}
+            for shard in sorted(set(read_json(index).get("weight_map", {}).values())):
+                state.update(_load_file(folder / shard))
+            return state
+    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
+
+
+def _plain(config: dict) -> dict:
+    """Special-token values as plain strings: older transformers save them as AddedToken dicts."""
+    def text(v):
+        return v.get("content", v) if isinstance(v, dict) else v
+
+    out = {}
+    for key, value in config.items():
+        if key.endswith("_token"):
+            value = text(value)
+        elif key == "additional_special_tokens" and isinstance(value, list):
+            value = [text(v) for v in value]
+        out[key] = value
+    return out
+
+
+def _slow_tokenizer(src: Path, config: dict):
+    """(kind, Tokenizer, roles) built from a slow tokenizer's files, as transformers' converters do, or None."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    if (src / "vocab.txt").is_file():  # BERT WordPiece
+        defaults = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                    "mask_token": "[MASK]"}
+        roles = {k: config.get(k, v) for k, v in defaults.items()}
+        tok = Tokenizer(models.WordPiece.from_file(str(src / "vocab.txt"), unk_token=roles["unk_token"]))
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=config.get("tokenize_chinese_chars", True),
+            strip_accents=config.get("strip_accents"), lowercase=config.get("do_lower_case", True))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        cls, sep = roles["cls_token"], roles["sep_token"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, tok.token_to_id(cls) or 0), (sep, tok.token_to_id(sep) or 0)])
+        tok.decoder = decoders.WordPiece(prefix="##")
+        kind = "wordpiece"
+    elif (src / "vocab.json").is_file() and (src / "merges.txt").is_file():  # GPT-2 byte-level BPE
+        eot = "<|endoftext|>"
+        roles = {k: config.get(k, eot) for k in ("bos_token", "eos_token", "unk_token")}
+        tok = Tokenizer(models.BPE.from_file(str(src / "vocab.json"), str(src / "merges.txt")))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=config.get("add_prefix_space", False))
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.decoder = decoders.ByteLevel()
+        kind = "bpe"
+    else:
+        return None
+    roles = {k: v for k, v in roles.items() if isinstance(v, str) and tok.token_to_id(v) is not None}
+    tok.add_special_tokens(sorted(set(roles.values())))
+    return kind, tok, roles
+
+
+def import_tokenizer(src: Path, dst: Path) -> None:
+    """Copy the HF tokenizer files into `dst` (building tokenizer.json from vocab files when it is absent),
+    then check tfkit's `load_tokenizer` reads them. Warns when there is nothing tfkit can read."""
+    config = _plain(read_json(src / "tokenizer_config.json")) if (src / "tokenizer_config.json").is_file() else {}
+    if (src / "tokenizer.json").is_file():
+        shutil.copyfile(src / "tokenizer.json", dst / "tokenizer.json")
+        specials_file = src / "special_tokens_map.json"
+        specials = _plain(read_json(specials_file)) if specials_file.is_file() else {
+            k: v for k, v in config.items() if k.endswith("_token") or k == "additional_special_tokens"}
+        config = {**specials, **config}  # tokenizer_config.json has the roles tfkit reads
+        (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        (dst / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
+    elif (built := _slow_tokenizer(src, config)) is not None:
+        kind, tok, roles = built
+        write_tokenizer_files(tok, dst, kind, roles, (), None)
+    else:
+        what = "a sentencepiece tokenizer.model (save it with transformers to get tokenizer.json)" \
+            if (src / "tokenizer.model").is_file() else "no tokenizer files"
+        _warn(f"{src}: {what}; the checkpoint has no tokenizer")
+        return
+    load_tokenizer(dst)
+
+
+def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:
+    """Write the tfkit checkpoint of the HF model folder `src_dir` into `out_dir`; returns `out_dir`.
+
+    The checkpoint's config.json records `imported_from` and `hf_architecture`; the tokenizer files are
+    copied (or built from a slow tokenizer's vocab files) so `load_tokenizer(out_dir)` works.
+    """
+    src, out = Path(src_dir), Path(out_dir)
+    if not (src / "config.json").is_file():
+        raise CheckpointError(f"{src}: not a HuggingFace model folder (no config.json)")
+    check_out_dir(out, force)
+    hf_config = read_json(src / "config.json")
+    family, arch, cfg = config_from_hf(hf_config)  # unsupported options fail before the weights are read
+    cfg, state = _convert(family, arch, cfg, read_hf_weights(src))
+    with torch.device("meta"):
+        model = build_model(cfg)
+    model.load_state_dict(state, strict=True, assign=True)  # no random init of a full-size model
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": arch})
+        try:
+            import_tokenizer(src, tmp)
+        except (DataError, CheckpointError) as err:
+            _warn(f"tokenizer not imported: {err}")
+        publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

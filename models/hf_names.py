@@ -1,0 +1,171 @@
+"""Weight-name maps between tfkit and HuggingFace BERT, GPT-2 and Llama, written once for both directions.
+
+Import and export read the same table, so a name fixed in one direction is fixed in the other, and the
+round trip HF -> tfkit -> HF is exact by construction. Each `Rule` pairs one HuggingFace tensor with one
+or more tfkit tensors:
+- `transpose`: GPT-2 stores its linears as `Conv1D` with weights (in, out), tfkit as `nn.Linear` (out, in).
+- several tfkit names: HF fuses them along the output dimension (GPT-2's `c_attn` = q | k | v).
+- `group`: "body" (always required), "head" (BERT's MLM head, absent from a bare `BertModel`) or "pooler"
+  (BERT's [CLS] pooler, absent from `BertForMaskedLM` and never exported, see hf_export.py).
+
+Names carry the prefix of the model *with* a head (`bert.`, `transformer.`, `model.`); import adds it to
+the keys of a base model (`BertModel`, `GPT2Model`) first. Llama's RoPE needs no q/k permutation: HF
+stores q/k in the rotate-half layout, which is the layout tfkit's `apply_rope` uses.
+
+The few folder helpers both directions share (JSON reading, never-overwrite output folders) live here too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import CheckpointError
+
+from .config import ModelConfig
+
+FAMILIES = ("bert", "gpt2", "llama")
+# The HF model class each family is exported as, and the `model_type` transformers dispatches on.
+EXPORT_ARCHITECTURE = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+# What a base model's keys are prefixed with inside the model with a head.
+BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}
+
+
+class HFInteropWarning(UserWarning):
+    """The conversion worked but is not a pure copy (e.g. a head was initialised, an activation approximated)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    hf: str  # full HuggingFace name, e.g. "transformer.h.0.attn.c_attn.weight"
+    tfkit: tuple[str, ...]  # tfkit names; several = fused along dim 0 of the (out, in) Linear layout
+    transpose: bool = False  # HF stores (in, out) (GPT-2 Conv1D)
+    group: str = "body"  # body | head | pooler
+
+
+def _pair(hf: str, tfkit: str, bias: bool, group: str = "body", transpose: bool = False) -> list[Rule]:
+    """`weight` (and `bias` when the layer has one) of one module."""
+    rules = [Rule(f"{hf}.weight", (f"{tfkit}.weight",), transpose, group)]
+    if bias:
+        rules.append(Rule(f"{hf}.bias", (f"{tfkit}.bias",), False, group))
+    return rules
+
+
+def bert_rules(cfg: ModelConfig) -> list[Rule]:
+    """BertForMaskedLM (+ the pooler of BertModel / BertForPreTraining) <-> tfkit BERT (post-LN)."""
+    p = BASE_PREFIX["bert"]
+    rules = _pair(f"{p}embeddings.word_embeddings", "embed.tok", False)
+    rules += _pair(f"{p}embeddings.position_embeddings", "embed.pos", False)
+    if cfg.type_vocab_size:
+        rules += _pair(f"{p}embeddings.token_type_embeddings", "embed.seg", False)
+    rules += _pair(f"{p}embeddings.LayerNorm", "embed.norm", True)
+    for i in range(cfg.n_layers):
+        hf, tf = f"{p}encoder.layer.{i}.", f"blocks.{i}."
+        for hf_name, tf_name in (("attention.self.query", "attn.q_proj"), ("attention.self.key", "attn.k_proj"),
+                                 ("attention.self.value", "attn.v_proj"), ("attention.output.dense", "attn.o_proj"),
+                                 ("attention.output.LayerNorm", "norm_attn"), ("intermediate.dense", "ffn.up"),
+                                 ("output.dense", "ffn.down"), ("output.LayerNorm", "norm_ffn")):
+            rules += _pair(hf + hf_name, tf + tf_name, True)
+    rules += _pair(f"{p}pooler.dense", "pooler", True, group="pooler")
+    rules += _pair("cls.predictions.transform.dense", "mlm.dense", True, group="head")
+    rules += _pair("cls.predictions.transform.LayerNorm", "mlm.norm", True, group="head")
+    rules.append(Rule("cls.predictions.bias", ("mlm.decoder.bias",), group="head"))
+    if not cfg.tie_embeddings:  # transformers ties decoder.bias to predictions.bias only with the weights
+        rules.append(Rule("cls.predictions.decoder.weight", ("mlm.decoder.weight",), group="head"))
+        rules.append(Rule("cls.predictions.decoder.bias", ("mlm.decoder.bias",), group="head"))
+    return rules
+
+
+def gpt2_rules(cfg: ModelConfig) -> list[Rule]:
+    """GPT2LMHeadModel <-> tfkit GPT with learned positions, pre-LN LayerNorm, biases."""
+    p = BASE_PREFIX["gpt2"]
+    rules = _pair(f"{p}wte", "embed.tok", False) + _pair(f"{p}wpe", "embed.pos", False)
+    for i in range(cfg.n_layers):
+        hf, tf = f"{p}h.{i}.", f"blocks.{i}."
+        qkv = tuple(f"{tf}attn.{name}_proj" for name in "qkv")
+        rules.append(Rule(f"{hf}attn.c_attn.weight", tuple(f"{n}.weight" for n in qkv), transpose=True))
+        rules.append(Rule(f"{hf}attn.c_attn.bias", tuple(f"{n}.bias" for n in qkv)))
+        rules += _pair(f"{hf}attn.c_proj", f"{tf}attn.o_proj", True, transpose=True)
+        rules += _pair(f"{hf}ln_1", f"{tf}norm_attn", True) + _pair(f"{hf}ln_2", f"{tf}norm_ffn", True)
+        rules += _pair(f"{hf}mlp.c_fc", f"{tf}ffn.up", True, transpose=True)
+        rules += _pair(f"{hf}mlp.c_proj", f"{tf}ffn.down", True, transpose=True)
+    rules += _pair(f"{p}ln_f", "ln_f", True)
+    if not cfg.tie_embeddings:
+        rules += _pair("lm_head", "lm_head", False)
+    return rules
+
+
+def llama_rules(cfg: ModelConfig) -> list[Rule]:
+    """LlamaForCausalLM <-> tfkit GPT with RoPE, pre-LN RMSNorm, SwiGLU (biases when cfg.bias)."""
+    p = BASE_PREFIX["llama"]
+    rules = _pair(f"{p}embed_tokens", "embed.tok", False)
+    for i in range(cfg.n_layers):
+        hf, tf = f"{p}layers.{i}.", f"blocks.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            rules += _pair(f"{hf}self_attn.{name}", f"{tf}attn.{name}", cfg.bias)
+        for hf_name, tf_name in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+            rules += _pair(f"{hf}mlp.{hf_name}", f"{tf}ffn.{tf_name}", cfg.bias)
+        rules += _pair(f"{hf}input_layernorm", f"{tf}norm_attn", False)
+        rules += _pair(f"{hf}post_attention_layernorm", f"{tf}norm_ffn", False)
+    rules += _pair(f"{p}norm", "ln_f", False)
+    if not cfg.tie_embeddings:
+        rules += _pair("lm_head", "lm_head", False)
+    return rules
+
+
+RULES = {"bert": bert_rules, "gpt2": gpt2_rules, "llama": llama_rules}
+
+# tfkit names that are the same tensor as another one when embeddings are tied (not stored by HF).
+TIED_ALIASES = {"bert": "mlm.decoder.weight", "gpt2": "lm_head.weight", "llama": "lm_head.weight"}
+
+
+def split_to_tfkit(rule: Rule, tensor: Tensor) -> dict[str, Tensor]:
+    """One HF tensor -> its tfkit tensor(s), each owning contiguous memory (safetensors refuses to save
+    tensors that are slices of a larger storage)."""
+    t = tensor.T if rule.transpose else tensor  # (out, in) Linear layout
+    if len(rule.tfkit) == 1:
+        return {rule.tfkit[0]: t.contiguous()}
+    return {name: part.clone(memory_format=torch.contiguous_format) for name, part in zip(rule.tfkit, t.chunk(len(rule.tfkit), dim=0))}
+
+
+def join_to_hf(rule: Rule, tensors: dict[str, Tensor]) -> Tensor:
+    """The tfkit tensor(s) of a rule -> the one HF tensor (fused and/or transposed as HF stores it)."""
+    t = torch.cat([tensors[name] for name in rule.tfkit], dim=0) if len(rule.tfkit) > 1 else tensors[rule.tfkit[0]]
+    return (t.T if rule.transpose else t).contiguous()
+
+
+def read_json(file: Path) -> dict:
+    """A JSON object from a file; CheckpointError naming the file when it is unreadable or not an object."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{file}: cannot read it as JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return data
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """Never overwrite: an existing non-empty --out is an error unless force."""
+    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out}: already exists; use --force to replace it")
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Move a finished temporary folder into place, replacing `out` only once the new one is complete."""
+    if out.exists():
+        trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        out.rename(trash)
+        tmp.rename(out)
+        if trash.is_dir():
+            shutil.rmtree(trash)
+        else:
+            trash.unlink()
+    else:
+        tmp.rename(out)

@@ -1,0 +1,124 @@
+"""Tokenizers through import-hf: a HF folder's tokenizer (tokenizer.json, or a slow tokenizer's vocab files)
+ends up in the checkpoint in a form tfkit's `load_tokenizer` reads, with the same ids as transformers'
+AutoTokenizer on the original folder and the same special-token roles."""
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from tfkit.models.hf_import import import_hf
+from tfkit.models.hf_names import HFInteropWarning
+from tfkit.tokenization.train import load_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away!"] * 20
+PROBE = "The lazy fox sleeps [MASK] <|endoftext|> é!"
+
+
+def byte_level_bpe() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=290, special_tokens=["<|endoftext|>"],
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return tok
+
+
+def wordpiece() -> Tokenizer:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(TEXT, trainers.WordPieceTrainer(
+        vocab_size=120, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def hf_model_folder(folder: Path, family: str) -> Path:
+    """A tiny randomly initialised model saved by transformers (the tokenizer is added by each test)."""
+    if family == "bert":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    else:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=300, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0, activation_function="gelu"))
+    model.save_pretrained(folder)
+    return folder
+
+
+def import_quietly(src: Path, out: Path) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import_hf(src, out)
+    return [str(w.message) for w in caught if issubclass(w.category, HFInteropWarning)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_tokenizer_saved_by_transformers_is_copied_and_loads(tmp_path):
+    src = hf_model_folder(tmp_path / "hf", "bert")
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=wordpiece(), unk_token="[UNK]", pad_token="[PAD]",
+                                                  cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    hf_tok.save_pretrained(src)
+    import_quietly(src, tmp_path / "ckpt")
+    ours = load_tokenizer(tmp_path / "ckpt")
+    assert ours.encode(PROBE, add_special_tokens=True) == hf_tok(PROBE)["input_ids"]
+    assert (ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id) == (0, 1, 2, 3, 4)
+    assert ours.special_ids == [0, 1, 2, 3, 4]
+
+
+def test_added_token_dicts_of_older_transformers_become_plain_roles(tmp_path):
+    src = hf_model_folder(tmp_path / "hf", "gpt2")
+    byte_level_bpe().save(str(src / "tokenizer.json"))
+    added = {"__type": "AddedToken", "content": "<|endoftext|>", "lstrip": False, "rstrip": False}
+    (src / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GPT2Tokenizer", "bos_token": added, "eos_token": added, "unk_token": added}))
+    import_quietly(src, tmp_path / "ckpt")
+    ours = load_tokenizer(tmp_path / "ckpt")
+    assert (ours.bos_id, ours.eos_id) == (0, 0)
+    assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+
+
+def test_gpt2_vocab_and_merges_are_converted_like_transformers_does(tmp_path):
+    src = hf_model_folder(tmp_path / "hf", "gpt2")
+    byte_level_bpe().model.save(str(src))  # vocab.json + merges.txt, as a slow GPT2Tokenizer saves them
+    (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
+    reference = transformers.AutoTokenizer.from_pretrained(src)
+    import_quietly(src, tmp_path / "ckpt")
+    ours = load_tokenizer(tmp_path / "ckpt")
+    assert ours.encode(PROBE, add_special_tokens=True) == reference(PROBE)["input_ids"]
+    assert ours.decode(ours.encode(PROBE), skip_special_tokens=False) == PROBE
+    assert (ours.kind, ours.eos_id, ours.bos_id) == ("bpe", 0, 0)
+
+
+def test_bert_vocab_txt_is_converted_like_transformers_does(tmp_path):
+    src = hf_model_folder(tmp_path / "hf", "bert")
+    wordpiece().model.save(str(src))  # vocab.txt
+    (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
+    reference = transformers.AutoTokenizer.from_pretrained(src)
+    import_quietly(src, tmp_path / "ckpt")
+    ours = load_tokenizer(tmp_path / "ckpt")
+    text = "The LAZY fox sleeps [MASK] a dog, éh?"
+    assert ours.encode(text, add_special_tokens=True) == reference(text)["input_ids"]
+    assert (ours.kind, ours.mask_id, ours.cls_id, ours.sep_id) == ("wordpiece", 4, 2, 3)
+
+
+def test_a_folder_without_a_readable_tokenizer_imports_with_a_warning(tmp_path):
+    src = hf_model_folder(tmp_path / "hf", "gpt2")
+    (src / "tokenizer.model").write_bytes(b"\x00sentencepiece")
+    messages = import_quietly(src, tmp_path / "ckpt")
+    assert any("sentencepiece" in m and "no tokenizer" in m for m in messages)
+    assert not (tmp_path / "ckpt" / "tokenizer.json").exists()
