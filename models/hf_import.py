@@ -105,15 +105,19 @@ def _gpt2_config(hf: dict, problems: list[str]) -> dict:
 
 
 def _rope_theta(hf: dict, problems: list[str]) -> float:
-    """rope_theta from transformers 5 (`rope_parameters`) or 4 (`rope_theta` + `rope_scaling`) configs."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-        problems.append(f"{key}.rope_type={rope_type!r} (tfkit's RoPE has no scaling)")
-    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        problems.append("partial_rotary_factor != 1 (tfkit rotates the whole head)")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    """rope_theta from transformers 5 (`rope_parameters`) or 4 (`rope_theta` + `rope_scaling`) configs;
+    both sections are checked, since a config may carry either or both."""
+    sections = {key: hf[key] for key in ("rope_parameters", "rope_scaling") if isinstance(hf.get(key), dict)}
+    for key, params in sections.items():
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            problems.append(f"{key}.rope_type={rope_type!r} (tfkit's RoPE has no scaling)")
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            problems.append(f"{key}.partial_rotary_factor={params['partial_rotary_factor']} "
+                            "(tfkit rotates the whole head)")
+    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"partial_rotary_factor={hf['partial_rotary_factor']} (tfkit rotates the whole head)")
+    return float(sections.get("rope_parameters", {}).get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
 def _llama_config(hf: dict, problems: list[str]) -> dict:

@@ -200,6 +200,8 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
 @pytest.mark.parametrize("config, named", [
     ({**LLAMA, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.rope_type='llama3'"),
     ({**LLAMA, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters.rope_type='yarn'"),
+    ({**LLAMA, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+      "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.rope_type='linear'"),
     ({**LLAMA, "attention_bias": True}, "attention_bias=True with mlp_bias=False"),
     ({**LLAMA, "head_dim": 32}, "head_dim=32"),
     ({**LLAMA, "hidden_act": "gelu"}, "hidden_act='gelu'"),

@@ -1,0 +1,72 @@
+"""`tfkit import-hf` and `tfkit export-hf`: move models between tfkit and HuggingFace transformers folders.
+
+Thin on purpose: the conversion lives in `tfkit.models.hf_import` / `hf_export` (one call from Python).
+Conversions that are not a pure copy (an initialised head, an approximated activation) are reported as
+one yellow `warning:` line each on stderr; stdout carries only the output folder, so the commands pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+Force = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
+
+
+def _reporting_warnings(convert: Callable[[], Path]) -> Path:
+    """Run a conversion, printing each warning it raised as one line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = convert()
+    for warning in caught:
+        err.print(f"[bold yellow]warning:[/bold yellow] {escape(str(warning.message))}")
+    return path
+
+
+def import_hf(
+    src: Annotated[Path, typer.Argument(help="HuggingFace model folder (config.json + weights + tokenizer files).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="tfkit checkpoint folder to write.")],
+    force: Force = False,
+) -> None:
+    """Import a HuggingFace BERT, GPT-2 or Llama folder as a tfkit checkpoint.
+
+    Supported: BertModel / BertForMaskedLM / BertForPreTraining, GPT2Model / GPT2LMHeadModel,
+    LlamaForCausalLM (MHA, GQA, MQA) and Mistral without a sliding window. Options tfkit cannot reproduce
+    (rope scaling, relative positions, ...) are refused by name.
+    """
+    from ..models.hf_import import import_hf as convert
+    from ..models.io import read_config
+
+    path = _reporting_warnings(lambda: convert(src, out, force=force))
+    config = read_config(path)
+    model = config["model"]
+    err.print(f"imported {config['hf_architecture']} as {model['arch']} "
+              f"({model['n_layers']} layers, d_model {model['d_model']}, {model['positions']} positions)")
+    typer.echo(str(path))
+
+
+def export_hf(
+    ckpt: Annotated[Path, typer.Argument(help="tfkit checkpoint folder, or a run folder (its latest checkpoint).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="HuggingFace folder to write.")],
+    force: Force = False,
+) -> None:
+    """Export a tfkit checkpoint as a HuggingFace folder that transformers' Auto classes load.
+
+    bert -> BertForMaskedLM; gpt with learned positions -> GPT2LMHeadModel; gpt with rope + rmsnorm +
+    swiglu -> LlamaForCausalLM (any n_kv_heads). Other configurations are refused, naming the field.
+    """
+    from ..models.hf_export import export_hf as convert
+
+    path = _reporting_warnings(lambda: convert(ckpt, out, force=force))
+    architecture = json.loads((path / "config.json").read_text())["architectures"][0]
+    err.print(f"exported {ckpt} as {architecture}")
+    typer.echo(str(path))

@@ -1,0 +1,182 @@
+"""`tfkit import-hf` / `tfkit export-hf` through CliRunner: exit 0 with the output folder on stdout and
+warnings on stderr, exit 2 with one line naming the problem; and, when the teammates' commands exist,
+an imported Llama and BERT go through `convert-mqa-to-gqa`, `eval` and back out to transformers."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from typer.testing import CliRunner
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away!"] * 20
+IDS = torch.randint(5, 280, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def cli_app() -> typer.Typer:
+    """The real app, or (while main.py imports commands that do not exist yet) ours behind the same
+    boundary: a TfkitError is one `error:` line and exit code 2."""
+    try:
+        from tfkit.cli.main import app
+        return app
+    except ImportError:
+        from typer.core import TyperGroup
+
+        from tfkit.cli import hf
+        from tfkit.errors import TfkitError
+
+        class Group(TyperGroup):
+            def invoke(self, ctx):
+                try:
+                    return super().invoke(ctx)
+                except TfkitError as exc:
+                    typer.echo(f"error: {exc}", err=True)
+                    raise typer.Exit(2) from None
+
+        app = typer.Typer(cls=Group)
+        app.command("import-hf")(hf.import_hf)
+        app.command("export-hf")(hf.export_hf)
+        return app
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli_app(), [str(a) for a in args])
+
+
+def commands() -> set[str]:
+    return set(typer.main.get_command(cli_app()).commands)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def byte_level_tokenizer(folder: Path) -> None:
+    """A GPT-2-style tokenizer saved the way transformers saves one."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=290, special_tokens=["<|endoftext|>"],
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                         eos_token="<|endoftext|>").save_pretrained(folder)
+
+
+def hf_folder(folder: Path, kind: str, tokenizer: bool = False) -> Path:
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=96, max_position_embeddings=64, bos_token_id=0, eos_token_id=0))
+    elif kind == "bert":
+        model = transformers.BertModel(transformers.BertConfig(
+            vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=64))
+    else:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0))
+    model.save_pretrained(folder)
+    if tokenizer:
+        byte_level_tokenizer(folder)
+    return folder
+
+
+def test_import_prints_the_folder_and_reports_approximations_on_stderr(tmp_path):
+    result = run("import-hf", hf_folder(tmp_path / "hf", "gpt2"), "--out", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "ckpt")
+    assert "imported GPT2LMHeadModel as gpt" in result.stderr
+    assert "warning: activation_function=gelu_new" in result.stderr  # GPT-2's default tanh GELU
+
+
+def test_bare_bert_import_warns_about_the_initialised_head(tmp_path):
+    result = run("import-hf", hf_folder(tmp_path / "hf", "bert"), "--out", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    assert "warning: BertModel has no MLM head" in result.stderr
+
+
+def test_import_errors_exit_2_with_one_line(tmp_path):
+    src = hf_folder(tmp_path / "hf", "gpt2")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("x")
+    result = run("import-hf", src, "--out", tmp_path / "taken")
+    assert result.exit_code == 2 and "already exists; use --force" in result.stderr
+    assert run("import-hf", src, "--out", tmp_path / "taken", "--force").exit_code == 0
+
+    scaled = tmp_path / "scaled"
+    scaled.mkdir()
+    config = json.loads((hf_folder(tmp_path / "llama", "llama") / "config.json").read_text())
+    (scaled / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "llama3", "factor": 8}}))
+    result = run("import-hf", scaled, "--out", tmp_path / "never")
+    assert result.exit_code == 2 and "rope_scaling.rope_type='llama3'" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "never").exists()
+
+
+def test_export_exit_codes(tmp_path):
+    from tfkit.models import ModelConfig, build_model, save_model
+
+    base = dict(vocab_size=300, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)
+    save_model(build_model(ModelConfig(arch="gpt", **base)), tmp_path / "gpt")
+    result = run("export-hf", tmp_path / "gpt", "--out", tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "hf") and "as GPT2LMHeadModel" in result.stderr
+    assert "warning:" in result.stderr and "no tokenizer" in result.stderr
+    save_model(build_model(ModelConfig(arch="gpt", positions="alibi", **base)), tmp_path / "alibi")
+    result = run("export-hf", tmp_path / "alibi", "--out", tmp_path / "hf2")
+    assert result.exit_code == 2
+    assert "model.positions=alibi has no HuggingFace equivalent for gpt" in result.stderr
+
+
+def test_imported_llama_converts_to_mqa_evaluates_and_exports(tmp_path, monkeypatch):
+    if not {"convert-mqa-to-gqa", "eval"} <= commands():
+        pytest.skip("convert-mqa-to-gqa / eval are not registered yet")
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "valid.txt"
+    data.write_text("\n".join(TEXT * 3))
+    assert run("import-hf", hf_folder(tmp_path / "hf", "llama", tokenizer=True), "--out", tmp_path / "gqa").exit_code == 0
+    result = run("convert-mqa-to-gqa", tmp_path / "gqa", "--kv-heads", "1", "--out", tmp_path / "mqa")
+    assert result.exit_code == 0, result.output
+    result = run("eval", tmp_path / "gqa", tmp_path / "mqa", "--data", data, "--json", tmp_path / "eval.json",
+                 "--batch-size", "2", "--max-tokens", "200", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "eval.json").read_text())
+    assert [r["kv_cache_bytes_per_token"] for r in rows][0] == 2 * rows[1]["kv_cache_bytes_per_token"]
+    assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in rows)  # finite, not NaN
+
+    assert run("export-hf", tmp_path / "mqa", "--out", tmp_path / "mqa-hf").exit_code == 0
+    from tfkit.models import load_model
+
+    ours, _ = load_model(tmp_path / "mqa")
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "mqa-hf", output_loading_info=True)
+    assert hf.config.num_key_value_heads == 1 and not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(IDS), hf.eval()(IDS).logits, atol=1e-5, rtol=0)
+
+
+def test_imported_bert_evaluates(tmp_path, monkeypatch):
+    if "eval" not in commands():
+        pytest.skip("eval is not registered yet")
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
+
+    src = hf_folder(tmp_path / "hf", "bert")
+    train_tokenizer(TokenizerSpec(kind="wordpiece", vocab_size=120, min_frequency=1), TEXT, tmp_path / "tok",
+                    show_progress=False)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(tmp_path / "tok" / name, src / name)
+    data = tmp_path / "valid.txt"
+    data.write_text("\n".join(TEXT * 3))
+    assert run("import-hf", src, "--out", tmp_path / "bert").exit_code == 0
+    result = run("eval", tmp_path / "bert", "--data", data, "--batch-size", "2", "--max-tokens", "100",
+                 "--device", "cpu", "--seq-len", "32")
+    assert result.exit_code == 0, result.output
+    assert "bert" in result.stdout
