@@ -158,6 +158,17 @@ def no_grad_sync(module: nn.Module, skip: bool) -> contextlib.AbstractContextMan
     return contextlib.nullcontext()
 
 
+def reshard(module: nn.Module) -> None:
+    """After a forward without backward (evaluation), put FSDP2's sharded parameters back in place.
+
+    The FSDP2 root keeps its parameters unsharded after forward (they would be needed again right away
+    by backward); with no backward they stay registered as plain unsharded tensors, and the optimizer,
+    which holds the sharded ones, would no longer find them (e.g. when its state is saved)."""
+    model = getattr(module, "model", module)
+    if hasattr(model, "reshard") and hasattr(model, "set_requires_gradient_sync"):
+        model.reshard()
+
+
 @contextlib.contextmanager
 def _fsdp_no_sync(module: nn.Module):
     module.set_requires_gradient_sync(False)

@@ -77,6 +77,15 @@ def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: fl
     return _token_loss(logits.flatten(0, 1), batch["labels"].flatten(), label_smoothing)
 
 
+def unreached_parameters(model: nn.Module, objective: str) -> list[nn.Parameter]:
+    """Parameters an objective never computes with: BERT's pooler (trained by next-sentence prediction,
+    which tfkit's MLM pretraining leaves out, as RoBERTa does). The trainer freezes them, because DDP
+    waits for a gradient of every trainable parameter and would otherwise fail on the first step."""
+    if objective == "mlm" and isinstance(getattr(model, "pooler", None), nn.Module):
+        return list(model.pooler.parameters())
+    return []
+
+
 OBJECTIVES = {"clm": clm_loss, "mlm": mlm_loss, "seq2seq": seq2seq_loss}
 
 

@@ -32,7 +32,7 @@ from .distributed import (DistInfo, apply_activation_checkpointing, barrier, bro
                           shutdown, wrap)
 from .loop import Loop, TrainState, micro_batch_size, run_loop
 from .metrics import MetricsWriter, peak_flops, plot_loss
-from .objectives import LossModule
+from .objectives import LossModule, unreached_parameters
 from .optim import build_optimizer, grad_scaler
 from .recipe import Recipe
 from .validate import EvalResult, evaluate
@@ -85,6 +85,8 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     if source is not None:
         ckpt.load_weights(model, source)
     model.to(info.device)
+    for param in unreached_parameters(model, recipe.objective.name):
+        param.requires_grad_(False)
     if recipe.train.activation_checkpointing:
         apply_activation_checkpointing(model)
     loss_module = LossModule(model, recipe.objective)
@@ -142,8 +144,10 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     if not state.interrupted:
         result.final = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info, recipe.train.precision)
         metrics.log(result.final.row(state.step))
-        if info.is_main:
-            result.sample = _sample(model, tokenizer, recipe)
+        if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:
+            whole = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
+            if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
+                result.sample = _sample(whole.to(info.device), tokenizer, recipe)
     metrics.close()
     result.wall_time = time.perf_counter() - start
     if info.is_main:
@@ -173,8 +177,6 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
 
 def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
     """The trained model continuing `eval.sample_prompt` (causal models only)."""
-    if recipe.model.arch != "gpt" or not recipe.eval.sample_prompt:
-        return None
     from ..models.generation import generate
 
     prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else []  # documents start after a BOS/EOS

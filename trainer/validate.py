@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import DataError
-from .distributed import DistInfo, all_reduce_sum
+from .distributed import DistInfo, all_reduce_sum, reshard
 from .objectives import move_batch
 from .optim import autocast_context
 
@@ -52,6 +52,7 @@ def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, i
             totals[2] += float(count)
     finally:
         loss_module.train(was_training)
+        reshard(loss_module)
     loss_sum, correct, count = all_reduce_sum(totals, info)
     if not count:
         raise DataError(f"the validation data gives no batch of {batch_size} (eval.batch_size); use more "

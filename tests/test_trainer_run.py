@@ -1,0 +1,192 @@
+"""`trainer.run.pretrain` end to end on a tiny corpus: exact resume (in-process and after SIGKILL),
+init_from, refusing to mix runs, the last good checkpoint after divergence, and metrics.jsonl."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tfkit.errors import CheckpointError, ConfigError
+from tfkit.models import load_model
+from tfkit.trainer import checkpoint as ckpt
+from tfkit.trainer import objectives
+from tfkit.trainer.loop import TrainingDiverged
+from tfkit.trainer.metrics import read_metrics
+from tfkit.trainer.recipe import load_recipe
+from tfkit.trainer.run import pretrain
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+MAX_STEPS = 24
+
+
+def _corpus(folder: Path) -> tuple[Path, Path]:
+    """~60 kB of training text and ~8 kB of validation text: Shakespeare when present, else generated."""
+    if SHAKESPEARE.is_file():
+        text = SHAKESPEARE.read_text(encoding="utf-8")[:70_000]
+    else:
+        words = "the of and to a in that is was he for it with as his on be at by".split()
+        text = "\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12)) for i in range(6000))
+    train, valid = folder / "train.txt", folder / "valid.txt"
+    train.write_text(text[:62_000], encoding="utf-8")
+    valid.write_text(text[62_000:], encoding="utf-8")
+    return train, valid
+
+
+def write_recipe(folder: Path, arch: str = "gpt", **sections) -> Path:
+    """A recipe small enough for CI: 2 layers of width 32, 8 sequences of 32 tokens, one CPU."""
+    train, valid = _corpus(folder)
+    objective = {"gpt": "clm", "bert": "mlm", "transformer": "seq2seq"}[arch]
+    recipe = {
+        "model": {"arch": arch, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 64, "dropout": 0.1},
+        "tokenizer": {"kind": "wordpiece" if arch == "bert" else "bpe", "vocab_size": 400,
+                      "special_tokens": ["<|mask|>"] if arch == "transformer" else []},
+        "data": {"train": str(train), "valid": str(valid), "seq_len": 32},
+        "objective": {"name": objective},
+        "optim": {"lr": 3e-3},
+        "schedule": {"name": "cosine", "warmup_steps": 4},
+        "train": {"max_steps": MAX_STEPS, "batch_size": 8, "log_every": 1, "eval_every": 8, "save_every": 4,
+                  "keep_last": 20, "device": "cpu"},
+        "eval": {"batches": 2, "sample_prompt": None},
+        "log": {"progress": False, "plot": False, "tensorboard": False},
+    }
+    for section, values in sections.items():
+        recipe[section] = {**recipe.get(section, {}), **values}
+    path = folder / f"{arch}.yaml"
+    path.write_text(json.dumps(recipe))  # JSON is YAML
+    return path
+
+
+def losses(run_dir: Path) -> dict:
+    """{(step, key): value} for every loss-like number in metrics.jsonl."""
+    return {(r["step"], k): r[k] for r in read_metrics(run_dir / "metrics.jsonl")
+            for k in ("loss", "val_loss", "accuracy", "val_accuracy", "lr") if k in r}
+
+
+def weights(folder: Path) -> dict:
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run every resume is compared with."""
+    folder = tmp_path_factory.mktemp("reference")
+    recipe = write_recipe(folder)
+    result = pretrain(load_recipe(str(recipe)), run_dir=folder / "run")
+    return recipe, folder / "run", result
+
+
+def test_metrics_and_run_folder(reference):
+    recipe, run_dir, result = reference
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in rows if "loss" in r]
+    valid = [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in train] == list(range(1, MAX_STEPS + 1))
+    assert all({"step", "loss", "accuracy", "lr", "grad_norm", "tokens", "tokens_per_sec"} <= set(r) for r in train)
+    assert train[-1]["tokens"] == MAX_STEPS * 8 * 32
+    assert [r["step"] for r in valid] == [0, 8, 16, MAX_STEPS]  # baseline, every eval_every, final
+    assert all({"val_loss", "val_accuracy", "val_ppl"} <= set(r) for r in valid)
+    print("reference val loss:", [round(r["val_loss"], 3) for r in valid])
+    assert valid[-1]["val_loss"] < valid[0]["val_loss"] - 0.5
+    assert result.final.loss == valid[-1]["val_loss"] and not result.interrupted
+    assert {"recipe.yaml", "tokenizer", "data", "checkpoints", "metrics.jsonl"} <= {p.name for p in run_dir.iterdir()}
+    assert load_recipe(str(run_dir / "recipe.yaml")).train.max_steps == MAX_STEPS
+    config = json.loads((run_dir / "checkpoints" / f"step-{MAX_STEPS}" / "config.json").read_text())
+    assert config["objective"] == "clm" and config["step"] == MAX_STEPS and config["recipe"] == "gpt"
+    model, _ = load_model(run_dir)  # the run folder resolves to its latest checkpoint
+    assert model.config.vocab_size == 400
+
+
+def test_resume_in_process_is_exact(reference, tmp_path):
+    recipe, ref_dir, _ = reference
+    pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "resumed", resume=str(ref_dir / "checkpoints" / "step-12"))
+    ref, got = losses(ref_dir), losses(tmp_path / "resumed")
+    later = {k: v for k, v in ref.items() if k[0] > 12}
+    assert later and {k: got[k] for k in later} == later  # every later loss, bit for bit
+    final = f"checkpoints/step-{MAX_STEPS}"
+    a, b = weights(ref_dir / final), weights(tmp_path / "resumed" / final)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_after_sigkill_is_exact(reference, tmp_path):
+    recipe, ref_dir, _ = reference
+    run_dir = tmp_path / "killed"
+    script = ("import sys; from tfkit.trainer.recipe import load_recipe; from tfkit.trainer.run import pretrain; "
+              "pretrain(load_recipe(sys.argv[1]), run_dir=sys.argv[2])")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "step-8").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint within 2 minutes"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up: whatever was half-written stays
+    proc.wait()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = ckpt.latest_checkpoint(run_dir)
+    assert killed_at is not None and not (run_dir / "checkpoints" / f"step-{MAX_STEPS}").exists()
+    print("killed after", killed_at.name, "metrics rows:", len(read_metrics(run_dir / "metrics.jsonl")))
+    pretrain(load_recipe(str(recipe)), run_dir=run_dir, resume="auto")
+    assert losses(run_dir) == losses(ref_dir)  # rows of the killed run past its checkpoint were replaced
+    final = f"checkpoints/step-{MAX_STEPS}"
+    a, b = weights(ref_dir / final), weights(run_dir / final)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fresh_start_into_a_run_folder_with_checkpoints_is_refused(reference):
+    recipe, ref_dir, _ = reference
+    with pytest.raises(CheckpointError, match="already holds checkpoints; pass --resume auto"):
+        pretrain(load_recipe(str(recipe)), run_dir=ref_dir)
+
+
+def test_resume_auto_of_a_finished_run_only_evaluates(reference):
+    recipe, ref_dir, _ = reference
+    before = weights(ref_dir / f"checkpoints/step-{MAX_STEPS}")
+    result = pretrain(load_recipe(str(recipe)), run_dir=ref_dir, resume="auto")
+    assert result.state.step == MAX_STEPS and result.final is not None
+    after = weights(ref_dir / f"checkpoints/step-{MAX_STEPS}")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_init_from_starts_a_new_run_from_the_checkpoint_weights(reference, tmp_path):
+    recipe, ref_dir, ref_result = reference
+    source = str(ref_dir / "checkpoints" / f"step-{MAX_STEPS}")
+    overrides = [f"train.init_from={source}", "train.max_steps=4", "model.dropout=0.0", "tokenizer.vocab_size=300"]
+    result = pretrain(load_recipe(str(recipe), overrides), run_dir=tmp_path / "init")
+    rows = read_metrics(tmp_path / "init" / "metrics.jsonl")
+    assert rows[0]["step"] == 0 and rows[0]["val_loss"] == pytest.approx(ref_result.final.loss, abs=1e-6)
+    assert result.state.step == 4  # a new run: the step restarts
+    assert (tmp_path / "init" / "tokenizer" / "tokenizer.json").read_bytes() == \
+        (ref_dir / "tokenizer" / "tokenizer.json").read_bytes()  # the checkpoint's tokenizer, not a new one
+    with pytest.raises(ConfigError, match=r"model\.d_model is 64 but the checkpoint has 32.*model\.n_layers"):
+        pretrain(load_recipe(str(recipe), [f"train.init_from={source}", "model.d_model=64", "model.n_layers=3"]),
+                 run_dir=tmp_path / "conflict")
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path, train={"max_steps": 20, "max_bad_steps": 3, "eval_every": 100})
+    original, calls = objectives.compute_loss, [0]
+
+    def nan_after_six(model, batch, objective):
+        out = original(model, batch, objective)
+        if model.training:
+            calls[0] += 1
+            if calls[0] > 6:
+                out.loss_sum = out.loss_sum * float("inf")
+        return out
+
+    monkeypatch.setattr(objectives, "compute_loss", nan_after_six)
+    with pytest.raises(TrainingDiverged, match=r"3 updates in a row.*at step 6.*checkpoints/step-4"):
+        pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "run")] == [4]
+    model, _ = load_model(tmp_path / "run")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    skipped = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("skipped")]
+    assert [r["step"] for r in skipped] == [7, 7, 7]
