@@ -142,7 +142,7 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
     """Write the HF folder (config.json, model.safetensors, tokenizer files) of a tfkit checkpoint or run
     folder into `out_dir`; returns `out_dir`. An existing non-empty `out_dir` needs force=True."""
     folder, out = resolve_checkpoint(ckpt), Path(out_dir)
-    check_out_dir(out, force)
+    check_out_dir(out, force, folder)
     model, cfg = load_model(folder)
     family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
     hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())

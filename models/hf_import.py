@@ -9,7 +9,8 @@ imported with a warning (the two GELUs differ by at most 5e-4; a 2-layer test mo
 
 Weights HF does not have (the MLM head of a bare `BertModel`, the pooler of `BertForMaskedLM`) are
 initialised like tfkit's own init from a fixed seed, so an import is a pure function of its input and
-import -> export -> import gives identical tensors. Each one is reported as an `HFInteropWarning`.
+import -> export -> import gives identical tensors (a bare `BertModel`'s pooler excepted: `BertForMaskedLM`,
+the export target, has none). Each one is reported as an `HFInteropWarning`, as is a dropped NSP head.
 """
 
 from __future__ import annotations
@@ -219,6 +220,7 @@ def hf_to_tfkit(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[ModelConf
 
 
 def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tensor]) -> tuple[ModelConfig, dict]:
+    """hf_to_tfkit once the config is mapped (import_hf maps it before reading the weights)."""
     hf = _normalise_keys(family, hf_state)
     _drop_redundant(family, cfg, hf)
     with torch.device("meta"):
@@ -239,13 +241,14 @@ def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tenso
     absent = [n for rule in RULES[family](cfg) if rule.hf in missing["head"] + missing["pooler"] for n in rule.tfkit]
     _initialise(cfg, absent, shapes, state, dtype)
     if missing["head"]:
-        _warn(f"{arch} has no MLM head: cls.predictions.* initialised (decoder tied to the word embeddings); "
-              "train it before trusting MLM logits")
+        tied = " (decoder tied to the word embeddings)" if cfg.tie_embeddings else ""
+        _warn(f"{arch} has no MLM head: cls.predictions.* initialised{tied}; train it before trusting MLM logits")
     if missing["pooler"]:
         _warn(f"{arch} has no pooler: initialised (only used for fine-tuning on the [CLS] summary)")
     if cfg.tie_embeddings:
         state[TIED_ALIASES[family]] = state["embed.tok.weight"]
-    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(s)})" for k, s in shapes.items() if state[k].shape != s]
+    wrong = [f"{k} {tuple(state[k].shape) if k in state else 'absent'} (expected {tuple(s)})"
+             for k, s in shapes.items() if k not in state or state[k].shape != s]
     if wrong:
         raise CheckpointError(f"{arch} weights do not match its config.json: {', '.join(wrong)}")
     return cfg, state
@@ -358,7 +361,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     src, out = Path(src_dir), Path(out_dir)
     if not (src / "config.json").is_file():
         raise CheckpointError(f"{src}: not a HuggingFace model folder (no config.json)")
-    check_out_dir(out, force)
+    check_out_dir(out, force, src)
     hf_config = read_json(src / "config.json")
     family, arch, cfg = config_from_hf(hf_config)  # unsupported options fail before the weights are read
     cfg, state = _convert(family, arch, cfg, read_hf_weights(src))

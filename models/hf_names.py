@@ -151,8 +151,11 @@ def read_json(file: Path) -> dict:
     return data
 
 
-def check_out_dir(out: Path, force: bool) -> None:
-    """Never overwrite: an existing non-empty --out is an error unless force."""
+def check_out_dir(out: Path, force: bool, source: Path) -> None:
+    """Never overwrite: an existing non-empty --out is an error unless force, and --out may never be the
+    input or a folder holding it (force would delete the model being converted)."""
+    if out.resolve() == source.resolve() or out.resolve() in source.resolve().parents:
+        raise CheckpointError(f"--out {out}: is or contains the input {source}; choose another folder")
     if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out}: already exists; use --force to replace it")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tfkit.errors import ConfigError
+from tfkit.errors import CheckpointError, ConfigError
 from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.models.hf_export import export_hf, tfkit_to_hf
 from tfkit.models.hf_names import HFInteropWarning
@@ -173,8 +173,12 @@ def test_export_never_overwrites_without_force(tmp_path):
     _, ckpt = checkpoint(tmp_path / "ckpt", **GPT2)
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "keep.txt").write_text("mine")
-    with pytest.raises(Exception, match="already exists; use --force"):
+    with pytest.raises(CheckpointError, match="already exists; use --force"):
         export_hf(ckpt, tmp_path / "hf")
     with pytest.warns(HFInteropWarning):
         export_hf(ckpt, tmp_path / "hf", force=True)
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    for target in (ckpt, tmp_path):  # even --force never deletes the input
+        with pytest.raises(CheckpointError, match="is or contains the input"):
+            export_hf(ckpt, target, force=True)
+    assert (ckpt / "model.safetensors").is_file()

@@ -5,6 +5,8 @@ random weights (spread wide enough that logits are O(1), so 1e-5 means something
 `save_pretrained`, imported, reloaded with tfkit's `load_model`, and compared in fp32 eval mode.
 """
 
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -106,6 +108,16 @@ def test_bare_bert_model_hidden_states_match_and_the_missing_head_is_initialised
     assert torch.all(ours.mlm.decoder.bias == 0) and torch.all(ours.mlm.norm.weight == 1)
 
 
+def test_bert_for_pretraining_drops_the_nsp_head_with_a_warning(tmp_path):
+    hf = transformers.BertForPreTraining(bert_config())
+    ours, _, messages = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert any("cls.seq_relationship.bias, cls.seq_relationship.weight" in m for m in messages)
+    with torch.no_grad():
+        out = hf(IDS)
+        torch.testing.assert_close(ours(IDS), out.prediction_logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours.pooled(ours.encode(IDS)), hf.bert(IDS).pooler_output, atol=ATOL, rtol=0)
+
+
 def test_gpt2_logits_match(tmp_path):
     hf = transformers.GPT2LMHeadModel(gpt2_config())
     ours, cfg, messages = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
@@ -156,6 +168,16 @@ def test_llama_logits_match(tmp_path, kv_heads, tied, bias):
         expected = hf(IDS).logits
         assert expected.std() > 0.5
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
+
+
+def test_mistral_without_a_sliding_window_is_a_llama(tmp_path):
+    hf = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=T_MAX, sliding_window=None))
+    ours, cfg, _ = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert (cfg.positions, cfg.kv_heads) == ("rope", 2)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(IDS), hf(IDS).logits, atol=ATOL, rtol=0)
 
 
 def test_pytorch_bin_and_sharded_safetensors_import_alike(tmp_path):
@@ -216,6 +238,22 @@ def test_unsupported_options_are_named(config, named):
     with pytest.raises(ConfigError, match="not supported|unsupported") as err:
         hf_to_tfkit(config, {})
     assert named in str(err.value)
+
+
+def test_transformers_4_llama_configs_give_rope_theta_at_the_top_level():
+    from tfkit.models.hf_import import config_from_hf
+
+    family, arch, cfg = config_from_hf({**LLAMA, "rope_theta": 500000.0, "rope_scaling": None, "rms_norm_eps": 1e-5,
+                                        "num_key_value_heads": 1, "tie_word_embeddings": True})
+    assert (family, arch) == ("llama", "LlamaForCausalLM")
+    assert (cfg.rope_theta, cfg.norm_eps, cfg.n_kv_heads, cfg.tie_embeddings) == (500000.0, 1e-5, 1, True)
+
+
+def test_the_library_never_imports_transformers():
+    """transformers is a test extra only: importing and exporting work without it."""
+    code = ("import sys, tfkit.models.hf_import, tfkit.models.hf_export, tfkit.cli.hf; "
+            "assert 'transformers' not in sys.modules, 'transformers was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_every_unsupported_option_is_reported_at_once():
