@@ -1,0 +1,189 @@
+"""`tfkit convert-mqa-to-gqa CKPT --kv-heads G --out DIR`: regroup a checkpoint's key/value heads.
+
+The conversion itself is the pure `tfkit.models.convert.regroup_kv_heads`; this module only does what a
+command must: resolve the input, refuse to write over it or over an existing folder, write a complete
+checkpoint folder atomically (weights, config with provenance, tokenizer), and report what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import ConfigError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
+
+
+def check_out(out: Path, inputs: list[Path], force: bool) -> None:
+    """--out must not be, contain or lie inside an input (even with --force), nor an existing non-empty
+    folder unless --force. Checked before any work, so a mistake costs nothing."""
+    target = out.resolve()
+    for source in inputs:
+        source = source.resolve()
+        if target == source or target in source.parents or (source.is_dir() and source in target.parents
+                                                             and (source / "model.safetensors").is_file()):
+            raise ConfigError(f"--out {out}: is, contains or lies inside the input checkpoint {source}; "
+                              "the input is never modified, choose another folder")
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise ConfigError(f"--out {out}: already exists and is not empty; choose another folder or pass --force")
+
+
+def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
+    """Save model + config.json (+ extra) + the source's tokenizer files into a temporary sibling of `out`,
+    then swap it in, so `out` is either the old folder or a complete new one, never half written."""
+    from ..models import save_model
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_model(model, tmp, extra=extra)
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, tmp / name)
+        if out.exists():  # only reachable with --force (or an empty folder): check_out ran first
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0):
+    """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
+
+    The caller has checked `out` (check_out). config.json keeps the source's own keys (objective, recipe)
+    except its training step, and records where the weights came from and how."""
+    import torch
+
+    from ..models import build_model, load_model, read_config
+    from ..models.config import ModelConfig
+    from ..models.convert import check_regrouping, regroup_kv_heads
+
+    source_config = read_config(folder)
+    check_regrouping(ModelConfig.from_dict(source_config["model"]), kv_heads, method)  # fail before loading
+    model, cfg = load_model(folder)
+    generator = torch.Generator().manual_seed(seed)
+    state_dict, new_cfg = regroup_kv_heads(model.state_dict(), cfg, kv_heads, method, generator=generator)
+    new_model = build_model(new_cfg)
+    new_model.load_state_dict(state_dict, strict=True)
+    extra = {k: v for k, v in source_config.items() if k not in DROPPED_KEYS}  # e.g. objective, recipe
+    extra.update(converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads)
+    if method == "random":
+        extra["seed"] = seed
+    write_checkpoint(new_model, folder, out, extra)
+    return model, new_model.eval()
+
+
+def layout(kv_heads: int, n_heads: int) -> str:
+    name = "MHA" if kv_heads == n_heads else "MQA" if kv_heads == 1 else f"GQA-{kv_heads}"
+    return f"{kv_heads} ({name})"
+
+
+def report(rows: list[tuple[str, str, str]], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def convert_mqa_to_gqa(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint folder, or a run folder (its latest checkpoint).")],
+    kv_heads: Annotated[int, typer.Option("--kv-heads", "-g", help="Key/value heads after conversion: "
+                                          "1 = MQA, n_heads = MHA, a divisor of n_heads = GQA.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="New checkpoint folder to write (never the input).")],
+    method: Annotated[str, typer.Option("--method", help="mean (the paper) | first | random: how a group of "
+                                        "K/V heads becomes one; growing the count always copies heads.")] = "mean",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --method random.")] = 0,
+    eval_data: Annotated[Optional[str], typer.Option("--eval-data", help="Corpus (as in `tfkit eval --data`) to "
+                                                     "measure the validation loss before and after.")] = None,
+    eval_tokens: Annotated[int, typer.Option("--eval-tokens", help="Tokens scored by --eval-data.")] = 65_536,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists (never the input).")] = False,
+) -> None:
+    """Convert a checkpoint's attention to another number of key/value heads: MHA -> GQA -> MQA and back.
+
+    Following Ainslie et al. (2023), each group of consecutive K/V heads is mean-pooled into one
+    (`--method mean`; `first` keeps the first head, `random` re-initialises), in every attention block.
+    Going to more K/V heads (MQA -> GQA -> MHA) copies each head to its group, so the model computes
+    exactly the same function. The result is a complete checkpoint folder (weights, config.json with the
+    new n_kv_heads and its provenance, tokenizer) that every command accepts. Pooling loses a little
+    quality; recover it by uptraining for ~5% of the original steps:
+    `tfkit pretrain gqa-uptrain --set train.init_from=DIR`.
+    """
+    import torch
+
+    from ..models import kv_cache_bytes_per_token, resolve_checkpoint
+    from ..models.convert import attention_params
+
+    folder = resolve_checkpoint(checkpoint)
+    check_out(out, [Path(checkpoint), folder], force)
+    if eval_tokens < 1:
+        raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
+    model, new_model = convert_checkpoint(folder, out, kv_heads, method, seed)
+    cfg, new_cfg = model.config, new_model.config
+
+    bytes_before, bytes_after = (kv_cache_bytes_per_token(c) for c in (cfg, new_cfg))
+    rows = [
+        ("key/value heads", layout(cfg.kv_heads, cfg.n_heads), layout(new_cfg.kv_heads, new_cfg.n_heads)),
+        ("parameters", f"{model.num_params():,}", f"{new_model.num_params():,}"),
+        ("attention parameters", f"{attention_params(model):,}", f"{attention_params(new_model):,}"),
+        ("KV-cache bytes / token (bf16)", f"{bytes_before:,}", f"{bytes_after:,}"),
+    ]
+    if eval_data is not None:
+        from ..trainer.evaluate import evaluate_checkpoint
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        before, after = (evaluate_checkpoint(path, eval_data, max_tokens=eval_tokens, device=device,
+                                             show_progress=sys.stderr.isatty()) for path in (folder, out))
+        rows.append(("validation loss", f"{before['loss']:.4f}", f"{after['loss']:.4f}"))
+        rows.append(("perplexity", f"{before['perplexity']:.2f}", f"{after['perplexity']:.2f}"))
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    console.print(f"{folder} -> {out} (--method {method})", highlight=False, markup=False, soft_wrap=True)
+    console.print(report(rows, "convert-mqa-to-gqa"), highlight=False)
+    console.print(f"wrote {out}; uptrain it with: {uptrain_command(out, new_cfg)}", highlight=False, markup=False,
+                  soft_wrap=True)  # one line: the command stays copy-pasteable
+
+
+def uptrain_command(out: Path, cfg) -> str:
+    """`tfkit pretrain gqa-uptrain --set train.init_from=OUT` plus a `--set model.KEY=VALUE` for every model
+    key where the bundled recipe (gpt-tiny with 2 K/V heads) differs from this checkpoint: the trainer
+    refuses a recipe whose model contradicts the checkpoint it starts from."""
+    sets = [f"--set {item}" for item in uptrain_overrides(out, cfg)]
+    return " ".join(["tfkit pretrain gqa-uptrain", *sets])
+
+
+def uptrain_overrides(out: Path, cfg) -> list[str]:
+    """The `SECTION.KEY=VALUE` overrides that point the bundled gqa-uptrain recipe at the checkpoint `out`
+    of config `cfg`: train.init_from, every model key the trainer would find contradicting, the objective."""
+    from ..trainer.checkpoint import MAY_DIFFER
+    from ..trainer.recipe import OBJECTIVE_FOR_ARCH, load_recipe
+
+    recipe = load_recipe("gqa-uptrain")
+    wanted = recipe.model.config(cfg.vocab_size)
+    skip = set(MAY_DIFFER) | {"pad_token_id"}
+    sets = [f"train.init_from={out}"]
+    sets += [f"model.{f.name}={_yaml(getattr(cfg, f.name))}" for f in dataclasses.fields(cfg)
+             if f.name not in skip and getattr(wanted, f.name) != getattr(cfg, f.name)]
+    if OBJECTIVE_FOR_ARCH[cfg.arch] != recipe.objective.name:
+        sets.append(f"objective.name={OBJECTIVE_FOR_ARCH[cfg.arch]}")
+    return sets
+
+
+def _yaml(value) -> str:
+    """A value as `--set` parses it (YAML): null, true/false, numbers and bare words."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

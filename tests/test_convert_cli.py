@@ -1,0 +1,167 @@
+"""`tfkit convert-mqa-to-gqa` end to end on tiny checkpoints with a tokenizer trained in the test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from tfkit.errors import TfkitError
+from tfkit.models import ModelConfig, build_model, load_model, save_model
+from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+FALLBACK = "First Citizen: Before we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 300
+
+
+def corpus_text() -> str:
+    return SHAKESPEARE.read_text(encoding="utf-8")[:60_000] if SHAKESPEARE.exists() else FALLBACK
+
+
+def cli_app() -> typer.Typer:
+    """The real app (with its error boundary) once every command module exists, else just ours."""
+    try:
+        from tfkit.cli.main import app
+        return app
+    except ImportError:
+        from tfkit.cli.convert import convert_mqa_to_gqa
+        app = typer.Typer()
+        app.command()(convert_mqa_to_gqa)
+        return app
+
+
+def invoke(args: list[str]):
+    app = cli_app()
+    if len(app.registered_commands) > 1:
+        args = ["convert-mqa-to-gqa", *args]
+    return CliRunner().invoke(app, args)
+
+
+def assert_user_error(result, *needles: str) -> None:
+    """Exit 2 with one line naming the problem (real app), or the TfkitError itself (bare app)."""
+    if isinstance(result.exception, TfkitError):
+        message = str(result.exception)
+    else:
+        assert result.exit_code == 2, result.output
+        message = result.stderr
+        assert message.count("\n") <= 1 and result.stdout == ""
+    for needle in needles:
+        assert needle in message, message
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    """A run folder holding checkpoints/step-9/: a GPT with 4 query and 2 key/value heads, non-zero biases."""
+    tmp = tmp_path_factory.mktemp("convert")
+    (tmp / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
+    train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), [corpus_text()], tmp / "tok", show_progress=False)
+    tok = load_tokenizer(tmp / "tok")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                    max_seq_len=64, init_std=0.2))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    folder = tmp / "run" / "checkpoints" / "step-9"
+    save_model(model, folder, extra={"objective": "clm", "recipe": "gpt-tiny", "step": 9})
+    tok.save(folder)
+    return tmp / "run"
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))  # (B, T)
+
+
+def test_writes_a_complete_loadable_checkpoint_with_provenance(run_folder: Path, tmp_path: Path) -> None:
+    source = run_folder / "checkpoints" / "step-9"
+    out = tmp_path / "mha"
+    result = invoke([str(run_folder), "--kv-heads", "4", "--out", str(out)])  # growing: exact replication
+    assert result.exit_code == 0, result.output
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["n_kv_heads"] is None  # 4 of 4 = MHA
+    assert config["converted_from"] == str(source.resolve()) and config["method"] == "mean"
+    assert config["objective"] == "clm" and "step" not in config
+    before, _ = load_model(source)
+    after, cfg = load_model(out)
+    assert cfg.kv_heads == 4
+    with torch.no_grad():
+        torch.testing.assert_close(after(ids()), before(ids()), rtol=1e-5, atol=1e-5)
+    assert load_tokenizer(out).encode("First Citizen") == load_tokenizer(source).encode("First Citizen")
+    for needle in ("2 (GQA-2)", "4 (MHA)", "attention parameters", "6,336", "8,448"):
+        assert needle in result.stdout, result.stdout
+    row = next(line for line in result.stdout.splitlines() if "KV-cache bytes / token" in line)
+    assert row.replace("│", " ").split()[-2:] == ["128", "256"]  # K and V * 2 layers * kv heads * 8 dims * 2 bytes
+
+
+def test_mqa_with_each_method(run_folder: Path, tmp_path: Path) -> None:
+    outs = {}
+    for method in ("mean", "first", "random"):
+        outs[method] = tmp_path / method
+        result = invoke([str(run_folder), "-g", "1", "-o", str(outs[method]), "--method", method, "--seed", "5"])
+        assert result.exit_code == 0, result.output
+        assert "1 (MQA)" in result.stdout
+        assert "--set model.n_kv_heads=1" in result.stdout  # the uptraining recipe's default is 2
+    weights = {m: load_model(o)[0].state_dict()["blocks.0.attn.k_proj.weight"] for m, o in outs.items()}
+    assert weights["mean"].shape == (8, 32)
+    assert not torch.equal(weights["mean"], weights["first"]) and not torch.equal(weights["first"], weights["random"])
+    assert json.loads((outs["random"] / "config.json").read_text())["seed"] == 5
+
+
+def test_eval_data_reports_the_loss_before_and_after(run_folder: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    data = str(run_folder.parent / "corpus.txt")
+    result = invoke([str(run_folder), "-g", "4", "-o", str(tmp_path / "mha"), "--eval-data", data,
+                     "--eval-tokens", "2000"])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "validation loss" in line)
+    before, after = (float(x) for x in row.replace("│", " ").split()[-2:])
+    assert before == pytest.approx(after, abs=1e-4) and before > 1.0  # replication keeps the function
+    result = invoke([str(run_folder), "-g", "1", "-o", str(tmp_path / "mqa"), "--eval-data", data,
+                     "--eval-tokens", "2000"])
+    row = next(line for line in result.stdout.splitlines() if "validation loss" in line)
+    before, after = (float(x) for x in row.replace("│", " ").split()[-2:])
+    assert before != after  # pooling changes the function
+
+
+def test_never_overwrites_the_input_or_an_existing_folder(run_folder: Path, tmp_path: Path) -> None:
+    source = run_folder / "checkpoints" / "step-9"
+    snapshot = {p.name: p.read_bytes() for p in source.iterdir()}
+    out = tmp_path / "out"
+    assert invoke([str(run_folder), "-g", "1", "-o", str(out)]).exit_code == 0
+    stamp = (out / "model.safetensors").read_bytes()
+    assert_user_error(invoke([str(run_folder), "-g", "2", "-o", str(out)]), "--out", "--force")
+    assert (out / "model.safetensors").read_bytes() == stamp
+    assert invoke([str(run_folder), "-g", "2", "-o", str(out), "--force"]).exit_code == 0
+    assert json.loads((out / "config.json").read_text())["model"]["n_kv_heads"] == 2
+    for target in (source, run_folder, source / "gqa"):  # the input, its run folder, inside the checkpoint
+        assert_user_error(invoke([str(run_folder), "-g", "1", "-o", str(target), "--force"]), "--out", "input")
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == snapshot
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+def test_impossible_head_counts_are_one_line_errors(run_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    assert_user_error(invoke([str(run_folder), "-g", "3", "-o", str(out)]), "--kv-heads 3", "4 query heads")
+    assert_user_error(invoke([str(run_folder), "-g", "0", "-o", str(out)]), "--kv-heads")
+    assert_user_error(invoke([str(run_folder), "-g", "2", "-o", str(out), "--method", "max"]), "--method")
+    assert_user_error(invoke([str(tmp_path / "missing"), "-g", "2", "-o", str(out)]), "missing")
+    assert not out.exists()
+
+
+def test_uptrain_command_needs_no_override_for_gpt_tiny_with_two_kv_heads() -> None:
+    from tfkit.cli.convert import uptrain_command
+    from tfkit.trainer.recipe import load_recipe
+
+    cfg = load_recipe("gpt-tiny").model.config(4096)
+    assert uptrain_command(Path("ckpt"), ModelConfig(**{**cfg.to_dict(), "n_kv_heads": 2})) == \
+        "tfkit pretrain gqa-uptrain --set train.init_from=ckpt"
+    bert = ModelConfig(arch="bert", vocab_size=4096, d_model=128, n_layers=2, n_heads=4, n_kv_heads=1, max_seq_len=256)
+    command = uptrain_command(Path("ckpt"), bert)
+    assert "--set model.arch=bert" in command and "--set objective.name=mlm" in command
+    assert "--set model.n_kv_heads=1" in command
