@@ -180,6 +180,22 @@ def test_mistral_without_a_sliding_window_is_a_llama(tmp_path):
         torch.testing.assert_close(ours(IDS), hf(IDS).logits, atol=ATOL, rtol=0)
 
 
+def test_bf16_weights_stay_bf16_in_the_checkpoint(tmp_path):
+    hf = randomise(transformers.LlamaForCausalLM(llama_config())).to(torch.bfloat16)
+    hf.save_pretrained(tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HFInteropWarning)
+        import_hf(tmp_path / "hf", tmp_path / "ckpt")
+    assert {t.dtype for t in load_file(tmp_path / "ckpt" / "model.safetensors").values()} == {torch.bfloat16}
+    ours, _ = load_model(tmp_path / "ckpt")  # tfkit loads it (into fp32) like any checkpoint
+    with torch.no_grad():
+        # The same bf16 weights computed in fp32; reloaded rather than hf.float(), which would keep the
+        # RoPE inverse frequencies the bf16 cast rounded.
+        reference = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+        expected = reference(IDS).logits
+        torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
+
+
 def test_pytorch_bin_and_sharded_safetensors_import_alike(tmp_path):
     hf = randomise(transformers.GPT2LMHeadModel(gpt2_config()))
     hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
