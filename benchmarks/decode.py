@@ -8,8 +8,8 @@ memory-bound: each step reads every weight and the whole cache once, so the cach
 printed) is what GQA/MQA shrink and where they should win, most at long context and large batch.
 Ratios are against MHA measured in the same run, on the same machine, so they survive noisy hosts.
 
-Optionally also times HuggingFace `generate` on the same weights (MHA), when tfkit's HF export
-(`tfkit.models.hf_export.to_hf_model`) and `transformers` are importable; skipped otherwise.
+Also times HuggingFace `generate` on the same weights (exported as Llama by tfkit's own export rules)
+when `transformers` is installed; skipped otherwise, or with --no-hf.
 
     python -m benchmarks.decode [--device cpu|cuda] [--quick]
 """
@@ -17,7 +17,6 @@ Optionally also times HuggingFace `generate` on the same weights (MHA), when tfk
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 from dataclasses import dataclass
 
@@ -73,24 +72,42 @@ def decode_tokens_per_sec(model: torch.nn.Module, batch: int, context: int, step
     return batch * steps / (time.perf_counter() - start)
 
 
-def hf_tokens_per_sec(model: torch.nn.Module, batch: int, context: int, steps: int,
-                      device: torch.device) -> float | None:
-    """HuggingFace `generate` (greedy, its own cache) on the same weights; None when unavailable."""
+def to_hf(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The HuggingFace model computing the same function (tfkit's export rules), or None when
+    transformers or the export is unavailable. The shape above (RoPE, RMSNorm, SwiGLU) exports as Llama."""
     try:
-        to_hf_model = importlib.import_module("tfkit.models.hf_export").to_hf_model
-        importlib.import_module("transformers")
-    except (ImportError, AttributeError):  # the export is optional; a failing export is a real error
+        import transformers
+        from tfkit.models.hf_export import tfkit_to_hf
+    except ImportError:
         return None
-    hf_model = to_hf_model(model).to(device).eval()
-    prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
-    kwargs = dict(do_sample=False, min_new_tokens=steps, max_new_tokens=steps, pad_token_id=0)
-    with torch.inference_mode():
-        hf_model.generate(prompt, **{**kwargs, "min_new_tokens": 1, "max_new_tokens": 1})  # warm-up
+    config, state = tfkit_to_hf(model.config, model.state_dict())
+    config = {k: v for k, v in config.items() if k != "architectures"}
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # only the tied head may be absent
+        raise RuntimeError(f"HF export does not fit: missing {missing}, unexpected {unexpected}")
+    weight = next(model.parameters())
+    return hf.to(device=weight.device, dtype=weight.dtype).eval()
+
+
+@torch.inference_mode()
+def hf_tokens_per_sec(hf_model: torch.nn.Module, batch: int, context: int, steps: int,
+                      device: torch.device) -> float:
+    """HuggingFace `generate` (greedy, its own cache): the decode time is the time of `steps + 1` new
+    tokens minus the time of 1 (prefill + first token), so prefill is excluded as in tfkit's figure."""
+    prompt = torch.randint(0, hf_model.config.vocab_size, (batch, context), device=device)
+    mask = torch.ones_like(prompt)
+
+    def timed(n: int) -> float:
         sync(device)
         start = time.perf_counter()
-        hf_model.generate(prompt, **kwargs)  # includes its prefill, so this slightly favours tfkit
+        hf_model.generate(prompt, attention_mask=mask, do_sample=False, min_new_tokens=n, max_new_tokens=n,
+                          pad_token_id=0)
         sync(device)
-    return batch * steps / (time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    timed(2)  # warm-up
+    return batch * steps / max(timed(steps + 1) - timed(1), 1e-9)
 
 
 def main() -> None:
@@ -98,8 +115,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="small model and contexts (CPU-friendly)")
     parser.add_argument("--steps", type=int, default=None, help="decode steps per measurement")
+    parser.add_argument("--no-hf", dest="hf", action="store_false", help="skip the HuggingFace comparison")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per cell; the best is kept")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (1 is steadier on a shared host: no OpenMP spin-waiting)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     shape = QUICK if args.quick else FULL
     steps = args.steps or shape.steps
     device = torch.device(args.device)
@@ -120,7 +142,8 @@ def main() -> None:
     cfg = models["MHA"].config
     print(f"# decode, {args.device} {str(dtype).removeprefix('torch.')}: d_model={cfg.d_model} "
           f"n_layers={cfg.n_layers} n_heads={cfg.n_heads} vocab={cfg.vocab_size} "
-          f"params={models['MHA'].num_params() / 1e6:.1f}M, {steps} greedy steps after a prefill, best of {args.repeats}")
+          f"params={models['MHA'].num_params() / 1e6:.1f}M, {steps} greedy steps after a prefill, best of {args.repeats}, "
+          f"{torch.get_num_threads()} threads")
     head = ["variant", "kv_heads", "KV B/tok"] + [f"B={b} T={c} tok/s (xMHA)" for b, c in cells]
     table = []
     for name, model in models.items():
@@ -128,16 +151,27 @@ def main() -> None:
         row = [name, str(model.config.kv_heads), f"{kv_bytes} ({kv_bytes / kv_cache_bytes_per_token(cfg, dtype):.2f}x)"]
         row += [f"{rows[name][cell]:.0f} ({rows[name][cell] / rows['MHA'][cell]:.2f}x)" for cell in cells]
         table.append(row)
-    hf = {cell: hf_tokens_per_sec(models["MHA"], *cell, steps, device) for cell in cells}
-    if all(v is not None for v in hf.values()):
-        table.append(["HF generate (MHA)", str(cfg.kv_heads), "-"]
-                     + [f"{hf[cell]:.0f} ({hf[cell] / rows['MHA'][cell]:.2f}x)" for cell in cells])
-    else:
-        print("# HF comparison skipped: no tfkit.models.hf_export.to_hf_model or transformers")
+    hf_models = {name: to_hf(model) for name, model in models.items()} if args.hf else {}
+    if any(m is None for m in hf_models.values()):
+        print("# HF comparison skipped: transformers or tfkit.models.hf_export not importable")
+        hf_models = {}
+    print_table(head, table)
+    if hf_models:
+        hf = {name: {cell: 0.0 for cell in cells} for name in hf_models}
+        for _ in range(args.repeats):
+            for cell in cells:
+                for name, hf_model in hf_models.items():
+                    hf[name][cell] = max(hf[name][cell], hf_tokens_per_sec(hf_model, *cell, steps, device))
+        print("\n# HuggingFace generate on the same weights (Llama export): tok/s (tfkit speed-up)")
+        print_table(["variant"] + [f"B={b} T={c}" for b, c in cells],
+                    [[f"HF {name}"] + [f"{hf[name][cell]:.0f} ({rows[name][cell] / hf[name][cell]:.2f}x)"
+                                       for cell in cells] for name in hf_models])
+
+
+def print_table(head: list[str], table: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in [head, *table]) for i in range(len(head))]
     for r in [head, ["-" * w for w in widths], *table]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)))
-
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
 
 if __name__ == "__main__":
     main()

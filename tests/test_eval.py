@@ -139,6 +139,19 @@ def test_stride_scores_each_document_token_once(tokenizers, valid_file: Path, tm
     assert overlap["loss"] != full["loss"]
 
 
+def test_seq2seq_pairs_score_every_target_token_and_eos(tokenizers, tmp_path: Path) -> None:
+    pairs = [("hear me speak", "speak, speak"), ("first citizen", "all of us"), ("to be", "or not to be"),
+             ("the question", "that is it")] * 2
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    ckpt = make_checkpoint(tmp_path / "t", tokenizers["bpe"], arch="transformer", n_kv_heads=2)
+    got = score(ckpt, data, tmp_path, batch_size=4, seq_len=16, device="auto")
+    tok = load_tokenizer(tokenizers["bpe"])
+    assert got["objective"] == "seq2seq" and math.isfinite(got["loss"])
+    assert got["tokens"] == sum(len(tok.encode(t)) + 1 for _, t in pairs)  # each target + its EOS
+    assert got["bytes"] == sum(len(t.encode("utf-8")) for _, t in pairs)  # EOS stands for no text
+
+
 def test_bad_options_name_the_flag(tokenizers, valid_file: Path, tmp_path: Path) -> None:
     bert = make_checkpoint(tmp_path / "bert", tokenizers["wordpiece"], arch="bert")
     with pytest.raises(ConfigError, match="--stride"):

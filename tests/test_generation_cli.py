@@ -143,3 +143,19 @@ def test_fill_mask_rejects_gpt_models(gpt_ckpt: Path) -> None:
     model, _ = load_model(gpt_ckpt)
     with pytest.raises(ConfigError, match="--fill-mask"):
         fill_mask(model, load_tokenizer(gpt_ckpt), "The [MASK] sat.", top_k=3)
+
+
+def test_stream_prints_text_as_it_grows_and_never_half_a_character(gpt_ckpt: Path, capsys) -> None:
+    from tfkit.cli.generate import TextStream
+
+    tok = load_tokenizer(gpt_ckpt)
+    text = "Speak ünïcödé 😀 now"
+    ids = tok.encode(text)
+    stream, pieces = TextStream(tok), []
+    for t in ids:
+        stream(0, t)
+        pieces.append(capsys.readouterr().out)
+    stream.finish()
+    assert "".join(pieces) + capsys.readouterr().out == text + "\n"
+    assert not any("\ufffd" in p for p in pieces)
+    assert sum(1 for p in pieces if p) > 3  # printed along the way, not all at the end

@@ -165,6 +165,8 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
     if dtype not in PRECISIONS:
         raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
     folder = resolve_checkpoint(path)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     model, cfg = load_model(folder, device=device)
     tokenizer = load_tokenizer(folder)
