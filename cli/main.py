@@ -1,0 +1,77 @@
+"""The `tfkit` command: the Typer app, its global options, and the error boundary.
+
+Commands live one group per module and stay thin; this module only assembles them. Every `TfkitError`
+raised below is caught here and printed as one red line with exit code 2 (the traceback only with
+`--debug`), so a user sees what to fix rather than a stack.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from .. import __version__
+from ..errors import TfkitError
+from . import convert, evaluate, generate, hf, pretrain, recipes, tokenizer
+
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+class _Group(TyperGroup):
+    """Catches user errors from any subcommand and turns them into one line and exit code 2."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except TfkitError as exc:
+            if ctx.meta.get("tfkit.debug"):
+                raise
+            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="tfkit",
+    help="From raw text to a trained, evaluated Transformer.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tfkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of errors.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """From raw text to a trained, evaluated Transformer."""
+    ctx.meta["tfkit.debug"] = debug
+
+
+app.command("train-tokenizer")(tokenizer.train_tokenizer)
+app.command("pretrain")(pretrain.pretrain)
+app.command("eval")(evaluate.evaluate)
+app.command("generate")(generate.generate)
+app.command("convert-mqa-to-gqa")(convert.convert_mqa_to_gqa)
+app.command("import-hf")(hf.import_hf)
+app.command("export-hf")(hf.export_hf)
+app.add_typer(recipes.app, name="recipes")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,116 @@
+"""Bad input at the command line: one red line naming the culprit, exit code 2, never a traceback."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tfkit.cli.main import app
+
+runner = CliRunner()
+
+
+def _recipe(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _checkpoint(tmp_path: Path, weights: bytes | None) -> str:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model": {"arch": "gpt"}}')
+    if weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    return str(folder)
+
+
+def _jsonl(tmp_path: Path) -> str:
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "hello"}\n{"body": "no text field here"}\n')
+    return str(path)
+
+
+CASES = {
+    "unknown recipe key": (
+        lambda t: ["recipes", "validate", _recipe(t, "train:\n  max_step: 5\n")],
+        "train.max_step: unknown key (did you mean 'max_steps'?)",
+    ),
+    "wrong type": (lambda t: ["recipes", "validate", _recipe(t, "train:\n  batch_size: ten\n")],
+                   "train.batch_size: got 'ten', expected an integer"),
+    "indivisible heads": (
+        lambda t: ["recipes", "validate", "gpt-tiny", "--set", "model.n_kv_heads=3"],
+        "model.n_kv_heads",
+    ),
+    "unknown recipe name": (lambda t: ["pretrain", "gpt-tinyy"], "did you mean 'gpt-tiny'"),
+    "yaml syntax": (lambda t: ["recipes", "validate", _recipe(t, "train: [1,\n")], "not valid YAML"),
+    "objective vs arch": (
+        lambda t: ["recipes", "validate", "gpt-tiny", "--set", "objective.name=mlm"],
+        "objective.name: 'mlm' does not train model.arch='gpt'",
+    ),
+    "malformed --set": (lambda t: ["recipes", "show", "gpt-tiny", "--set", "max_steps"], "expected SECTION.KEY=VALUE"),
+    "missing corpus file": (
+        lambda t: ["train-tokenizer", str(t / "nope.txt"), "--out", str(t / "tok")],
+        "nope.txt",
+    ),
+    "glob matching nothing": (
+        lambda t: ["train-tokenizer", str(t / "*.nothing"), "--out", str(t / "tok")],
+        "*.nothing",
+    ),
+    "jsonl line without the field": (
+        lambda t: ["train-tokenizer", _jsonl(t), "--out", str(t / "tok"), "-q"],
+        "docs.jsonl:2",
+    ),
+    "vocab smaller than the alphabet": (
+        lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(t / "tok"), "--vocab-size", "50", "-q"],
+        "vocab_size",
+    ),
+    "missing checkpoint": (lambda t: ["generate", str(t / "no-such-run"), "--prompt", "hi"], "no-such-run"),
+    "checkpoint without weights": (
+        lambda t: ["eval", _checkpoint(t, None), "--data", "stdlib:docs:valid"],
+        "model.safetensors",
+    ),
+    "corrupt weights": (
+        lambda t: ["generate", _checkpoint(t, b"not a safetensors file"), "--prompt", "hi"],
+        "model.safetensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_gives_one_line_and_exit_code_2(case, tmp_path):
+    make_args, expected = CASES[case]
+    result = runner.invoke(app, make_args(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), result.stderr
+    assert expected in last, last
+
+
+def test_debug_shows_the_traceback_instead(tmp_path):
+    result = runner.invoke(app, ["--debug", "recipes", "validate", str(tmp_path / "missing.yaml")])
+    assert result.exit_code != 0
+    assert type(result.exception).__name__ == "ConfigError"
+
+
+def test_nothing_is_overwritten_by_a_failed_tokenizer_run(tmp_path):
+    out = tmp_path / "tok"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = runner.invoke(app, ["train-tokenizer", str(tmp_path / "missing.txt"), "--out", str(out)])
+    assert result.exit_code == 2
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_help_lists_every_command():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("train-tokenizer", "pretrain", "eval", "generate", "convert-mqa-to-gqa", "import-hf",
+                    "export-hf", "recipes"):
+        assert command in result.output
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("tfkit ")

@@ -1,0 +1,48 @@
+"""The repository root installs as one `tfkit` package: recipes inside, no bare top-level modules."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True,
+    )
+    (path,) = out.glob("tfkit-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_wheel_contains_subpackages_under_tfkit_only(wheel):
+    names = wheel.namelist()
+    top = {n.split("/")[0] for n in names if not n.startswith("tfkit-")}
+    assert top == {"tfkit"}, top
+    for module in ("tfkit/cli/main.py", "tfkit/models/attention.py", "tfkit/trainer/recipe.py",
+                   "tfkit/tokenization/train.py", "tfkit/errors.py", "tfkit/__main__.py"):
+        assert module in names
+    assert not any(n.startswith("tfkit/tests/") for n in names)
+
+
+def test_wheel_ships_the_bundled_recipes(wheel):
+    names = set(wheel.namelist())
+    for recipe in ("quickstart", "gpt-tiny", "bert-tiny"):
+        assert f"tfkit/recipes/{recipe}.yaml" in names
+
+
+def test_no_bare_top_level_modules_are_importable(tmp_path):
+    for name in ("models", "cli", "trainer", "tokenization"):
+        result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, name
+
+
+def test_python_dash_m_tfkit_runs_the_cli():
+    result = subprocess.run([sys.executable, "-m", "tfkit", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("tfkit ")
