@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import Embeddings, init_weights, make_norm
+from .layers import Embeddings, activation, init_weights, make_norm
 from .transformer import Block, ModelBase
 
 
@@ -22,7 +22,7 @@ class MLMHead(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()  # swiglu is an FFN-only choice
+        self.act = activation("gelu" if cfg.activation == "swiglu" else cfg.activation)  # swiglu is FFN-only
         self.norm = make_norm(cfg)
         self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size, bias=True)  # own output bias even when tied
 

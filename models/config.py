@@ -16,7 +16,7 @@ ATTENTIONS = ("flash", "naive")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 INITS = ("normal", "xavier")
 
 
@@ -36,7 +36,7 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_placement: str = "pre"  # pre (GPT-2, stable deep) | post (original Transformer, BERT)
     norm_eps: float = 1e-5
-    activation: str = "gelu"  # relu (original) | gelu (BERT/GPT-2) | swiglu (Llama)
+    activation: str = "gelu"  # relu (original) | gelu (BERT) | gelu_tanh (GPT-2's approximation) | swiglu (Llama)
     bias: bool = True  # biases in linear layers and LayerNorm
     tie_embeddings: bool = True  # output projection shares the input embedding matrix
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as the original paper

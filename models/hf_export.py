@@ -3,7 +3,7 @@
 A tfkit config is exported only when transformers has a class that computes the *same function*:
 - bert arch (learned positions, post-LN LayerNorm, gelu/relu, biases, MHA) -> `BertForMaskedLM`;
 - gpt arch with learned positions (pre-LN LayerNorm, gelu/relu, biases, MHA) -> `GPT2LMHeadModel`
-  (`activation_function: gelu`, the exact GELU, not GPT-2's default tanh approximation);
+  (`activation_function`: gelu, or gelu_new for tfkit's gelu_tanh, GPT-2's own approximation);
 - gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`.
 Anything else is a ConfigError naming each field that has no equivalent, never a silently different model.
 The folder loads with `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained` with no missing or
@@ -35,14 +35,15 @@ from .io import load_model, resolve_checkpoint
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
-             ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "relu"), "gelu or relu"),
+             ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"),
              ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings")],
     "gpt2": [("norm", ("layernorm",), "LayerNorm"), ("norm_placement", ("pre",), "pre-LN"),
-             ("activation", ("gelu", "relu"), "gelu or relu"), ("bias", (True,), "biases everywhere"),
+             ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"), ("bias", (True,), "biases everywhere"),
              ("scale_embeddings", (False,), "unscaled embeddings")],
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
               ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings")],
 }
+HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",
                "llama": "gpt with rope positions (Llama)"}
 
@@ -74,7 +75,7 @@ def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
               "pad_token_id": cfg.pad_token_id, "dtype": str(dtype).removeprefix("torch.")}
     if family == "bert":
         return {**common, "model_type": "bert", "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-                "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.ffn_dim, "hidden_act": cfg.activation,
+                "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.ffn_dim, "hidden_act": HF_ACTIVATION[cfg.activation],
                 "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attn_dropout,
                 "max_position_embeddings": cfg.max_seq_len, "type_vocab_size": max(cfg.type_vocab_size, 1),
                 "layer_norm_eps": cfg.norm_eps, "position_embedding_type": "absolute"}
@@ -82,7 +83,7 @@ def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
         return {**common, "model_type": "gpt2", "n_embd": cfg.d_model, "n_layer": cfg.n_layers,
                 "n_head": cfg.n_heads, "n_inner": cfg.d_ff,  # None = 4 * n_embd in both
                 "n_positions": cfg.max_seq_len,
-                "activation_function": cfg.activation, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+                "activation_function": HF_ACTIVATION[cfg.activation], "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
                 "attn_pdrop": cfg.attn_dropout, "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
                 "bos_token_id": None, "eos_token_id": None}
     return {**common, "model_type": "llama", "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,

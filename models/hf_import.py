@@ -3,9 +3,8 @@
 Works from `config.json` and the raw state dict only (transformers is never imported), so importing needs
 nothing beyond tfkit's own dependencies. Every HF option that changes the function the model computes is
 either mapped onto a `ModelConfig` field or refused with a ConfigError naming it: a model that imports is
-one tfkit computes exactly as transformers does (tests/test_hf_import.py checks logits to 1e-5). The one
-knowing exception is GPT-2's tanh-approximated GELU (`gelu_new`): tfkit has only the exact GELU, so it is
-imported with a warning (the two GELUs differ by at most 5e-4; a 2-layer test model's logits by ~6e-4).
+one tfkit computes exactly as transformers does (tests/test_hf_import.py checks logits to 1e-5), GPT-2's
+tanh-approximated GELU (`gelu_new`) included: it maps onto `activation: gelu_tanh`.
 
 Weights HF does not have (the MLM head of a bare `BertModel`, the pooler of `BertForMaskedLM`) are
 initialised like tfkit's own init from a fixed seed, so an import is a pure function of its input and
@@ -39,8 +38,8 @@ SUPPORTED = {
     "llama": ("LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"),
 }
 MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama"}
-ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
-TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # imported as exact gelu, with a warning
+# HF activation name -> tfkit's; gelu_new / gelu_pytorch_tanh are GPT-2's tanh approximation.
+ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 # Buffers some HF versions save next to the weights; derived from the config, never learned.
 BUFFERS = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq|\.position_ids)$")
 DROPPED = ("cls.seq_relationship.",)  # BERT's next-sentence head: tfkit has no NSP objective
@@ -63,10 +62,6 @@ def _family(hf: dict) -> tuple[str, str]:
 
 def _activation(hf: dict, key: str, default: str, problems: list[str]) -> str:
     act = hf.get(key, default)
-    if act in TANH_GELUS:
-        _warn(f"{key}={act} (tanh-approximated GELU) is imported as tfkit's exact gelu: outputs differ "
-              "slightly from transformers' (the two GELUs differ by at most 5e-4 per activation)")
-        return "gelu"
     if act not in ACTIVATIONS:
         problems.append(f"{key}={act!r} (tfkit has {', '.join(ACTIVATIONS)} for this architecture)")
     return ACTIVATIONS.get(act, "gelu")

@@ -27,6 +27,16 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+def activation(name: str) -> nn.Module:
+    """The pointwise non-linearity of `cfg.activation` (swiglu gates with SiLU inside FeedForward).
+
+    gelu_tanh is GPT-2's tanh approximation (HF `gelu_new`); it exists so imported GPT-2 weights compute
+    exactly what they were trained with."""
+    if name == "relu":
+        return nn.ReLU()
+    return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
+
+
 class FeedForward(nn.Module):
     """Position-wise MLP: down(act(up(x))), or down(silu(gate(x)) * up(x)) for SwiGLU."""
 
@@ -35,7 +45,7 @@ class FeedForward(nn.Module):
         self.swiglu = cfg.activation == "swiglu"
         self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
         self.gate = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias) if self.swiglu else None
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.act = activation(cfg.activation)
         self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: Tensor) -> Tensor:

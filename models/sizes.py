@@ -16,9 +16,9 @@ _TINY = dict(vocab_size=8192, d_model=128, n_layers=2, n_heads=4, max_seq_len=25
 SIZES: dict[str, dict[str, dict]] = {
     "gpt": {
         "tiny": dict(_TINY, arch="gpt"),
-        # GPT-2 124M (Radford et al. 2019): learned positions, pre-LN, GELU, tied head, biases.
+        # GPT-2 124M (Radford et al. 2019): learned positions, pre-LN, tanh-approximated GELU, tied head, biases.
         "small": dict(arch="gpt", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, max_seq_len=1024,
-                      positions="learned", norm="layernorm", norm_placement="pre", activation="gelu",
+                      positions="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",
                       bias=True, tie_embeddings=True, dropout=0.1, attn_dropout=0.1, norm_eps=1e-5),
     },
     "bert": {

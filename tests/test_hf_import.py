@@ -139,16 +139,8 @@ def test_bare_gpt2_model_imports_with_its_tied_head(tmp_path):
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
 
 
-def test_gpt2_tanh_gelu_is_imported_with_a_warning(tmp_path):
-    hf = transformers.GPT2LMHeadModel(gpt2_config(activation_function="gelu_new"))
-    ours, cfg, messages = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
-    assert cfg.activation == "gelu"
-    assert any("gelu_new" in m and "exact gelu" in m for m in messages)
-
-
-@pytest.mark.xfail(strict=True, reason="tfkit has no tanh-approximated GELU (ModelConfig.activation); "
-                                       "GPT-2's default gelu_new is imported as the exact GELU")
 def test_gpt2_tanh_gelu_logits_match_exactly(tmp_path):
+    """GPT-2's default gelu_new imports as gelu_tanh, silently and exactly."""
     hf = transformers.GPT2LMHeadModel(gpt2_config(activation_function="gelu_new"))
     ours, _, _ = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
     with torch.no_grad():
