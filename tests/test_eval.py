@@ -130,10 +130,12 @@ def test_sliding_windows_score_every_token_once_with_context() -> None:
 
 
 def test_stride_scores_each_document_token_once(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    data = tmp_path / "short.txt"
+    data.write_text(valid_file.read_text(encoding="utf-8")[:2000], encoding="utf-8")
     ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"], positions="rope")
-    full = score(ckpt, valid_file, tmp_path, batch_size=4, seq_len=32, stride=32)
-    overlap = score(ckpt, valid_file, tmp_path, batch_size=4, seq_len=32, stride=8)
-    n_tokens = len(load_tokenizer(tokenizers["bpe"]).encode(valid_file.read_text())) + 1  # + the final EOS
+    full = score(ckpt, data, tmp_path, batch_size=4, seq_len=32, stride=32)
+    overlap = score(ckpt, data, tmp_path, batch_size=4, seq_len=32, stride=8)
+    n_tokens = len(load_tokenizer(tokenizers["bpe"]).encode(data.read_text())) + 1  # + the final EOS
     assert full["tokens"] == overlap["tokens"] == n_tokens
     assert full["bytes"] == overlap["bytes"]
     assert overlap["loss"] != full["loss"]

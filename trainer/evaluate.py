@@ -189,6 +189,9 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
         for name in sorted(batch):
             digest.update(name.encode() + batch[name].numpy().tobytes())
         labels = batch["labels"]
+        if n_batches == 0:  # untimed warm-up: kernel selection and allocator growth are not throughput
+            with autocast_context(dtype, device):
+                float(compute_loss(model, move_batch(batch, device), loss_spec).loss_sum)
         start = time.perf_counter()
         with autocast_context(dtype, device):
             out = compute_loss(model, move_batch(batch, device), loss_spec)
