@@ -1,0 +1,1 @@
+"""tfkit benchmark suite: `python -m benchmarks.run`; see benchmarks/README.md."""

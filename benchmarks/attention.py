@@ -1,0 +1,133 @@
+"""Attention: what tfkit's `Attention` module costs over the bare kernel, and what the fused path saves.
+
+Three ways to compute the same causal self-attention layer, forward + backward, with the same weights:
+- tfkit: `models.attention.Attention` (attention: flash) called as a model calls it, with the `AttnMask`
+  that `self_attention_mask` builds once per forward (built outside the timed call, as the model shares
+  it across layers);
+- bare: the same four projections written inline around one `F.scaled_dot_product_attention(is_causal=True)`
+  call, the least code that does the job; tfkit's overhead is its time over this (goal: <= 5%);
+- naive: the same module with attention: naive (explicit softmax(QK^T/sqrt(d) + mask)V), the baseline the
+  fused kernels are measured against, in time and (on GPU) peak memory.
+
+GPU: B=8, 16 heads, d_head 64 and 128, bf16, T = 512 ... 8192. CPU: fp32, B=1, 8 heads, d_head 64,
+T = 128 ... 2048, time only: PyTorch has no per-call peak of host memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tfkit.models import ModelConfig
+from tfkit.models.attention import Attention, self_attention_mask
+
+from .common import Context, Goal, Row, is_oom, median, paired_ratio, peak_memory_mb, sync, time_interleaved
+
+OVERHEAD_GOAL = Goal("overhead <= 5%", 1 / 1.05)
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int
+    head_dim: int
+    seq_len: int
+    dtype: torch.dtype
+
+
+def shapes(ctx: Context) -> list[Shape]:
+    if ctx.suite == "gpu":
+        lengths = (512, 1024) if ctx.quick else (512, 1024, 2048, 4096, 8192)
+        return [Shape(8, 16, d, t, torch.bfloat16) for d in (64, 128) for t in lengths]
+    if ctx.quick:
+        return [Shape(1, 4, 32, t, torch.float32) for t in (64, 128)]
+    return [Shape(1, 8, 64, t, torch.float32) for t in (128, 256, 512, 1024, 2048)]
+
+
+def bare_sdpa(module: Attention, x: Tensor) -> Tensor:
+    """The same layer with nothing but the projections and one SDPA call (MHA, causal)."""
+    B, T, C = x.shape
+    H, D = module.n_heads, module.head_dim
+    q = F.linear(x, module.q_proj.weight, module.q_proj.bias).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    k = F.linear(x, module.k_proj.weight, module.k_proj.bias).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    v = F.linear(x, module.v_proj.weight, module.v_proj.bias).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+    return F.linear(y.transpose(1, 2).reshape(B, T, C), module.o_proj.weight, module.o_proj.bias)  # (B, T, C)
+
+
+def fwd_bwd(forward: Callable[[Tensor], Tensor], module: torch.nn.Module, x: Tensor, grad: Tensor) -> Callable[[], None]:
+    """One call = forward + backward into the weights and the input, gradients reset (not accumulated)."""
+
+    def call() -> None:
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        forward(x).backward(grad)
+
+    return call
+
+
+def measure(ctx: Context, shape: Shape) -> list[Row]:
+    d_model = shape.heads * shape.head_dim
+    cfg = ModelConfig(arch="gpt", d_model=d_model, n_heads=shape.heads, max_seq_len=shape.seq_len)
+    dev = ctx.device
+    torch.manual_seed(0)
+    flash = Attention(cfg).to(dev, shape.dtype)
+    naive = Attention(ModelConfig(**{**cfg.to_dict(), "attention": "naive"})).to(dev, shape.dtype)
+    naive.load_state_dict(flash.state_dict())
+    x = torch.randn(shape.batch, shape.seq_len, d_model, device=dev, dtype=shape.dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    mask = self_attention_mask(shape.seq_len, causal=True, device=dev, dtype=shape.dtype)  # once, as the model
+    fns = {"tfkit": fwd_bwd(lambda t: flash(t, mask), flash, x, grad),
+           "sdpa": fwd_bwd(lambda t: bare_sdpa(flash, t), flash, x, grad),
+           "naive": fwd_bwd(lambda t: naive(t, mask), naive, x, grad)}
+    label = f"B={shape.batch} H={shape.heads} d={shape.head_dim} T={shape.seq_len} {str(shape.dtype)[6:]} fwd+bwd"
+    ctx.log(f"attention: {label}")
+    try:
+        fns["naive"]()  # the one that may not fit: find out before timing anything
+    except Exception as exc:  # noqa: BLE001
+        if not is_oom(exc):
+            raise
+        del fns["naive"]
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    sync(dev)
+    start = time.perf_counter()
+    fns["tfkit"]()
+    sync(dev)
+    one_call = time.perf_counter() - start
+    target = 0.01 if ctx.quick else 0.05 if dev.type == "cuda" else 0.3  # seconds per sample, above timer noise
+    calls = max(1, min(50, int(target / max(one_call, 1e-6))))
+    rounds = 2 if ctx.quick else (6 if dev.type == "cuda" else 4)
+    samples = time_interleaved(fns, dev, warmup=1 if ctx.quick else 2, rounds=rounds, calls=calls, timer=ctx.timer)
+    ms = {name: 1e3 * median(s) for name, s in samples.items()}
+    mem = {name: peak_memory_mb(fn, dev) for name, fn in fns.items()}
+    mem_note = "time only on CPU" if dev.type != "cuda" else f"peak {mem['tfkit']:,.0f} vs {mem['sdpa']:,.0f} MB"
+    overhead = 1 / paired_ratio(samples["tfkit"], samples["sdpa"]) - 1
+    rows = [Row("attention", f"tfkit Attention vs bare SDPA, {label}", "ms", ms["tfkit"], ms["sdpa"],
+                higher_is_better=False, goal=OVERHEAD_GOAL, note=f"overhead {100 * overhead:+.1f}%; {mem_note}",
+                paired=paired_ratio(samples["tfkit"], samples["sdpa"]),
+                extra={"samples_s": samples, "peak_mb": mem, "calls_per_sample": calls})]
+    case = f"tfkit flash vs naive path, {label}"
+    if "naive" not in fns:
+        rows.append(Row("attention", case, "ms", ms["tfkit"], None, higher_is_better=False,
+                        note="naive: out of memory", extra={"peak_mb": mem}))
+    else:
+        note = ("time only on CPU" if dev.type != "cuda" else
+                f"peak {mem['tfkit']:,.0f} vs {mem['naive']:,.0f} MB ({mem['naive'] / mem['tfkit']:.1f}x less)")
+        rows.append(Row("attention", case, "ms", ms["tfkit"], ms["naive"], higher_is_better=False, note=note,
+                        paired=paired_ratio(samples["tfkit"], samples["naive"]), extra={"peak_mb": mem}))
+    return rows
+
+
+def run(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for shape in shapes(ctx):
+        rows += measure(ctx, shape)
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows

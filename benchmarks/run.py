@@ -1,0 +1,157 @@
+"""The one benchmark command: every speed claim tfkit makes comes from this table.
+
+    python -m benchmarks.run [--suite cpu|gpu|all] [--quick] [--json OUT] [--compile | --no-compile]
+
+Sections (each row a ratio against a baseline measured in the same run; > 1 = tfkit better):
+train (tokens/s vs HuggingFace), attention (vs bare SDPA and the naive path), tokenizer (vs raw
+`tokenizers`), decode (GQA/MQA vs MHA, from benchmarks/decode.py). `--quick` shrinks every shape so the
+whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
+needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
+on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import attention, tokenizer, train_throughput
+from .common import Context, Row, machine, table, write_json
+
+SECTIONS = ("train", "attention", "tokenizer", "decode")
+HERE = Path(__file__).resolve().parent
+
+
+def decode_rows(ctx: Context) -> list[Row]:
+    """GQA and MQA decode tokens/s against MHA, measured by the teammate-owned benchmarks/decode.py."""
+    try:
+        from . import decode
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.decode":
+            raise
+        ctx.skip("decode: benchmarks/decode.py is not there yet")
+        return []
+    if ctx.quick:
+        shape = decode.Shape(d_model=64, n_layers=1, n_heads=8, vocab_size=512, contexts=(16, 64), steps=4)
+        cells, repeats = [(1, 16), (4, 64)], 1
+    elif ctx.suite == "cpu":  # the FULL model's 2048-token prefills take minutes on 2 cores
+        shape, repeats = decode.QUICK, 2
+        cells = [(1, shape.contexts[0]), (8, shape.contexts[1])]
+    else:
+        shape, repeats = decode.FULL, 3
+        cells = [(b, c) for c in shape.contexts for b in decode.BATCHES]
+    dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    models = {name: decode.build_model(decode.config(shape, kv, shape.steps)).to(ctx.device, dtype).eval()
+              for name, kv in decode.variants(shape).items()}
+    best = {name: {cell: 0.0 for cell in cells} for name in models}
+    for _ in range(repeats):  # variants interleaved inside each repeat, best kept (as decode.py's main)
+        for cell in cells:
+            ctx.log(f"decode: B={cell[0]} T={cell[1]}")
+            for name, model in models.items():
+                rate = decode.decode_tokens_per_sec(model, *cell, shape.steps, ctx.device)
+                best[name][cell] = max(best[name][cell], rate)
+    mha = models["MHA"].config
+    rows = []
+    for name in ("GQA", "MQA"):
+        kv = models[name].config.kv_heads
+        for batch, context in cells:
+            rows.append(Row("decode", f"{name} ({kv} kv heads) vs MHA ({mha.kv_heads}), d={mha.d_model} "
+                                      f"L={mha.n_layers}, B={batch} T={context}, {shape.steps} steps",
+                            "tok/s", best[name][(batch, context)], best["MHA"][(batch, context)],
+                            note=f"KV cache {kv / mha.kv_heads:.3g}x", extra={"repeats": repeats}))
+    batch, context = cells[-1]  # HF generate only where decoding matters most: the largest cell
+    try:
+        hf_model = decode.to_hf(models["MHA"])
+        rate = None if hf_model is None else decode.hf_tokens_per_sec(hf_model, batch, context, shape.steps, ctx.device)
+    except Exception as exc:  # noqa: BLE001 - an optional comparison in a teammate's file; say why, go on
+        ctx.skip(f"decode: HF generate comparison failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return rows
+    if rate is None:
+        ctx.skip("decode: HF generate comparison needs transformers and tfkit.models.hf_export")
+    else:
+        rows.append(Row("decode", f"tfkit MHA vs HF generate (same weights), B={batch} T={context}", "tok/s",
+                        best["MHA"][(batch, context)], rate, extra={"repeats": 1}))
+    return rows
+
+
+RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
+           "decode": decode_rows}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", choices=("cpu", "gpu", "all"), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, seconds; checks the suite runs")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="results file (default benchmarks/results-<suite>[-quick].json)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time torch.compile'd models (default: on for gpu, off for cpu: slow to compile)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: 1 with --quick, which stays fast on a busy host; "
+                             "else torch's default)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="CPU suite: wall time, or this process's CPU time (steadier on a busy shared host; "
+                             "pair with --threads 1). GPU timings and decode are always wall time")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
+    args = parser.parse_args(argv)
+    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(args.only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown)}; expected some of {', '.join(SECTIONS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    suites = ["cpu", "gpu"] if args.suite == "all" else [args.suite]
+    if "gpu" in suites and not torch.cuda.is_available():
+        print(f"benchmarks: --suite {args.suite} needs a CUDA GPU and torch {torch.__version__} sees none; "
+              "use --suite cpu", file=sys.stderr)
+        return 2
+    threads = args.threads or (1 if args.quick else None)
+    if threads:
+        torch.set_num_threads(threads)
+    started = datetime.datetime.now().astimezone()
+    info = {**machine(), "torch_threads": torch.get_num_threads()}
+    rows: list[Row] = []
+    notes: list[str] = []
+    seconds: dict[str, float] = {}
+    for suite in suites:
+        compile_ = args.compile if args.compile is not None else suite == "gpu"
+        device = torch.device("cuda" if suite == "gpu" else "cpu")
+        ctx = Context(suite, args.quick, compile_, device, clock=args.clock)
+        for section in args.only:
+            start = time.perf_counter()
+            for row in RUNNERS[section](ctx):
+                row.section = f"{suite}/{row.section}" if len(suites) > 1 else row.section
+                rows.append(row)
+            seconds[f"{suite}/{section}"] = round(time.perf_counter() - start, 1)
+        notes += ctx.notes
+    info["load_avg_1m_end"] = machine()["load_avg_1m"]
+    total = sum(seconds.values())
+    print(f"# tfkit benchmarks: suite {args.suite}{' (quick: not results)' if args.quick else ''}, "
+          f"{started:%Y-%m-%d %H:%M %Z}, {info['cpu']} x{info['cores']}"
+          f"{', ' + info['gpu'] if info['gpu'] else ''}, {info['torch_threads']} torch thread(s), torch {info['torch']}, "
+          f"transformers {info.get('transformers', '-')}, {args.clock} clock, {total:.0f} s")
+    print("# ratio > 1 = tfkit better: tfkit/baseline for rates, baseline/tfkit for times; "
+          "timed in interleaved rounds, ratio = median of per-round ratios")
+    print(table(rows))
+    for note in notes:
+        print(f"- {note}")
+    out = args.json or HERE / f"results-{args.suite}{'-quick' if args.quick else ''}.json"
+    write_json(out, {"suite": args.suite, "quick": args.quick, "started": started.isoformat(), "machine": info,
+                     "compile": args.compile, "clock": args.clock, "seconds": seconds, "rows": [r.to_dict() for r in rows],
+                     "notes": notes})
+    print(f"# wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Tokenizer training and data preparation: tfkit's wrappers against the raw `tokenizers` calls they wrap.
+
+tfkit never reimplements tokenization, so its cost over `tokenizers` is pure bookkeeping (progress and
+alphabet tracking, the report, atomic folders, memory-mapped shards, cache keys); the goal is that this
+stays within 10% (ratio >= 1/1.1), on tinyshakespeare.
+
+- training: `train_tokenizer(spec, texts, folder)` vs the same pipeline (`build_pipeline(spec)`) trained
+  directly with `train_from_iterator` on the same texts and saved as tokenizer.json;
+- data preparation: `prepare_tokens(corpus, tokenizer, fresh cache)` (read, encode, write the token
+  file) vs reading the file and one raw `encode_batch` over its paragraphs, concatenated into a uint16
+  array: what a user without tfkit would write. Both report corpus MB/s.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tfkit.tokenization.corpus import iter_documents
+from tfkit.tokenization.shards import prepare_tokens
+from tfkit.tokenization.train import TokenizerSpec, build_pipeline, load_tokenizer, train_tokenizer
+
+from .common import Context, Goal, Row, median, paired_ratio, time_interleaved
+
+GOAL = Goal("<= 1.1x raw time", 1 / 1.1)
+DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
+QUICK_CHARS = 100_000  # --quick: the first 100k characters
+
+
+def train_pair(spec: TokenizerSpec, texts: list[str], work: Path) -> dict[str, Callable[[], object]]:
+    """tfkit's train_tokenizer and the raw train_from_iterator + save, on the same in-memory texts."""
+
+    def tfkit() -> None:
+        train_tokenizer(spec, texts, work / f"tfkit-{spec.kind}", show_progress=False, force=True)
+
+    def raw() -> None:
+        tok, trainer = build_pipeline(spec)
+        tok.train_from_iterator(texts, trainer, length=len(texts))
+        tok.save(str(work / f"raw-{spec.kind}.json"))
+
+    return {"tfkit": tfkit, "raw": raw}
+
+
+def prep_pair(corpus: Path, tokenizer_dir: Path, work: Path) -> dict[str, Callable[[], object]]:
+    """tfkit's prepare_tokens into a fresh cache every call (never a cache hit) and the raw encode_batch."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    raw_tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    calls = iter(range(1_000_000))
+
+    def tfkit() -> None:
+        prepare_tokens(str(corpus), tokenizer, work / f"cache-{next(calls)}", show_progress=False)
+
+    def raw() -> None:
+        paragraphs = corpus.read_text(encoding="utf-8").split("\n\n")
+        encodings = raw_tokenizer.encode_batch(paragraphs, add_special_tokens=False)
+        np.concatenate([np.asarray(e.ids, dtype=np.uint16) for e in encodings])
+
+    return {"tfkit": tfkit, "raw": raw}
+
+
+def measure(ctx: Context, case: str, unit_size: float, unit: str, fns: dict[str, Callable[[], object]],
+            rounds: int) -> Row:
+    """`unit_size` per call (corpus MB): both sides report a rate, the ratio is the paired time ratio."""
+    ctx.log(f"tokenizer: {case}")
+    samples = time_interleaved(fns, ctx.device, warmup=0 if ctx.quick else 1, rounds=rounds, calls=1,
+                               timer=ctx.timer)
+    ratio = paired_ratio(samples["tfkit"], samples["raw"])
+    note = f"tfkit takes {100 * (1 / ratio - 1):+.1f}% time"
+    return Row("tokenizer", case, unit, unit_size / median(samples["tfkit"]), unit_size / median(samples["raw"]),
+               goal=GOAL, note=note, paired=ratio, extra={"samples_s": samples})
+
+
+def run(ctx: Context, corpus: Path = DEFAULT_CORPUS) -> list[Row]:
+    if not corpus.is_file():
+        ctx.skip(f"tokenizer: corpus {corpus} not found (tinyshakespeare.txt lives in ../shared/data/)")
+        return []
+    work = Path(tempfile.mkdtemp(prefix="tfkit-bench-tok-"))
+    try:
+        if ctx.quick:
+            text = corpus.read_text(encoding="utf-8")[:QUICK_CHARS]
+            corpus = work / "corpus.txt"
+            corpus.write_text(text, encoding="utf-8")
+        texts = list(iter_documents(str(corpus)))
+        mb = sum(len(t.encode()) for t in texts) / 1e6
+        kinds = ("bpe",) if ctx.quick else ("bpe", "wordpiece")
+        vocab = 1024 if ctx.quick else 8192
+        rounds = 2 if ctx.quick else 4
+        rows = []
+        for kind in kinds:
+            spec = TokenizerSpec(kind=kind, vocab_size=vocab)
+            rows.append(measure(ctx, f"train {kind} {vocab} ({mb:.2f} MB) vs train_from_iterator", mb, "MB/s",
+                                train_pair(spec, texts, work), rounds))
+        rows.append(measure(ctx, f"prepare_tokens bpe ({mb:.2f} MB) vs raw encode_batch", mb, "MB/s",
+                            prep_pair(corpus, work / "tfkit-bpe", work), rounds))
+        return rows
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

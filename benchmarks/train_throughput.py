@@ -1,0 +1,226 @@
+"""Training throughput: tfkit's real training step against HuggingFace models of the same shape.
+
+The tfkit side is `trainer.loop.train_step`, the function `tfkit pretrain` calls every update: the
+objective (`LossModule`: forward + loss, MLM on the gathered masked rows only), backward, gradient-norm
+clipping and the AdamW step of `build_optimizer`, under `autocast_context`. Only the data pipeline is
+replaced, by a dataset that returns one fixed batch, so the comparison is about the model and the trainer.
+
+The baseline is what a HuggingFace user runs: `model(**batch, labels=...).loss`, backward,
+`clip_grad_norm_`, and the *same* optimizer (`build_optimizer` on the HF model: same AdamW, same groups,
+fused on CUDA) under the same autocast. HF models are built locally from config objects with
+`attn_implementation="sdpa"`; both sides get the same batch, shape, dropout and precision.
+
+- `gpt` (GPT-2 layout) vs `GPT2LMHeadModel`;
+- `gpt` with RoPE + RMSNorm + SwiGLU + n_kv_heads < n_heads vs `LlamaForCausalLM` (GQA);
+- `bert` (MLM) vs `BertForMaskedLM`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tfkit.models import ModelConfig, build_model, sized_config
+from tfkit.trainer.distributed import DistInfo
+from tfkit.trainer.loop import Loop, StopFlag, train_step
+from tfkit.trainer.metrics import mfu, peak_flops
+from tfkit.trainer.objectives import IGNORE, LossModule, move_batch
+from tfkit.trainer.optim import autocast_context, build_optimizer, grad_scaler
+from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSection, Recipe, TrainSection
+
+from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
+
+MASK_PROB = 0.15  # MLM: fraction of positions that carry a label (BERT's)
+MASK_ID = 4  # any id: the batch is random tokens
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # short label for the table
+    cfg: ModelConfig  # the tfkit model; the HF model is derived from it
+    batch: int
+    seq_len: int
+    precision: str  # fp32 | bf16, as train.precision
+    goal_eager: Goal | None = None
+    goal_compiled: Goal | None = None
+
+
+def llama_like(cfg: ModelConfig, n_kv_heads: int) -> ModelConfig:
+    """The same size with Llama's choices, so LlamaForCausalLM has the identical shape: RoPE, RMSNorm,
+    SwiGLU, no biases, untied head (Llama's default), grouped key/value heads."""
+    return dataclasses.replace(cfg, positions="rope", norm="rmsnorm", activation="swiglu", bias=False,
+                               tie_embeddings=False, n_kv_heads=n_kv_heads).validate()
+
+
+def cases(ctx: Context) -> list[Case]:
+    """CPU: the `tiny` sizes at B=16, T=256 (smaller for --quick). GPU: GPT-2 124M at B=16, T=1024 and
+    BERT-base at T=128, B=256 and T=512, B=64, in bf16 (the shipped gpt2-small / bert-base recipes)."""
+    if ctx.suite == "cpu":
+        gpt, bert = sized_config("gpt", "tiny"), sized_config("bert", "tiny")
+        batch, seq = (2, 32) if ctx.quick else (16, 256)
+        cpu_goal = Goal(">= 1.2x HF eager", 1.2)
+        return [Case("gpt tiny vs HF GPT2LMHeadModel", gpt, batch, seq, "fp32", goal_eager=cpu_goal),
+                Case("gpt tiny GQA vs HF LlamaForCausalLM", llama_like(gpt, 2), batch, seq, "fp32"),
+                Case("bert tiny MLM vs HF BertForMaskedLM", bert, batch, seq, "fp32")]
+    # gpt2-small recipe: vocab padded to 50304, no dropout; bert-base keeps BERT's 0.1 dropouts.
+    gpt = sized_config("gpt", "small", vocab_size=50304, dropout=0.0, attn_dropout=0.0)
+    bert = sized_config("bert", "small")
+    if ctx.quick:
+        gpt, bert = dataclasses.replace(gpt, n_layers=2), dataclasses.replace(bert, n_layers=2)
+    goal = Goal(">= 1.3x HF compiled", 1.3)
+    return [Case("gpt 124M vs HF GPT2LMHeadModel", gpt, 16, 1024, "bf16", goal_compiled=goal),
+            Case("gpt 124M GQA (4 kv) vs HF LlamaForCausalLM", llama_like(gpt, 4), 16, 1024, "bf16"),
+            Case("bert-base MLM vs HF BertForMaskedLM", bert, 256, 128, "bf16", goal_compiled=goal),
+            Case("bert-base MLM vs HF BertForMaskedLM", bert, 64, 512, "bf16", goal_compiled=goal)]
+
+
+def make_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int = 0) -> dict[str, Tensor]:
+    """A batch in tfkit's contract (ARCHITECTURE.md): clm = input_ids + next-token labels from blocks of
+    T+1 tokens; mlm = 15% of positions labelled (and replaced by a mask id), every position real."""
+    g = torch.Generator().manual_seed(seed)
+    if cfg.arch == "gpt":
+        block = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=g)  # (B, T+1)
+        return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g)  # (B, T)
+    masked = torch.rand(batch, seq_len, generator=g) < MASK_PROB
+    return {"input_ids": ids.masked_fill(masked, MASK_ID), "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
+            "token_type_ids": torch.zeros_like(ids), "labels": ids.masked_fill(~masked, IGNORE)}
+
+
+def hf_inputs(cfg: ModelConfig, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The same batch as HF expects it: causal LMs shift labels themselves (labels = input_ids), masks are ints."""
+    if cfg.arch == "gpt":
+        return {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+    return {**batch, "attention_mask": batch["attention_mask"].long()}
+
+
+def hf_model(cfg: ModelConfig) -> nn.Module:
+    """The HuggingFace model with tfkit's shape, from a config object (nothing is downloaded)."""
+    import transformers as tr
+
+    tr.logging.set_verbosity_error()  # e.g. GPT-2's default bos id outside a small vocabulary
+    common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=0, eos_token_id=0,
+                  pad_token_id=0)
+    if cfg.arch == "bert":
+        config = tr.BertConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                               intermediate_size=cfg.ffn_dim, hidden_dropout_prob=cfg.dropout,
+                               attention_probs_dropout_prob=cfg.attn_dropout, max_position_embeddings=cfg.max_seq_len,
+                               type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps, **common)
+        cls = tr.BertForMaskedLM
+    elif cfg.positions == "rope":
+        config = tr.LlamaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers,
+                                num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+                                max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+                                rope_theta=cfg.rope_theta, attention_dropout=cfg.attn_dropout, **common)
+        cls = tr.LlamaForCausalLM
+    else:
+        config = tr.GPT2Config(n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ffn_dim,
+                               n_positions=cfg.max_seq_len, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
+                               attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.norm_eps, **common)
+        cls = tr.GPT2LMHeadModel
+    return cls._from_config(config, attn_implementation="sdpa")
+
+
+class FixedBatch:
+    """A dataset whose every batch is the same tensors: the loop without a data pipeline."""
+
+    def __init__(self, batch: dict[str, Tensor]) -> None:
+        self._batch = batch
+
+    def batch(self, i: int, batch_size: int, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        return self._batch
+
+
+def tfkit_step(case: Case, batch: dict[str, Tensor], device: torch.device, compile: bool) -> tuple[Callable, nn.Module]:
+    """One call = one `train_step` of tfkit's loop, built the way trainer.run builds it."""
+    recipe = Recipe(objective=ObjectiveSection(name=OBJECTIVE_FOR_ARCH[case.cfg.arch]),
+                    train=TrainSection(batch_size=case.batch, precision=case.precision, compile=compile))
+    model = build_model(case.cfg).to(device)
+    module = LossModule(model, recipe.objective)
+    if compile:
+        module.compile()
+    loop = Loop(recipe, model, module, build_optimizer(model, recipe.optim, device),
+                grad_scaler(case.precision, device), FixedBatch(batch), DistInfo(device=device),
+                log=lambda row: None, save=lambda state: None, validate=lambda step: {})
+    stop = StopFlag()  # never entered: no signal handlers, signum stays 0
+    return lambda: train_step(loop, stop), model
+
+
+def hf_step(case: Case, batch: dict[str, Tensor], device: torch.device, compile: bool) -> tuple[Callable, nn.Module]:
+    """One call = one HF training step: forward with labels, backward, clip, the same AdamW."""
+    model = hf_model(case.cfg).to(device).train()
+    if compile:
+        model.compile()
+    optimizer = build_optimizer(model, OptimSection(), device)
+    clip = OptimSection().grad_clip
+    inputs = hf_inputs(case.cfg, batch)
+
+    def step() -> None:
+        with autocast_context(case.precision, device):
+            loss = model(**move_batch(inputs, device)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step, model
+
+
+def measure(ctx: Context, case: Case, compiled: bool) -> Row:
+    """Tokens/s of both steps, interleaved; MFU and peak memory on GPU."""
+    batch = make_batch(case.cfg, case.batch, case.seq_len)
+    mode = "compiled" if compiled else "eager"
+    torch.manual_seed(0)
+    ours, model = tfkit_step(case, batch, ctx.device, compiled)
+    theirs, reference = hf_step(case, batch, ctx.device, compiled)
+    if ctx.quick:
+        warmup, rounds, calls = 1, 2, 1
+    else:
+        warmup, rounds, calls = (2, 6, 1) if ctx.suite == "cpu" else (3, 6, 5)
+    warmup += 2 if compiled else 0  # compilation happens on the first calls
+    ctx.log(f"train: {case.name} B={case.batch} T={case.seq_len} {case.precision} {mode}")
+    samples = time_interleaved({"tfkit": ours, "hf": theirs}, ctx.device, warmup=warmup, rounds=rounds, calls=calls,
+                               timer=ctx.timer)
+    tokens = case.batch * case.seq_len
+    tfkit_rate, hf_rate = tokens / median(samples["tfkit"]), tokens / median(samples["hf"])
+    extra = {"samples_s": samples, "tfkit_params": model.num_params(),
+             "hf_params": sum(p.numel() for p in reference.parameters()), "tokens_per_step": tokens}
+    note = ""
+    if ctx.device.type == "cuda":
+        peak, flops = peak_flops(torch.cuda.get_device_name(ctx.device)), model.flops_per_token(case.seq_len)
+        extra.update(tfkit_mfu=mfu(flops, tfkit_rate, peak, 1), hf_mfu=mfu(flops, hf_rate, peak, 1),
+                     tfkit_peak_mb=peak_memory_mb(ours, ctx.device), hf_peak_mb=peak_memory_mb(theirs, ctx.device))
+        if extra["tfkit_mfu"] is not None:
+            note = f"MFU {100 * extra['tfkit_mfu']:.1f}% vs {100 * extra['hf_mfu']:.1f}%"
+        note += f"; peak {extra['tfkit_peak_mb']:,.0f} vs {extra['hf_peak_mb']:,.0f} MB"
+    goal = case.goal_compiled if compiled else case.goal_eager
+    label = f"{case.name}, B={case.batch} T={case.seq_len} {case.precision} {mode}"
+    del ours, theirs, model, reference
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return Row("train", label, "tok/s", tfkit_rate, hf_rate, goal=goal, note=note.strip("; "),
+               paired=paired_ratio(samples["tfkit"], samples["hf"]), extra=extra)
+
+
+def run(ctx: Context) -> list[Row]:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        ctx.skip("train: transformers is not installed (pip install -e '.[test]'), no HF baseline")
+        return []
+    rows = []
+    for case in cases(ctx):
+        for compiled in (False, True) if ctx.compile else (False,):
+            try:
+                rows.append(measure(ctx, case, compiled))
+            except Exception as exc:  # noqa: BLE001 - one failing backend must not cost the rest of the run
+                ctx.skip(f"train: {case.name} {'compiled' if compiled else 'eager'} failed: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                gc.collect()
+    return rows
