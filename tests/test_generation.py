@@ -190,3 +190,21 @@ def test_bad_inputs_name_the_option() -> None:
         generate(model, [[1]], 3, top_p=0)
     with pytest.raises(ConfigError, match="--top-k"):
         generate(model, [[1]], 3, top_k=0)
+
+
+def test_greedy_equals_huggingface_generate_on_the_same_weights() -> None:
+    """An independent reference: tfkit's export rules map this shape to Llama; HF's own decoding loop and
+    cache must pick the same tokens."""
+    transformers = pytest.importorskip("transformers")
+    from tfkit.models.hf_export import tfkit_to_hf
+
+    model = tiny(positions="rope", norm="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2)
+    config, state = tfkit_to_hf(model.config, model.state_dict())
+    config = {k: v for k, v in config.items() if k != "architectures"}
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
+    hf.load_state_dict(state, strict=False)  # the tied head is the embedding
+    prompts = [[3, 14, 15, 9, 26, 5], [7, 8, 9, 10, 11, 12]]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor(prompts), attention_mask=torch.ones(2, 6, dtype=torch.long), do_sample=False,
+                          max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
+    assert generate(model, prompts, 12, temperature=0) == ref[:, 6:].tolist()
