@@ -142,6 +142,8 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
     `prompt_ids` are then the decoder prompts, usually `[[bos_id]]` per row, and `pad_id` pads the source.
     """
     cfg = model.config
+    if cfg.arch == "bert":
+        raise ConfigError("--prompt: BERT does not generate left to right; use --fill-mask \"... [MASK] ...\"")
     check_sampling(temperature, top_k, top_p, max_new_tokens)
     if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
         raise ConfigError("--prompt: every prompt needs at least one token")
@@ -172,7 +174,7 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
 
-    outputs: list[list[int]] = [[] for _ in range(B)]
+    outputs: list[list[int]] = [[] for _ in range(B)]  # new tokens only; EOS is not included
     done = [n >= stop for n, stop in zip(lengths, stop_at)]
     start = min(lengths)
     logits = prefill(model, tokens[:, :start], cache, memory=memory, src_mask=src_mask)  # (B, V)

@@ -190,6 +190,8 @@ def test_bad_inputs_name_the_option() -> None:
         generate(model, [[1]], 3, top_p=0)
     with pytest.raises(ConfigError, match="--top-k"):
         generate(model, [[1]], 3, top_k=0)
+    with pytest.raises(ConfigError, match="--fill-mask"):
+        generate(tiny("bert"), [[1]], 3)
 
 
 def test_greedy_equals_huggingface_generate_on_the_same_weights() -> None:
