@@ -102,7 +102,7 @@ def measure(ctx: Context, shape: Shape) -> list[Row]:
     one_call = time.perf_counter() - start
     target = 0.01 if ctx.quick else 0.05 if dev.type == "cuda" else 0.3  # seconds per sample, above timer noise
     calls = max(1, min(50, int(target / max(one_call, 1e-6))))
-    rounds = 2 if ctx.quick else (6 if dev.type == "cuda" else 4)
+    rounds = 2 if ctx.quick else 6
     samples = time_interleaved(fns, dev, warmup=1 if ctx.quick else 2, rounds=rounds, calls=calls, timer=ctx.timer)
     ms = {name: 1e3 * median(s) for name, s in samples.items()}
     mem = {name: peak_memory_mb(fn, dev) for name, fn in fns.items()}

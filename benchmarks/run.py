@@ -20,10 +20,13 @@ from pathlib import Path
 
 import torch
 
+from tfkit.models import build_model
+
 from . import attention, tokenizer, train_throughput
 from .common import Context, Row, machine, table, write_json
 
 SECTIONS = ("train", "attention", "tokenizer", "decode")
+CPU_ONLY = ("tokenizer",)  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
 HERE = Path(__file__).resolve().parent
 
 
@@ -47,7 +50,7 @@ def decode_rows(ctx: Context) -> list[Row]:
         cells = [(b, c) for c in shape.contexts for b in decode.BATCHES]
     dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     torch.manual_seed(0)
-    models = {name: decode.build_model(decode.config(shape, kv, shape.steps)).to(ctx.device, dtype).eval()
+    models = {name: build_model(decode.config(shape, kv, shape.steps)).to(ctx.device, dtype).eval()
               for name, kv in decode.variants(shape).items()}
     best = {name: {cell: 0.0 for cell in cells} for name in models}
     for _ in range(repeats):  # variants interleaved inside each repeat, best kept (as decode.py's main)
@@ -123,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     notes: list[str] = []
     seconds: dict[str, float] = {}
+    compiled: dict[str, bool] = {}
     for suite in suites:
-        compile_ = args.compile if args.compile is not None else suite == "gpu"
+        compile_ = compiled[suite] = args.compile if args.compile is not None else suite == "gpu"
         device = torch.device("cuda" if suite == "gpu" else "cpu")
         ctx = Context(suite, args.quick, compile_, device, clock=args.clock)
         for section in args.only:
+            if suite == "gpu" and section in CPU_ONLY:
+                ctx.notes.append(f"{section}: CPU-only work, measured by --suite cpu")
+                continue
             start = time.perf_counter()
             for row in RUNNERS[section](ctx):
                 row.section = f"{suite}/{row.section}" if len(suites) > 1 else row.section
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {note}")
     out = args.json or HERE / f"results-{args.suite}{'-quick' if args.quick else ''}.json"
     write_json(out, {"suite": args.suite, "quick": args.quick, "started": started.isoformat(), "machine": info,
-                     "compile": args.compile, "clock": args.clock, "seconds": seconds, "rows": [r.to_dict() for r in rows],
+                     "compile": compiled, "clock": args.clock, "seconds": seconds, "rows": [r.to_dict() for r in rows],
                      "notes": notes})
     print(f"# wrote {out}")
     return 0
