@@ -12,6 +12,8 @@ from tfkit.trainer.objectives import IGNORE, compute_loss
 from tfkit.trainer.optim import build_optimizer, param_groups
 from tfkit.trainer.recipe import ObjectiveSection, OptimSection
 
+from test_trainer_run import one_thread  # noqa: F401 (autouse fixture: one intra-op thread)
+
 TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
 
 
@@ -153,3 +155,24 @@ def test_optimizer_state_round_trips_by_parameter_name():
     a, b = opt.state_dict(), fresh.state_dict()
     for i in a["state"]:
         assert torch.equal(a["state"][i]["exp_avg_sq"], b["state"][i]["exp_avg_sq"])
+
+
+@pytest.mark.parametrize("arch", ["gpt", "transformer"])
+def test_activation_checkpointing_gives_the_same_gradients(arch):
+    from tfkit.trainer.distributed import apply_activation_checkpointing
+
+    batch = {"input_ids": torch.randint(0, 97, (2, 12)), "labels": torch.randint(0, 97, (2, 12))}
+    if arch == "transformer":
+        batch = {"src_ids": batch["input_ids"], "tgt_ids": batch["labels"], "labels": batch["labels"].roll(1, 1)}
+    objective = ObjectiveSection(name="clm" if arch == "gpt" else "seq2seq")
+    grads = []
+    for checkpointed in (False, True):
+        model = _model(arch, dropout=0.2)  # dropout: recomputation must replay the same random masks
+        if checkpointed:
+            assert apply_activation_checkpointing(model) == (2 if arch == "gpt" else 4)
+        torch.manual_seed(5)
+        compute_loss(model, batch, objective).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+        assert [n for n, _ in model.named_parameters()] == list(grads[0])  # names (checkpoints) unchanged
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)

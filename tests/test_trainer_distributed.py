@@ -12,7 +12,7 @@ from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-from test_trainer_run import write_recipe
+from test_trainer_run import ONE_THREAD, one_thread, write_recipe  # noqa: F401 (autouse fixture)
 
 SCRIPT = """
 import sys
@@ -34,7 +34,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, mode):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
            str(recipe), str(tmp_path / "double"), f"data.cache_dir={tmp_path / 'cache2'}",
            f"tokenizer.path={tmp_path / 'single' / 'tokenizer'}"]  # WordPiece training breaks ties randomly
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
     assert done.returncode == 0, done.stderr[-3000:]
     one = read_metrics(tmp_path / "single" / "metrics.jsonl")
     two = read_metrics(tmp_path / "double" / "metrics.jsonl")

@@ -18,6 +18,8 @@ from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import load_recipe
 
+from test_trainer_run import one_thread  # noqa: F401 (autouse fixture: one intra-op thread)
+
 
 class RowDataset:
     """Row r of the global stream is a pure function of (seed, r); batch i of size B holds rows i*B..i*B+B-1,
@@ -119,3 +121,13 @@ def test_sigterm_finishes_the_current_step_then_stops():
     state = run_loop(loop)
     assert state.step == 3 and state.interrupted == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is previous  # handlers restored
+
+
+def test_bf16_autocast_trains_with_fp32_weights():
+    fp32, rows32, _ = _loop(["train.max_steps=3", "train.batch_size=4"])
+    run_loop(fp32)
+    bf16, rows16, _ = _loop(["train.max_steps=3", "train.batch_size=4", "train.precision=bf16"])
+    run_loop(bf16)
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    l32, l16 = [r["loss"] for r in rows32], [r["loss"] for r in rows16]
+    assert l16 == pytest.approx(l32, abs=0.05) and l16 != l32  # close, but the matmuls did run in bf16

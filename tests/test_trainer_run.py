@@ -24,6 +24,17 @@ from tfkit.trainer.run import pretrain
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 MAX_STEPS = 24
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # subprocesses compute exactly as this process does
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run faster on one intra-op thread and, on a busy 2-core machine, several times steadier
+    (threads that wait for each other at every op get descheduled). Restored after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _corpus(folder: Path) -> tuple[Path, Path]:
@@ -120,7 +131,7 @@ def test_resume_after_sigkill_is_exact(reference, tmp_path):
     script = ("import sys; from tfkit.trainer.recipe import load_recipe; from tfkit.trainer.run import pretrain; "
               "pretrain(load_recipe(sys.argv[1]), run_dir=sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "step-8").exists():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
@@ -190,3 +201,36 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, m
     assert all(torch.isfinite(p).all() for p in model.parameters())
     skipped = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("skipped")]
     assert [r["step"] for r in skipped] == [7, 7, 7]
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_is_exact(reference, tmp_path, monkeypatch):
+    from tfkit.trainer import run as run_module
+
+    recipe, ref_dir, _ = reference
+    original, calls = run_module.evaluate, [0]
+
+    def terminate_at_step_8(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 2:  # validations run at steps 0, 8, 16, ...
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "evaluate", terminate_at_step_8)
+    result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
+    assert result.interrupted == signal.SIGTERM and result.final is None
+    assert result.state.step == 8 and ckpt.latest_checkpoint(tmp_path / "run").name == "step-8"
+    monkeypatch.undo()
+    pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run", resume="auto")
+    assert losses(tmp_path / "run") == losses(ref_dir)
+
+
+@pytest.mark.parametrize("arch", ["bert", "transformer"])
+def test_other_objectives_train_and_checkpoint(arch, tmp_path):
+    recipe = write_recipe(tmp_path, arch, train={"max_steps": 3, "eval_every": 100},
+                          objective={"label_smoothing": 0.1} if arch == "transformer" else {})
+    result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+    assert 0 < result.final.loss < 10 and result.final.tokens > 0
+    model, cfg = load_model(tmp_path / "run")
+    assert cfg.arch == arch

@@ -1,0 +1,21 @@
+"""Pretraining: recipes, schedules, objectives, optimizer, checkpoints, the loop, validation, metrics.
+
+`tfkit.trainer.run.pretrain(recipe, run_dir=None, resume=None)` runs a recipe end to end (see run.py);
+the pieces are usable on their own:
+
+| module          | what                                                                           |
+| --------------- | ------------------------------------------------------------------------------ |
+| `recipe`        | YAML recipes → typed sections, every problem reported at once                  |
+| `schedules`     | `lr_at(step, ...)`: learning rate as a pure function of the step               |
+| `objectives`    | `compute_loss(model, batch, objective) -> LossOutput(loss_sum, correct, count)` |
+| `optim`         | AdamW parameter groups (no decay on norms, biases, embeddings), precision      |
+| `checkpoint`    | atomic `checkpoints/step-N/`, weights-only trainer state, resume / init_from   |
+| `loop`          | one update per global batch: accumulation, clipping, NaN skipping, signals    |
+| `validate`      | the same fixed validation batches every time                                   |
+| `distributed`   | torchrun process groups, DDP / FSDP2 wrapping, activation checkpointing       |
+| `metrics`       | metrics.jsonl, TensorBoard, loss.png, MFU                                      |
+| `data`          | the run's tokenizer and datasets                                               |
+
+Submodules are imported on use (`from tfkit.trainer.run import pretrain`) so `import tfkit.trainer` stays
+cheap for the CLI.
+"""

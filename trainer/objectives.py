@@ -12,6 +12,7 @@ Batches follow the contract in ARCHITECTURE.md: `labels` is -100 wherever nothin
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -109,7 +110,10 @@ class LossModule(nn.Module):
         self.objective = objective
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        out = compute_loss(self.model, batch, self.objective)
+        # Label smoothing shapes training only: evaluation reports the true cross-entropy, so a
+        # validation perplexity means the same thing with or without it.
+        objective = self.objective if self.training else dataclasses.replace(self.objective, label_smoothing=0.0)
+        out = compute_loss(self.model, batch, objective)
         return out.loss_sum, out.correct, out.count
 
 

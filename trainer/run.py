@@ -162,13 +162,15 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
     """What is about to run, including the global batch in tokens (the number that sets the LR)."""
     t = recipe.train
     per_rank = micro_batch_size(recipe) // info.world_size
+    per_sequence = recipe.data.seq_len * (2 if recipe.objective.name == "seq2seq" else 1)  # source + target
     console.print(
         f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
         f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
         f"vocab {cfg.vocab_size}, {recipe.objective.name}, {t.precision} on {info.device}"
         + (f" x{info.world_size} ({t.distributed})" if info.enabled else ""), highlight=False)
     console.print(
-        f"global batch {t.batch_size} x {recipe.data.seq_len} = {t.batch_size * recipe.data.seq_len:,} tokens "
+        f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
+        f" = {t.batch_size * per_sequence:,} tokens "
         f"({t.grad_accum} micro-batch(es) of {per_rank} sequences per rank), {t.max_steps} steps, "
         f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
     origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
