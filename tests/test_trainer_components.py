@@ -176,3 +176,37 @@ def test_activation_checkpointing_gives_the_same_gradients(arch):
         assert [n for n, _ in model.named_parameters()] == list(grads[0])  # names (checkpoints) unchanged
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_metrics_writer_mirrors_scalars_to_tensorboard_and_truncates_on_resume(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from tfkit.trainer.metrics import MetricsWriter, plot_loss, read_metrics
+
+    scalars = []
+
+    class SummaryWriter:  # stands in for torch.utils.tensorboard's, which needs the tensorboard package
+        def __init__(self, log_dir, purge_step=None):
+            self.log_dir, self.purge_step = log_dir, purge_step
+
+        def add_scalar(self, tag, value, step):
+            scalars.append((tag, value, step))
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=True)
+    for step in (1, 2, 3):
+        writer.log({"step": step, "loss": 4.0 - step, "lr": 1e-3, "tokens_per_sec": 10.0})
+    writer.log({"step": 3, "val_loss": 2.5, "val_accuracy": 0.1})
+    writer.log({"step": 4, "skipped": True, "loss": None})
+    writer.close()
+    assert ("loss", 1.0, 3) in scalars and ("val_loss", 2.5, 3) in scalars
+    assert not any(tag in ("step", "skipped") for tag, _, _ in scalars)
+    resumed = MetricsWriter(tmp_path, enabled=True, tensorboard=False, resume_step=2)  # rows after 2 are redone
+    resumed.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    pytest.importorskip("matplotlib")
+    assert plot_loss(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 1000

@@ -73,7 +73,8 @@ class MetricsWriter:
         self._file.flush()
         if self._tb is not None:
             for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if key != "step" and numeric and math.isfinite(value):
                     self._tb.add_scalar(key, value, row["step"])
 
     def close(self) -> None:
