@@ -60,7 +60,8 @@ def bare_sdpa(module: Attention, x: Tensor) -> Tensor:
     return F.linear(y.transpose(1, 2).reshape(B, T, C), module.o_proj.weight, module.o_proj.bias)  # (B, T, C)
 
 
-def fwd_bwd(forward: Callable[[Tensor], Tensor], module: torch.nn.Module, x: Tensor, grad: Tensor) -> Callable[[], None]:
+def fwd_bwd(forward: Callable[[Tensor], Tensor], module: torch.nn.Module, x: Tensor,
+            grad: Tensor) -> Callable[[], None]:
     """One call = forward + backward into the weights and the input, gradients reset (not accumulated)."""
 
     def call() -> None:
@@ -93,8 +94,8 @@ def measure(ctx: Context, shape: Shape) -> list[Row]:
         if not is_oom(exc):
             raise
         del fns["naive"]
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    if "naive" not in fns and dev.type == "cuda":
+        torch.cuda.empty_cache()  # after the except block: its traceback held the failed call's tensors
     sync(dev)
     start = time.perf_counter()
     fns["tfkit"]()

@@ -145,13 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(seconds.values())
     print(f"# tfkit benchmarks: suite {args.suite}{' (quick: not results)' if args.quick else ''}, "
           f"{started:%Y-%m-%d %H:%M %Z}, {info['cpu']} x{info['cores']}"
-          f"{', ' + info['gpu'] if info['gpu'] else ''}, {info['torch_threads']} torch thread(s), torch {info['torch']}, "
+          f"{', ' + info['gpu'] if info['gpu'] else ''}, {info['torch_threads']} torch thread(s), "
+          f"torch {info['torch']}, "
           f"transformers {info.get('transformers', '-')}, {args.clock} clock, {total:.0f} s")
     print("# ratio > 1 = tfkit better: tfkit/baseline for rates, baseline/tfkit for times; "
           "timed in interleaved rounds, ratio = median of per-round ratios")
     print(table(rows))
     for note in notes:
         print(f"- {note}")
+    print("# seconds per section: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+    busy = max(info["load_avg_1m"] or 0.0, info["load_avg_1m_end"] or 0.0)
+    if "cpu" in suites and args.clock == "wall" and busy > (info["cores"] or 1):
+        print(f"# warning: load average {busy:.1f} on {info['cores']} cores: other processes competed for the CPU; "
+              "wall-clock CPU numbers are unreliable (try --threads 1 --clock cpu)")
     out = args.json or HERE / f"results-{args.suite}{'-quick' if args.quick else ''}.json"
     write_json(out, {"suite": args.suite, "quick": args.quick, "started": started.isoformat(), "machine": info,
                      "compile": compiled, "clock": args.clock, "seconds": seconds, "rows": [r.to_dict() for r in rows],

@@ -8,7 +8,7 @@ replaced, by a dataset that returns one fixed batch, so the comparison is about 
 The baseline is what a HuggingFace user runs: `model(**batch, labels=...).loss`, backward,
 `clip_grad_norm_`, and the *same* optimizer (`build_optimizer` on the HF model: same AdamW, same groups,
 fused on CUDA) under the same autocast. HF models are built locally from config objects with
-`attn_implementation="sdpa"`; both sides get the same batch, shape, dropout and precision.
+`attn_implementation="sdpa"`; both sides get the same batch, shape, activation, dropout and precision.
 
 - `gpt` (GPT-2 layout) vs `GPT2LMHeadModel`;
 - `gpt` with RoPE + RMSNorm + SwiGLU + n_kv_heads < n_heads vs `LlamaForCausalLM` (GQA);
@@ -91,7 +91,8 @@ def make_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int = 0) -> dic
         return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g)  # (B, T)
     masked = torch.rand(batch, seq_len, generator=g) < MASK_PROB
-    return {"input_ids": ids.masked_fill(masked, MASK_ID), "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
+    return {"input_ids": ids.masked_fill(masked, MASK_ID),
+            "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
             "token_type_ids": torch.zeros_like(ids), "labels": ids.masked_fill(~masked, IGNORE)}
 
 
@@ -107,13 +108,15 @@ def hf_model(cfg: ModelConfig) -> nn.Module:
     import transformers as tr
 
     tr.logging.set_verbosity_error()  # e.g. GPT-2's default bos id outside a small vocabulary
+    act = {"gelu_tanh": "gelu_new"}.get(cfg.activation, cfg.activation)  # HF's name for GPT-2's tanh GELU
     common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=0, eos_token_id=0,
                   pad_token_id=0)
     if cfg.arch == "bert":
         config = tr.BertConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
                                intermediate_size=cfg.ffn_dim, hidden_dropout_prob=cfg.dropout,
                                attention_probs_dropout_prob=cfg.attn_dropout, max_position_embeddings=cfg.max_seq_len,
-                               type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps, **common)
+                               type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps, hidden_act=act,
+                               **common)
         cls = tr.BertForMaskedLM
     elif cfg.positions == "rope":
         config = tr.LlamaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers,
@@ -123,8 +126,9 @@ def hf_model(cfg: ModelConfig) -> nn.Module:
         cls = tr.LlamaForCausalLM
     else:
         config = tr.GPT2Config(n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ffn_dim,
-                               n_positions=cfg.max_seq_len, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
-                               attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.norm_eps, **common)
+                               activation_function=act, n_positions=cfg.max_seq_len, resid_pdrop=cfg.dropout,
+                               embd_pdrop=cfg.dropout, attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.norm_eps,
+                               **common)
         cls = tr.GPT2LMHeadModel
     return cls._from_config(config, attn_implementation="sdpa")
 
@@ -203,10 +207,6 @@ def measure(ctx: Context, case: Case, compiled: bool) -> Row:
         note += f"; peak {extra['tfkit_peak_mb']:,.0f} vs {extra['hf_peak_mb']:,.0f} MB"
     goal = case.goal_compiled if compiled else case.goal_eager
     label = f"{case.name}, B={case.batch} T={case.seq_len} {case.precision} {mode}"
-    del ours, theirs, model, reference
-    gc.collect()
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
     return Row("train", label, "tok/s", tfkit_rate, hf_rate, goal=goal, note=note.strip("; "),
                paired=paired_ratio(samples["tfkit"], samples["hf"]), extra=extra)
 
@@ -225,5 +225,7 @@ def run(ctx: Context) -> list[Row]:
             except Exception as exc:  # noqa: BLE001 - one failing backend must not cost the rest of the run
                 ctx.skip(f"train: {case.name} {'compiled' if compiled else 'eager'} failed: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-                gc.collect()
+            gc.collect()  # here, not in the except block, whose traceback still holds the models
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
     return rows
