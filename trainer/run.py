@@ -123,32 +123,37 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
         metrics.log(row)
         return row
 
+    per_token = model.flops_per_token(recipe.data.seq_len)
+    if recipe.objective.name == "seq2seq":
+        per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens
     loop = Loop(recipe, model, train_module, optimizer, scaler, train_data, info, metrics.log, save, validate,
-                flops_per_token=model.flops_per_token(recipe.data.seq_len),
+                flops_per_token=per_token,
                 peak_flops=peak_flops(torch.cuda.get_device_name(info.device)) if info.device.type == "cuda" else None,
                 state=state)
     if info.is_main:
         _describe(recipe, model, cfg, info, run_dir, resume_from, init_from)
-    if trainer_state is not None:
-        ckpt.set_rng_state(trainer_state["rng"])  # last: everything above may draw random numbers
-    else:
-        validate(0)  # the untrained baseline every curve starts from
-    steps_before, tokens_before, train_start = state.step, state.tokens, time.perf_counter()
+    result = RunResult(run_dir, state, None, resume_from, 0.0)
     try:
+        if trainer_state is not None:
+            ckpt.set_rng_state(trainer_state["rng"])  # last: everything above may draw random numbers
+        else:
+            validate(0)  # the untrained baseline every curve starts from
+        steps_before, tokens_before, train_start = state.step, state.tokens, time.perf_counter()
         run_loop(loop, last_checkpoint=lambda: last[0])
-    finally:
         train_time = time.perf_counter() - train_start
-    if state.step > steps_before or state.interrupted or not last[0]:
-        save(state)
-    result = RunResult(run_dir, state, None, last[0], 0.0)
-    if not state.interrupted:
-        result.final = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info, recipe.train.precision)
-        metrics.log(result.final.row(state.step))
-        if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:
-            whole = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
-            if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
-                result.sample = _sample(whole.to(info.device), tokenizer, recipe)
-    metrics.close()
+        if state.step > steps_before or state.interrupted or not last[0]:
+            save(state)
+        result.checkpoint = last[0]
+        if not state.interrupted:
+            result.final = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info,
+                                    recipe.train.precision)
+            metrics.log(result.final.row(state.step))
+            if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:
+                whole = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
+                if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
+                    result.sample = _sample(whole.to(info.device), tokenizer, recipe)
+    finally:
+        metrics.close()
     result.wall_time = time.perf_counter() - start
     if info.is_main:
         if recipe.log.plot and plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png"):
