@@ -52,14 +52,6 @@ def commands() -> set[str]:
     return set(typer.main.get_command(cli_app()).commands)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def byte_level_tokenizer(folder: Path) -> None:
     """A GPT-2-style tokenizer saved the way transformers saves one."""
     tok = Tokenizer(models.BPE())

@@ -28,15 +28,6 @@ TEXT = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the 
 IDS = torch.randint(5, V, (2, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not stall when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     """A byte-level BPE (GPT-2 / Llama checkpoints) and a WordPiece (BERT) tokenizer, trained once."""

@@ -25,15 +25,6 @@ V, D, L, H, T_MAX = 300, 64, 2, 4, 64
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not stall when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter away from its init (norm weights around 1, the rest N(0, 0.1)): a swapped or
     transposed tensor, a missing bias or a wrong epsilon then shows in the logits."""

@@ -60,14 +60,6 @@ def import_quietly(src: Path, out: Path) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, HFInteropWarning)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_a_tokenizer_saved_by_transformers_is_copied_and_loads(tmp_path):
     src = hf_model_folder(tmp_path / "hf", "bert")
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=wordpiece(), unk_token="[UNK]", pad_token="[PAD]",

@@ -7,23 +7,11 @@ import torch
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.attention import AttnMask, cross_attention_mask, naive_attention, self_attention_mask
 
+from model_helpers import tiny_cfg
+
 ARCHS = ("gpt", "bert", "transformer")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 KV_HEADS = {"mha": None, "gqa": 2, "mqa": 1}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not stall when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_cfg(arch: str, **overrides) -> ModelConfig:
-    base = dict(arch=arch, vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
-    return ModelConfig(**{**base, **overrides})
 
 
 def make_inputs(arch: str, padded: bool, B: int = 2, T: int = 7) -> dict:

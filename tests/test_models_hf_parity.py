@@ -12,15 +12,6 @@ transformers = pytest.importorskip("transformers")
 V, D, L, H, T_MAX = 61, 32, 2, 4, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not stall when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def gpt2_state_dict(hf: dict) -> dict:
     """HF GPT-2 (Conv1D weights stored (in, out), fused c_attn) -> tfkit names and (out, in) layout."""
     out = {"embed.tok.weight": hf["transformer.wte.weight"], "embed.pos.weight": hf["transformer.wpe.weight"],

@@ -9,19 +9,7 @@ import torch
 from tfkit.errors import CheckpointError
 from tfkit.models import ModelConfig, build_model, load_model, read_config, resolve_checkpoint, save_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not stall when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_cfg(arch: str, **overrides) -> ModelConfig:
-    base = dict(arch=arch, vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
-    return ModelConfig(**{**base, **overrides})
+from model_helpers import tiny_cfg
 
 
 def logits(model, arch):
