@@ -21,7 +21,6 @@ from rich.table import Table
 
 from ..errors import ConfigError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
 
 
@@ -45,6 +44,7 @@ def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
     """Save model + config.json (+ extra) + the source's tokenizer files into a temporary sibling of `out`,
     then swap it in, so `out` is either the old folder or a complete new one, never half written."""
     from ..models import save_model
+    from ..trainer.checkpoint import TOKENIZER_FILES
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
