@@ -28,10 +28,13 @@ class GPT(ModelBase):
             self.lm_head.weight = self.embed.tok.weight
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-                start_pos: int = 0) -> Tensor:
+                start_pos: int = 0, head: bool = True) -> Tensor:
         """input_ids (B, T) at positions start_pos..start_pos+T -> logits (B, T, V).
 
         attention_mask: (B, start_pos+T) bool, True = real token, covering every key so far (cached too).
+        head=False returns the final hidden states (B, T, C) instead, for a training objective that fuses
+        `lm_head` into its loss (trainer/fused_loss.py). It is a flag on forward rather than a separate
+        method because FSDP gathers the root's parameters (embeddings, ln_f, lm_head) in forward's hooks.
         """
         T = input_ids.shape[1]
         self._check_span(start_pos, T, kv_cache)
@@ -43,4 +46,4 @@ class GPT(ModelBase):
             x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos)  # (B, T, C)
         if self.ln_f is not None:
             x = self.ln_f(x)
-        return self.lm_head(x)  # (B, T, V)
+        return self.lm_head(x) if head else x  # (B, T, V) or (B, T, C)

@@ -150,11 +150,14 @@ class Transformer(ModelBase):
         return x if self.enc_norm is None else self.enc_norm(x)  # (B, S, C)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               kv_cache: KVCache | None = None, start_pos: int = 0, tgt_mask: Tensor | None = None) -> Tensor:
+               kv_cache: KVCache | None = None, start_pos: int = 0, tgt_mask: Tensor | None = None,
+               head: bool = True) -> Tensor:
         """tgt_ids (B, T) at positions start_pos.. -> logits (B, T, V). tgt_mask covers start_pos+T keys.
 
         With a kv_cache, the decoder's own keys/values are written at start_pos and the memory's
         cross-attention keys/values are computed on the first call and reused afterwards.
+        head=False returns the final decoder states (B, T, C) instead, for an objective that fuses `lm_head`
+        into its loss (trainer/fused_loss.py).
         """
         T = tgt_ids.shape[1]
         self._check_span(start_pos, T, kv_cache)
@@ -168,10 +171,11 @@ class Transformer(ModelBase):
                       cross_cache=None if kv_cache is None else kv_cache.cross[i])
         if self.dec_norm is not None:
             x = self.dec_norm(x)
-        return self.lm_head(x)  # (B, T, V)
+        return self.lm_head(x) if head else x  # (B, T, V) or (B, T, C)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None,
-                tgt_mask: Tensor | None = None) -> Tensor:
+                tgt_mask: Tensor | None = None, head: bool = True) -> Tensor:
+        """Teacher-forced logits (B, T, V); head=False: decoder states (B, T, C), as in `decode`."""
         src_mask = self._padding(src_ids, src_mask)
         memory = self.encode(src_ids, src_mask)  # (B, S, C)
-        return self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask)  # (B, T, V)
+        return self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, head=head)  # (B, T, V)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fused_loss import linear_cross_entropy
 from .recipe import ObjectiveSection
 
 IGNORE = -100
@@ -50,10 +51,27 @@ def _token_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> LossO
     return LossOutput(loss_sum, correct, valid.sum())
 
 
-def clm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> LossOutput:
-    """Causal LM: predict token t+1 from tokens <= t over packed blocks (labels are pre-shifted)."""
-    logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))  # (B, T, V)
-    return _token_loss(logits.flatten(0, 1), batch["labels"].flatten(), label_smoothing)
+def _head_loss(hidden: Tensor, head: nn.Linear, labels: Tensor, label_smoothing: float) -> LossOutput:
+    """`_token_loss(head(hidden), labels)` with the head fused into the loss: hidden (N, C), labels (N,).
+
+    The (N, V) logits, their log-probs and their gradient never exist at once (trainer/fused_loss.py);
+    on the tiny GPT this was ~73% of a training step. Same loss sum, correct count and gradients."""
+    loss_sum, correct = linear_cross_entropy(hidden, head.weight, head.bias, labels, label_smoothing)
+    return LossOutput(loss_sum, correct, (labels != IGNORE).sum())
+
+
+def clm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0,
+             fused: bool = True) -> LossOutput:
+    """Causal LM: predict token t+1 from tokens <= t over packed blocks (labels are pre-shifted).
+
+    fused=False computes the (B, T, V) logits and `F.cross_entropy`, the reference the fused path is tested
+    against."""
+    labels = batch["labels"].flatten()  # (B*T,)
+    if not fused:
+        logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))  # (B, T, V)
+        return _token_loss(logits.flatten(0, 1), labels, label_smoothing)
+    hidden = model(batch["input_ids"], attention_mask=batch.get("attention_mask"), head=False)  # (B, T, C)
+    return _head_loss(hidden.flatten(0, 1), model.lm_head, labels, label_smoothing)
 
 
 def mlm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> LossOutput:
@@ -71,11 +89,16 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float 
     return _token_loss(logits, labels[masked], label_smoothing)
 
 
-def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> LossOutput:
-    """Encoder-decoder: teacher forcing, the decoder sees the gold target shifted right (tgt_ids)."""
-    logits = model(batch["src_ids"], batch["tgt_ids"], src_mask=batch.get("src_mask"),
-                   tgt_mask=batch.get("tgt_mask"))  # (B, T_tgt, V)
-    return _token_loss(logits.flatten(0, 1), batch["labels"].flatten(), label_smoothing)
+def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0,
+                 fused: bool = True) -> LossOutput:
+    """Encoder-decoder: teacher forcing, the decoder sees the gold target shifted right (tgt_ids).
+    fused as in `clm_loss`."""
+    labels = batch["labels"].flatten()  # (B*T_tgt,)
+    out = model(batch["src_ids"], batch["tgt_ids"], src_mask=batch.get("src_mask"), tgt_mask=batch.get("tgt_mask"),
+                head=not fused)  # (B, T_tgt, V) logits, or (B, T_tgt, C) decoder states when fused
+    if not fused:
+        return _token_loss(out.flatten(0, 1), labels, label_smoothing)
+    return _head_loss(out.flatten(0, 1), model.lm_head, labels, label_smoothing)
 
 
 def unreached_parameters(model: nn.Module, objective: str) -> list[nn.Parameter]:
