@@ -31,6 +31,9 @@ def train_tokenizer(
     ] = None,
     limit_alphabet: Annotated[Optional[int], typer.Option(help="wordpiece: keep the N most frequent chars.")] = None,
     lowercase: Annotated[bool, typer.Option(help="Lowercase the text first (uncased models).")] = False,
+    strip_accents: Annotated[
+        Optional[bool], typer.Option("--strip-accents/--keep-accents", help="wordpiece: remove accents (default: when lowercasing, as BERT).")
+    ] = None,
     text_field: Annotated[str, typer.Option(help="JSON/JSONL key holding the text.")] = "text",
     heldout_chars: Annotated[
         int, typer.Option(help="Characters from the end of the corpus held out for the report (at most 10%).")
@@ -50,6 +53,7 @@ def train_tokenizer(
         special_tokens=list(special_token or []),
         limit_alphabet=limit_alphabet,
         lowercase=lowercase,
+        strip_accents=strip_accents,
     ).validate()
     heldout: list[str] = []  # filled by hold_out_tail once the stream ends, before the report is built
     texts = hold_out_tail(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)

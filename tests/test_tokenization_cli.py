@@ -53,3 +53,15 @@ def test_cli_errors_are_tfkit_errors(tmp_path):
 def test_help_comes_from_the_docstring():
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0 and "Train a tokenizer on CORPUS" in result.output
+
+
+@pytest.mark.parametrize("flag, kept", [("--strip-accents", False), ("--keep-accents", True)])
+def test_cli_strip_accents_option_reaches_the_normalizer(tmp_path, flag, kept):
+    corpus = tmp_path / "cafe.txt"
+    corpus.write_text("café résumé naïve cafe resume naive\n" * 200)
+    out = tmp_path / "tok"
+    result = CliRunner().invoke(app, [str(corpus), "--out", str(out), "--kind", "wordpiece", "--vocab-size", "120",
+                                      "--lowercase", flag, "--heldout-chars", "0", "-q"])
+    assert result.exit_code == 0, result.output
+    normalized = load_tokenizer(out).tokenizer.normalizer.normalize_str("Café")
+    assert normalized == ("café" if kept else "cafe")

@@ -27,16 +27,6 @@ MAX_STEPS = 24
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # subprocesses compute exactly as this process does
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run faster on one intra-op thread and, on a busy 2-core machine, several times steadier
-    (threads that wait for each other at every op get descheduled). Restored after the module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _corpus(folder: Path) -> tuple[Path, Path]:
     """~60 kB of training text and ~8 kB of validation text: Shakespeare when present, else generated."""
     if SHAKESPEARE.is_file():
