@@ -10,7 +10,6 @@ from typer.testing import CliRunner
 from tfkit.cli.main import app
 from tfkit.trainer.metrics import read_metrics
 
-from test_trainer_run import one_thread  # noqa: F401 (autouse fixture: one intra-op thread)
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 CI_SIZED = ["train.max_steps=60", "train.batch_size=8", "data.seq_len=64", "schedule.warmup_steps=10",

@@ -12,7 +12,6 @@ from tfkit.trainer.objectives import IGNORE, compute_loss
 from tfkit.trainer.optim import build_optimizer, param_groups
 from tfkit.trainer.recipe import ObjectiveSection, OptimSection
 
-from test_trainer_run import one_thread  # noqa: F401 (autouse fixture: one intra-op thread)
 
 TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
 

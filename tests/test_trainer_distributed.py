@@ -12,7 +12,7 @@ from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-from test_trainer_run import ONE_THREAD, one_thread, write_recipe  # noqa: F401 (autouse fixture)
+from test_trainer_run import ONE_THREAD, write_recipe
 
 SCRIPT = """
 import sys

@@ -18,7 +18,6 @@ from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import load_recipe
 
-from test_trainer_run import one_thread  # noqa: F401 (autouse fixture: one intra-op thread)
 
 
 class RowDataset:
