@@ -8,7 +8,6 @@ checkpoint folder atomically (weights, config with provenance, tokenizer), and r
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import sys
 import tempfile
@@ -24,26 +23,11 @@ from ..errors import ConfigError
 DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
 
 
-def check_out(out: Path, inputs: list[Path], force: bool) -> None:
-    """--out must not be, contain or lie inside an input (even with --force), nor an existing non-empty
-    folder unless --force. Checked before any work, so a mistake costs nothing."""
-    target = out.resolve()
-    for source in inputs:
-        source = source.resolve()
-        if target == source or target in source.parents or (source.is_dir() and source in target.parents
-                                                             and (source / "model.safetensors").is_file()):
-            raise ConfigError(f"--out {out}: is, contains or lies inside the input checkpoint {source}; "
-                              "the input is never modified, choose another folder")
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        raise ConfigError(f"--out {out}: already exists and is not empty; choose another folder or pass --force")
-
-
 def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
     """Save model + config.json (+ extra) + the source's tokenizer files into a temporary sibling of `out`,
     then swap it in, so `out` is either the old folder or a complete new one, never half written."""
     from ..models import save_model
+    from ..models.io import publish_folder
     from ..trainer.checkpoint import TOKENIZER_FILES
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -53,9 +37,7 @@ def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
-        if out.exists():  # only reachable with --force (or an empty folder): check_out ran first
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        publish_folder(tmp, out)  # the caller ran check_new_folder: replacing `out` needed --force
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -64,8 +46,8 @@ def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
 def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0):
     """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
 
-    The caller has checked `out` (check_out). config.json keeps the source's own keys (objective, recipe)
-    except its training step, and records where the weights came from and how."""
+    The caller has checked `out` (models.io.check_new_folder). config.json keeps the source's own keys
+    (objective, recipe) except its training step, and records where the weights came from and how."""
     import torch
 
     from ..models import build_model, load_model, read_config
@@ -128,10 +110,11 @@ def convert_mqa_to_gqa(
     import torch
 
     from ..models import kv_cache_bytes_per_token, resolve_checkpoint
+    from ..models.io import check_new_folder
     from ..models.convert import attention_params
 
     folder = resolve_checkpoint(checkpoint)
-    check_out(out, [Path(checkpoint), folder], force)
+    check_new_folder(out, [Path(checkpoint), folder], force)
     if eval_tokens < 1:
         raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
     model, new_model = convert_checkpoint(folder, out, kv_heads, method, seed)

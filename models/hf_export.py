@@ -29,8 +29,8 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
-from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, check_out_dir, join_to_hf, publish, read_json
-from .io import load_model, resolve_checkpoint
+from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
+from .io import check_new_folder, load_model, publish_folder, resolve_checkpoint
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 REQUIREMENTS = {
@@ -143,7 +143,7 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
     """Write the HF folder (config.json, model.safetensors, tokenizer files) of a tfkit checkpoint or run
     folder into `out_dir`; returns `out_dir`. An existing non-empty `out_dir` needs force=True."""
     folder, out = resolve_checkpoint(ckpt), Path(out_dir)
-    check_out_dir(out, force, folder)
+    check_new_folder(out, [folder], force)
     model, cfg = load_model(folder)
     family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
     hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())
@@ -157,7 +157,7 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
             warnings.warn(f"{folder} has no tokenizer: the export has none either", HFInteropWarning, stacklevel=2)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        publish(tmp, out)
+        publish_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

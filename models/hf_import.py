@@ -28,9 +28,9 @@ from ..errors import CheckpointError, ConfigError, DataError
 from ..tokenization.train import load_tokenizer, write_tokenizer_files
 from . import build_model
 from .config import ModelConfig
-from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, check_out_dir, publish, read_json,
+from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, read_json,
                        split_to_tfkit)
-from .io import save_model
+from .io import check_new_folder, publish_folder, save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
@@ -356,7 +356,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     src, out = Path(src_dir), Path(out_dir)
     if not (src / "config.json").is_file():
         raise CheckpointError(f"{src}: not a HuggingFace model folder (no config.json)")
-    check_out_dir(out, force, src)
+    check_new_folder(out, [src], force)
     hf_config = read_json(src / "config.json")
     family, arch, cfg = config_from_hf(hf_config)  # unsupported options fail before the weights are read
     cfg, state = _convert(family, arch, cfg, read_hf_weights(src))
@@ -371,7 +371,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
             import_tokenizer(src, tmp)
         except (DataError, CheckpointError) as err:
             _warn(f"tokenizer not imported: {err}")
-        publish(tmp, out)
+        publish_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

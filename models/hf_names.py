@@ -18,8 +18,6 @@ The few folder helpers both directions share (JSON reading, never-overwrite outp
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,26 +147,3 @@ def read_json(file: Path) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: expected a JSON object")
     return data
-
-
-def check_out_dir(out: Path, force: bool, source: Path) -> None:
-    """Never overwrite: an existing non-empty --out is an error unless force, and --out may never be the
-    input or a folder holding it (force would delete the model being converted)."""
-    if out.resolve() == source.resolve() or out.resolve() in source.resolve().parents:
-        raise CheckpointError(f"--out {out}: is or contains the input {source}; choose another folder")
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"{out}: already exists; use --force to replace it")
-
-
-def publish(tmp: Path, out: Path) -> None:
-    """Move a finished temporary folder into place, replacing `out` only once the new one is complete."""
-    if out.exists():
-        trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
-        out.rename(trash)
-        tmp.rename(out)
-        if trash.is_dir():
-            shutil.rmtree(trash)
-        else:
-            trash.unlink()
-    else:
-        tmp.rename(out)

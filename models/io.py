@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -106,3 +109,31 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
             f"{weights}: not a valid safetensors file with the weights of this {cfg.arch} config ({err})"
         ) from err
     return model.eval(), cfg
+
+
+def check_new_folder(out: Path, sources: Iterable[Path], force: bool) -> None:
+    """Before any work: `out` may never be, contain or lie inside an input checkpoint (even --force would
+    then destroy the model being read), and an existing non-empty `out` needs `force`."""
+    target = out.resolve()
+    for source in (Path(s).resolve() for s in sources):
+        inside = source.is_dir() and source in target.parents and (source / WEIGHTS).is_file()
+        if target == source or target in source.parents or inside:
+            raise CheckpointError(f"--out {out}: is or contains the input {source}, or lies inside it; "
+                                  "the input is never modified, choose another folder")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
+        raise CheckpointError(f"--out {out}: already exists; use --force to replace it")
+
+
+def publish_folder(tmp: Path, out: Path) -> None:
+    """Move a finished temporary folder into place; an existing `out` is set aside first and removed only
+    once the new folder stands, so `out` is always either the old folder or a complete new one."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
+    out.rename(trash)
+    tmp.rename(out)
+    if trash.is_dir():
+        shutil.rmtree(trash)
+    else:
+        trash.unlink()
