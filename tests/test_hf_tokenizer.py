@@ -7,7 +7,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tfkit.models.hf_import import import_hf

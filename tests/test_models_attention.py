@@ -4,7 +4,7 @@ masks are built right (padding, causal, cache offsets, ALiBi)."""
 import pytest
 import torch
 
-from tfkit.models import ModelConfig, build_model
+from tfkit.models import build_model
 from tfkit.models.attention import AttnMask, cross_attention_mask, naive_attention, self_attention_mask
 
 from model_helpers import tiny_cfg

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tfkit.errors import ConfigError
-from tfkit.models import ModelConfig, build_model, kv_cache_bytes_per_token, sized_config
+from tfkit.models import build_model, kv_cache_bytes_per_token, sized_config
 
 from model_helpers import tiny_cfg
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tfkit.errors import ConfigError
-from tfkit.models import ModelConfig, build_model, sized_config
+from tfkit.models import build_model, sized_config
 
 from model_helpers import tiny_cfg
 

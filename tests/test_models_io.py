@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tfkit.errors import CheckpointError
-from tfkit.models import ModelConfig, build_model, load_model, read_config, resolve_checkpoint, save_model
+from tfkit.models import build_model, load_model, read_config, resolve_checkpoint, save_model
 
 from model_helpers import tiny_cfg
 

@@ -14,7 +14,6 @@ Where a run starts from:
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
