@@ -8,11 +8,13 @@ Masks are built once per forward by the model (`self_attention_mask`, `cross_att
 to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
 - no padding, no ALiBi, no cache offset, causal or not: no mask tensor (`is_causal=True` for causal),
   so every fused backend applies (FlashAttention-2, memory-efficient, cuDNN on CUDA; the CPU flash kernel).
+- one decoding query (q_len 1, no padding, no ALiBi) sees the whole cache: no mask tensor either.
 - padding masks: a boolean `attn_mask`; ALiBi: an additive float `attn_mask` with the mask folded in.
   FlashAttention-2 takes no mask, so CUDA uses the memory-efficient or cuDNN kernel; the CPU flash kernel
-  takes masks. GQA is passed as `enable_gqa=True` (no K/V copies); where no fused kernel supports a
-  mask/GQA combination PyTorch runs its math path. To make that an error rather than a slowdown, wrap the
-  call in `torch.nn.attention.sdpa_kernel([...fused backends...])` (tests/test_models_gpu.py does).
+  takes masks. GQA is passed as `enable_gqa=True` (no K/V copies), except with a mask on CUDA, where
+  the memory-efficient kernel needs full-width K/V. To make a fall back to the math path an error rather
+  than a slowdown, wrap the call in `torch.nn.attention.sdpa_kernel([...fused backends...])`
+  (tests/test_models_gpu.py does).
 `attention: naive` spells every step out (repeat K/V, QK^T/sqrt(d) + mask, softmax, dropout, @V) and can
 return the attention weights; `need_weights=True` always takes this path, since fused kernels never
 materialise the weights.
@@ -59,8 +61,8 @@ def self_attention_mask(q_len: int, *, causal: bool, start_pos: int = 0, key_pad
         raise ValueError(
             f"attention mask covers {key_padding.shape[-1]} positions, expected start_pos+T={k_len}"
         )
-    if not causal and key_padding is None and alibi is None:
-        return AttnMask()
+    if key_padding is None and alibi is None and (not causal or q_len == 1):
+        return AttnMask()  # every key visible (one decoding query sees the whole cache): no tensor, any kernel
     q_pos = torch.arange(start_pos, k_len, device=device)[:, None]  # (T_q, 1)
     k_pos = torch.arange(k_len, device=device)[None, :]  # (1, T_k)
     allowed = (k_pos <= q_pos) if causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
@@ -83,8 +85,14 @@ def cross_attention_mask(src_padding: Tensor | None) -> AttnMask:
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float) -> Tensor:
-    """softmax(QK^T/sqrt(D) + mask)V by PyTorch's fused SDPA; K/V heads are shared, never copied."""
+    """softmax(QK^T/sqrt(D) + mask)V by PyTorch's fused SDPA; K/V heads are shared, not copied, except
+    on CUDA with a mask tensor: FlashAttention takes no mask and the memory-efficient kernel no grouped
+    K/V, so SDPA would run its unfused math path; full-width K/V (B, H, S, D) keep it fused."""
     gqa = k.shape[1] != q.shape[1]
+    if gqa and mask.tensor is not None and q.is_cuda:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+        gqa = False
     if mask.is_causal:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tensor, dropout_p=dropout_p, enable_gqa=gqa)

@@ -44,11 +44,13 @@ class BERT(ModelBase):
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                token_type_ids: Tensor | None = None) -> Tensor:
-        """input_ids (B, T), attention_mask (B, T) bool True = real token -> hidden (B, T, C)."""
+        """input_ids (B, T), attention_mask (B, T) bool True = real token -> hidden (B, T, C).
+
+        Padding is whatever attention_mask says, never inferred from pad ids: inferring it would read the
+        ids back from the GPU on every forward (and break a compiled graph) for batches that have none."""
         self._check_span(0, input_ids.shape[1], None)
-        padding = self._padding(input_ids, attention_mask)
         x = self.embed(input_ids, token_type_ids=token_type_ids)  # (B, T, C)
-        mask = self._self_mask(x, causal=False, padding=padding)  # once, for all layers
+        mask = self._self_mask(x, causal=False, padding=attention_mask)  # once, for all layers
         rope = self._rope(x)
         for block in self.blocks:
             x = block(x, mask, rope=rope)  # (B, T, C)

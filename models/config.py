@@ -45,7 +45,7 @@ class ModelConfig:
     init: str = "normal"  # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier
     init_std: float = 0.02
     type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
-    pad_token_id: int | None = None  # padding id, used to build key-padding masks from input ids
+    pad_token_id: int | None = None  # the tokenizer's padding id (HF export); masks come from attention_mask
 
     @property
     def kv_heads(self) -> int:

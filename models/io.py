@@ -24,6 +24,7 @@ from torch import nn
 
 from .. import __version__
 from ..errors import CheckpointError, ConfigError
+from ..files import share_like_mkdir, write_problem
 from .config import ModelConfig
 
 WEIGHTS = "model.safetensors"
@@ -35,12 +36,26 @@ def _is_complete(folder: Path) -> bool:
     return (folder / WEIGHTS).is_file() and (folder / CONFIG).is_file()
 
 
+def load_weights_into(model: nn.Module, weights: Path, device: str | torch.device = "cpu",
+                      what: str = "this model") -> None:
+    """Fill `model` from a safetensors file, strictly; a mismatch is one CheckpointError line naming the
+    first differing tensor and how many more differ (torch lists every one, one line each)."""
+    try:
+        load_safetensors_into(model, str(weights), strict=True, device=str(device))
+    except (SafetensorError, RuntimeError, OSError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        problems = [line for line in lines if line.startswith(("size mismatch", "Missing key", "Unexpected key"))]
+        detail = lines[0] if not problems else problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        raise CheckpointError(f"{weights}: does not hold the weights of {what} ({detail})") from err
+
+
 def save_model(model: nn.Module, folder: str | Path, extra: dict | None = None) -> Path:
     """Write model.safetensors and config.json into `folder` (created if needed); returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     weights_tmp = folder / f".{WEIGHTS}.tmp"
     save_safetensors_from(model, str(weights_tmp))  # tied weights are stored once and re-tied on load
+    share_like_mkdir(weights_tmp)  # safetensors writes 0600
     os.replace(weights_tmp, folder / WEIGHTS)
     config = {"tfkit_version": __version__, "model": model.config.to_dict(), **(extra or {})}
     config_tmp = folder / f".{CONFIG}.tmp"
@@ -101,32 +116,38 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     except ConfigError as err:
         raise CheckpointError(f"{folder / CONFIG}: invalid model config ({err})") from err
     model = build_model(cfg).to(device)
-    weights = folder / WEIGHTS
-    try:
-        load_safetensors_into(model, str(weights), strict=True, device=str(device))
-    except (SafetensorError, RuntimeError, OSError) as err:
-        raise CheckpointError(
-            f"{weights}: not a valid safetensors file with the weights of this {cfg.arch} config ({err})"
-        ) from err
+    load_weights_into(model, folder / WEIGHTS, device, what=f"the {cfg.arch} model its config.json describes")
     return model.eval(), cfg
 
 
 def check_new_folder(out: Path, sources: Iterable[Path], force: bool) -> None:
-    """Before any work: `out` may never be, contain or lie inside an input checkpoint (even --force would
-    then destroy the model being read), and an existing non-empty `out` needs `force`."""
+    """Before any work, every reason `--out` could fail or destroy something, as one line:
+    - it may never be, contain or lie inside an input checkpoint (even --force would then destroy the
+      model being read);
+    - a regular file in its path, or a folder there that cannot be written, fails now, not after the work;
+    - an existing non-empty `out` needs --force, and even --force replaces only a model folder (one with
+      a config.json), never a file or a folder of other things."""
     target = out.resolve()
     for source in (Path(s).resolve() for s in sources):
         inside = source.is_dir() and source in target.parents and (source / WEIGHTS).is_file()
         if target == source or target in source.parents or inside:
             raise CheckpointError(f"--out {out}: is or contains the input {source}, or lies inside it; "
                                   "the input is never modified, choose another folder")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
-        raise CheckpointError(f"--out {out}: already exists; use --force to replace it")
+    problem = write_problem(out)
+    if problem:
+        raise CheckpointError(f"--out {out}: {problem}")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        if not force:
+            raise CheckpointError(f"--out {out}: already exists; use --force to replace it")
+        if not target.is_dir() or not (target / CONFIG).is_file():
+            raise CheckpointError(f"--out {out}: exists and is not a model folder (no {CONFIG}); --force replaces "
+                                  "only an earlier output, remove it yourself if it should go")
 
 
 def publish_folder(tmp: Path, out: Path) -> None:
     """Move a finished temporary folder into place; an existing `out` is set aside first and removed only
     once the new folder stands, so `out` is always either the old folder or a complete new one."""
+    share_like_mkdir(tmp)
     if not out.exists():
         tmp.rename(out)
         return

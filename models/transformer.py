@@ -76,13 +76,6 @@ class ModelBase(nn.Module):
         return self_attention_mask(x.shape[1], causal=causal, start_pos=start_pos, key_padding=padding,
                                    alibi=slopes, device=x.device, dtype=x.dtype)
 
-    def _padding(self, ids: Tensor, mask: Tensor | None) -> Tensor | None:
-        """The given (B, T) mask, else one built from config.pad_token_id, else None (no padding)."""
-        if mask is not None or self.config.pad_token_id is None:
-            return mask
-        padding = ids != self.config.pad_token_id
-        return None if bool(padding.all()) else padding
-
     def num_params(self, non_embedding: bool = False) -> int:
         """Distinct parameters (a tied matrix counts once); non_embedding drops the lookup tables
         (token, position, segment embeddings), the N of the scaling-law papers."""
@@ -141,7 +134,6 @@ class Transformer(ModelBase):
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src_ids (B, S), src_mask (B, S) bool True = real token -> memory (B, S, C)."""
         self._check_span(0, src_ids.shape[1], None)
-        src_mask = self._padding(src_ids, src_mask)
         x = self.src_embed(src_ids)  # (B, S, C)
         mask = self._self_mask(x, causal=False, padding=src_mask)
         rope = self._rope(x)
@@ -176,6 +168,5 @@ class Transformer(ModelBase):
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None, head: bool = True) -> Tensor:
         """Teacher-forced logits (B, T, V); head=False: decoder states (B, T, C), as in `decode`."""
-        src_mask = self._padding(src_ids, src_mask)
         memory = self.encode(src_ids, src_mask)  # (B, S, C)
         return self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, head=head)  # (B, T, V)

@@ -166,9 +166,14 @@ def test_export_never_overwrites_without_force(tmp_path):
     (tmp_path / "hf" / "keep.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="already exists; use --force"):
         export_hf(ckpt, tmp_path / "hf")
-    with pytest.warns(HFInteropWarning):
+    with pytest.raises(CheckpointError, match="is not a model folder"):  # --force replaces earlier outputs only
         export_hf(ckpt, tmp_path / "hf", force=True)
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    assert (tmp_path / "hf" / "keep.txt").read_text() == "mine"
+    with pytest.warns(HFInteropWarning):
+        export_hf(ckpt, tmp_path / "earlier")
+    with pytest.warns(HFInteropWarning):
+        export_hf(ckpt, tmp_path / "earlier", force=True)
+    assert sorted(p.name for p in (tmp_path / "earlier").iterdir()) == ["config.json", "model.safetensors"]
     for target in (ckpt, tmp_path):  # even --force never deletes the input
         with pytest.raises(CheckpointError, match="is or contains the input"):
             export_hf(ckpt, target, force=True)

@@ -280,8 +280,12 @@ def test_existing_output_is_never_overwritten_without_force(tmp_path):
     (out / "keep.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="already exists; use --force"):
         import_hf(src, out)
+    with pytest.raises(CheckpointError, match="is not a model folder"):  # --force replaces earlier outputs only
+        import_hf(src, out, force=True)
     assert (out / "keep.txt").read_text() == "mine"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HFInteropWarning)
-        import_hf(src, out, force=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+        import_hf(src, tmp_path / "earlier")
+        (tmp_path / "earlier" / "stale.txt").write_text("from the earlier import")
+        import_hf(src, tmp_path / "earlier", force=True)
+    assert not (tmp_path / "earlier" / "stale.txt").exists() and (tmp_path / "earlier" / "model.safetensors").is_file()

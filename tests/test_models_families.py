@@ -74,11 +74,14 @@ def test_bert_padding_does_not_change_real_tokens(positions):
     assert not torch.allclose(model.encode(padded)[:, :6], model.encode(ids), atol=1e-4)
 
 
-def test_bert_builds_the_padding_mask_from_pad_token_id():
+def test_pad_ids_are_ordinary_tokens_without_a_mask():
+    """Padding is what attention_mask says, even when the config names a pad id (no inference from ids)."""
     model = build_model(tiny_cfg("bert", pad_token_id=0)).eval()
     ids = torch.randint(1, 61, (1, 6))
     padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], dim=1)
-    torch.testing.assert_close(model.encode(padded)[:, :6], model.encode(ids), atol=1e-5, rtol=1e-5)
+    mask = torch.tensor([[True] * 6 + [False] * 3])
+    torch.testing.assert_close(model.encode(padded, mask)[:, :6], model.encode(ids), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model.encode(padded)[:, :6], model.encode(ids), atol=1e-4)
 
 
 @pytest.mark.parametrize("positions", POSITIONS)

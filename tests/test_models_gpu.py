@@ -28,3 +28,41 @@ def test_flash_path_uses_a_fused_kernel_in_bf16(arch, n_kv_heads):
     reference.load_state_dict(model.state_dict())
     expected = reference(ids, ids) if arch == "transformer" else reference(ids)
     torch.testing.assert_close(logits.float(), expected.float(), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", ["bert", "transformer"])
+def test_padding_with_grouped_kv_heads_stays_on_a_fused_kernel(arch):
+    """A padding mask rules FlashAttention out and grouped K/V rule the memory-efficient kernel out; with
+    only those two allowed (no cuDNN, no math), padded GQA training batches must still run, with dropout."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = ModelConfig(arch=arch, vocab_size=128, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                      max_seq_len=128, attn_dropout=0.1)
+    model = build_model(cfg).to("cuda").train()
+    ids = torch.randint(0, 128, (2, 64), device="cuda")
+    real = torch.arange(64, device="cuda")[None, :] < torch.tensor([[64], [40]], device="cuda")  # (B, T)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(ids, ids, src_mask=real, tgt_mask=real) if arch == "transformer" else model(ids, real)
+        out.float().sum().backward()
+    assert torch.isfinite(out).all() and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                             if p.grad is not None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cached_decoding_runs_flash_attention():
+    """One decoding query over the cache passes no mask, so FlashAttention (alone allowed here) serves it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tfkit.models.generation import decode_one_token, prefill
+
+    model = build_model(ModelConfig(arch="gpt", vocab_size=128, d_model=256, n_layers=2, n_heads=4, n_kv_heads=1,
+                                    max_seq_len=128)).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, 16), device="cuda")
+    cache = model.new_kv_cache(2, 32, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        logits = prefill(model, ids, cache)
+        for pos in range(16, 20):
+            logits = decode_one_token(model, logits.argmax(-1, keepdim=True), cache, pos)  # (B, 1) -> (B, V)
+    assert torch.isfinite(logits).all()

@@ -2,6 +2,8 @@
 their latest complete step, and anything missing or corrupt is a CheckpointError naming the file."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +115,59 @@ def test_corrupt_or_invalid_config_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"tfkit_version": "0.1.0"}))
     with pytest.raises(CheckpointError, match="'model' section"):
         read_config(tmp_path)
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def test_published_models_are_readable_by_others_as_the_umask_allows(tmp_path, umask_022):
+    """safetensors writes 0600 files and mkdtemp makes 0700 folders; what tfkit publishes gets 0644/0755."""
+    import stat
+    import tempfile
+
+    from tfkit.models.io import publish_folder
+
+    model = build_model(tiny_cfg("gpt"))
+    folder = save_model(model, tmp_path / "saved")
+    assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o644
+    tmp = Path(tempfile.mkdtemp(dir=tmp_path))
+    save_model(model, tmp / "inner")
+    publish_folder(tmp, tmp_path / "published")
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in [tmp_path / "published", *(tmp_path / "published").rglob("*")]}
+    assert modes == {"published": 0o755, "published/inner": 0o755, "published/inner/model.safetensors": 0o644,
+                     "published/inner/config.json": 0o644}
+
+
+def test_a_config_that_does_not_match_the_weights_is_one_line(tmp_path):
+    folder = save_model(build_model(tiny_cfg("gpt")), tmp_path / "ckpt")
+    config = json.loads((folder / "config.json").read_text())
+    config["model"]["d_model"] *= 2
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"size mismatch for .*\(and \d+ more\)") as err:
+        load_model(folder)
+    assert "\n" not in str(err.value)
+
+
+def test_out_checks_name_the_option_before_any_work(tmp_path):
+    """A file in --out's path, an unwritable parent, and --force on something that is not an earlier output
+    are refused up front, naming --out; nothing is deleted."""
+    from tfkit.models.io import check_new_folder
+
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"--out .*afile/sub: .*afile is a file, not a folder"):
+        check_new_folder(tmp_path / "afile" / "sub", [], force=False)
+    with pytest.raises(CheckpointError, match="is not a model folder"):
+        check_new_folder(tmp_path / "afile", [], force=True)
+    assert (tmp_path / "afile").read_text() == "mine"
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        with pytest.raises(CheckpointError, match="no permission to write in"):
+            check_new_folder(locked / "out", [], force=False)
+    save_model(build_model(tiny_cfg("gpt")), tmp_path / "earlier")
+    check_new_folder(tmp_path / "earlier", [], force=True)  # an earlier output may be replaced
