@@ -92,13 +92,10 @@ def test_too_little_data_for_one_batch_is_a_data_error(setup):
         ds.batch(0, 2)
 
 
-def _originals(ds: MlmDataset, idx) -> torch.Tensor:
-    rows = []
-    for k in idx:
-        s, n = int(ds.chunk_starts[k]), int(ds.chunk_lens[k])
-        row = [ds.cls_id, *np.asarray(ds.tokens[s : s + n]).tolist(), ds.sep_id]
-        rows.append(row + [ds.pad_id] * (ds.max_len - len(row)))
-    return torch.tensor(rows)
+def _batch_rows(ds, i: int, B: int) -> np.ndarray:
+    """The example indices of global batch i (the epoch's permutation, sliced)."""
+    per = ds.num_batches_per_epoch(B)
+    return ds._permutation(i // per)[(i % per) * B : (i % per + 1) * B]
 
 
 def test_mlm_masking_statistics_on_a_large_batch(setup):
@@ -106,8 +103,7 @@ def test_mlm_masking_statistics_on_a_large_batch(setup):
     ds = MlmDataset.from_shards(shards, tok, 64, seed=0)
     i, B = 2, 512
     b = ds.batch(i, B)
-    per = ds.num_batches_per_epoch(B)
-    orig = _originals(ds, ds._permutation(i // per)[(i % per) * B : (i % per + 1) * B])
+    orig = ds.originals(_batch_rows(ds, i, B))
     sel = b["labels"] != -100
     special = torch.isin(orig, torch.tensor(tok.special_ids))
     assert not (sel & special).any() and torch.equal(b["input_ids"][special], orig[special])  # specials untouched
@@ -118,9 +114,28 @@ def test_mlm_masking_statistics_on_a_large_batch(setup):
     kept = (b["input_ids"][sel] == orig[sel]).float().mean().item()
     assert abs(masked - 0.8) < 0.03 and abs(kept - 0.1) < 0.03 and abs(1 - masked - kept - 0.1) < 0.03
     assert not torch.isin(b["input_ids"][sel], torch.tensor([0, 1, 2, 3])).any()  # random ids are never specials
-    assert torch.equal(b["attention_mask"], orig != tok.pad_id) and b["attention_mask"].dtype == torch.bool
     assert (b["token_type_ids"] == 0).all()
-    assert orig[:, 0].eq(tok.cls_id).all() and (orig == tok.sep_id).sum() == B  # [CLS] chunk [SEP]
+
+
+def test_mlm_rows_pack_documents_back_to_back_without_padding(setup):
+    """Row k = [CLS] + the k-th slice of the stream + [SEP]; documents meet at their separator; no padding."""
+    tok, shards = setup["wordpiece"]
+    L = 40
+    ds = MlmDataset.from_shards(shards, tok, L, seed=0)
+    assert ds.num_examples == shards.num_tokens // (L - 2)
+    b = ds.batch(3, 16)
+    assert set(b) == {"input_ids", "labels", "token_type_ids"}  # no attention mask: nothing is padding
+    assert b["input_ids"].shape == (16, L) and not (b["input_ids"] == tok.pad_id).any()
+    rows = _batch_rows(ds, 3, 16)
+    restored = torch.where(b["labels"] != -100, b["labels"], b["input_ids"])  # the text before masking
+    for row, k in zip(restored.tolist(), rows):
+        body = np.asarray(shards.tokens[k * (L - 2) : (k + 1) * (L - 2)]).tolist()
+        assert row == [tok.cls_id, *body, tok.sep_id]
+    # Across the whole stream, rows hold every document in order, separated by [SEP].
+    whole = ds.originals(np.arange(ds.num_examples))[:, 1:-1].flatten()  # (rows * (L-2),)
+    assert whole.tolist() == np.asarray(shards.tokens[: len(whole)]).tolist()
+    assert (whole == tok.sep_id).sum() >= ds.num_examples // 4  # many rows hold a document boundary
+    assert torch.isin(whole, torch.tensor([tok.sep_id])).sum() == (shards.doc_starts[1:] <= len(whole)).sum()
 
 
 def test_mlm_is_deterministic_per_seed_and_batch(setup):
@@ -129,14 +144,6 @@ def test_mlm_is_deterministic_per_seed_and_batch(setup):
     again = MlmDataset.from_shards(shards, tok, 64, seed=0)
     assert all(torch.equal(ds.batch(4, 8)[k], again.batch(4, 8)[k]) for k in ds.batch(4, 8))
     assert not torch.equal(ds.batch(4, 8)["labels"], ds.batch(5, 8)["labels"])
-
-
-def test_mlm_chunks_never_span_documents(setup):
-    tok, shards = setup["wordpiece"]
-    ds = MlmDataset.from_shards(shards, tok, 40, seed=0)
-    ends = np.searchsorted(shards.doc_starts, ds.chunk_starts, side="right")
-    assert (ds.chunk_starts + ds.chunk_lens <= shards.doc_starts[ends] - 1).all()  # before the separator
-    assert ds.chunk_lens.max() == 38 and ds.chunk_lens.sum() == shards.num_tokens - shards.num_documents
 
 
 def test_whole_word_masking_masks_all_pieces_of_a_word(setup):
@@ -158,7 +165,8 @@ def test_whole_word_masking_masks_all_pieces_of_a_word(setup):
             assert len({row_sel[p] for p in w}) == 1, [(tok.id_to_token(row_ids[p]), row_sel[p]) for p in w]
             words_checked += len(w) > 1 and row_sel[w[0]]
     assert words_checked > 10
-    frac = (b["labels"] != -100).sum().item() / b["attention_mask"].sum().item()
+    maskable = ~torch.isin(torch.where(b["labels"] != -100, b["labels"], b["input_ids"]), torch.tensor(tok.special_ids))
+    frac = (b["labels"] != -100).sum().item() / maskable.sum().item()
     assert 0.1 < frac < 0.2
 
 

@@ -14,6 +14,7 @@ from tfkit.tokenization.corpus import (
     hold_out_tail,
     iter_documents,
     iter_pieces,
+    resolve_files,
     split_documents,
 )
 
@@ -51,6 +52,25 @@ def test_glob_and_folder_are_sorted_and_recursive(tmp_path):
     assert list(iter_documents(str(tmp_path))) == ["A", "B", "C"]
     assert list(iter_documents(str(tmp_path / "*.txt"))) == ["B"]
     assert list(iter_documents(str(tmp_path / "**" / "*.txt"))) == ["B", "C"]
+
+
+def test_folder_skips_hidden_files_and_folders(tmp_path):
+    """A home or project folder holds tool state (.cache, .git, swap files) that is not corpus text."""
+    (tmp_path / ".cache" / "matplotlib").mkdir(parents=True)
+    (tmp_path / ".cache" / "matplotlib" / "fontlist.json").write_text('{"not": "a corpus"')  # invalid JSON
+    (tmp_path / "sub" / ".git").mkdir(parents=True)
+    (tmp_path / "sub" / ".git" / "notes.txt").write_text("git")
+    (tmp_path / "sub" / ".draft.md").write_text("draft")
+    (tmp_path / "sub" / "b.txt").write_text("B")
+    (tmp_path / "a.txt").write_text("A")
+    assert resolve_files(str(tmp_path)) == [tmp_path / "a.txt", tmp_path / "sub" / "b.txt"]
+    assert list(iter_documents(str(tmp_path))) == ["A", "B"]
+    assert list(iter_documents(str(tmp_path / "sub" / ".draft.md"))) == ["draft"]  # named directly: read
+    assert list(iter_documents(str(tmp_path / "sub" / ".git"))) == ["git"]  # the folder given is not skipped
+    (tmp_path / "only-hidden" / ".venv").mkdir(parents=True)
+    (tmp_path / "only-hidden" / ".venv" / "x.txt").write_text("x")
+    with pytest.raises(DataError, match=r"only-hidden: no .* files inside \(hidden files and folders"):
+        list(iter_documents(str(tmp_path / "only-hidden")))
 
 
 def test_jsonl_json_and_tsv(tmp_path):

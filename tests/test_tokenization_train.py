@@ -233,3 +233,17 @@ def test_save_copies_an_identical_tokenizer(tmp_path):
     tok.save(tmp_path / "ckpt")
     copy = load_tokenizer(tmp_path / "ckpt")
     assert copy.fingerprint() == tok.fingerprint() and copy.mask_id == 4 and copy.kind == "wordpiece"
+
+
+def test_the_tokenizer_folder_gets_the_permissions_of_a_plain_mkdir(tmp_path):
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), ["some text to train on " * 50], tmp_path / "tok",
+                        show_progress=False)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "tok").stat().st_mode) == 0o755  # not mkdtemp's 0700
+    assert stat.S_IMODE((tmp_path / "tok" / "tokenizer.json").stat().st_mode) == 0o644

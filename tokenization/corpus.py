@@ -6,7 +6,10 @@ A *spec* is what users type after `--corpus` or put in a recipe:
   `.json` (a JSON array of strings or objects with `text_field`, or JSON lines), `.tsv` (one document per
   line, its columns joined by newlines, so a `source<TAB>target` file trains a tokenizer on both sides);
 - a glob (`data/*.txt`, `**` allowed) or a folder (searched recursively for those suffixes), both sorted
-  so the order, and therefore every cache key and split, is deterministic;
+  so the order, and therefore every cache key and split, is deterministic. Inside a folder, files and
+  folders whose name starts with "." are skipped, as git and most tools do: `.git/`, `.cache/`, editor
+  swap files and the like are tool state, not corpus text (a glob skips them too unless it spells the
+  dot, and a hidden file or folder named directly is read);
 - `stdlib:code` / `stdlib:docs`, optionally `:train` / `:valid` (see `stdlib_corpus`).
 
 Large plain-text files are never read whole: they stream in ~1 MB pieces cut at line boundaries. A
@@ -64,9 +67,10 @@ def resolve_files(spec: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+        files = _folder_files(path)
         if not files:
-            raise DataError(f"corpus folder {spec}: no {'/'.join(SUFFIXES)} files inside")
+            raise DataError(f"corpus folder {spec}: no {'/'.join(SUFFIXES)} files inside "
+                            "(hidden files and folders, named .*, are skipped)")
         return files
     if glob.has_magic(spec):
         matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
@@ -77,6 +81,16 @@ def resolve_files(spec: str) -> list[Path]:
             raise DataError(f"corpus glob {spec!r} matches no files")
         return files
     raise DataError(f"corpus {spec}: no such file or folder")
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The corpus files under `folder`, sorted, without descending into hidden (".") folders at all: a
+    `.git` or `.cache` can hold many thousands of files, and their JSON is not text (module doc)."""
+    files = []
+    for root, dirs, names in os.walk(folder):  # like rglob, does not follow symlinked folders
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files += [Path(root, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in SUFFIXES]
+    return sorted(p for p in files if p.is_file())
 
 
 def _decode(data: bytes, name: str, stats: CorpusStats) -> str:
@@ -125,7 +139,8 @@ def _json_text(value: object, field_name: str, where: str) -> str:
         if isinstance(text, str):
             return text
         raise DataError(f"{where}: field {field_name!r} is {type(text).__name__}, expected a string")
-    raise DataError(f"{where}: no {field_name!r} field (set text_field to the key holding the text)")
+    raise DataError(f"{where}: no {field_name!r} field (name the key holding the text with --text-field, "
+                    "or data.text_field in a recipe)")
 
 
 def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:

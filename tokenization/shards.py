@@ -31,6 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import DataError
+from ..files import share_like_mkdir
 from .corpus import CorpusStats, corpus_fingerprint, iter_pieces
 from .train import TfkitTokenizer
 
@@ -193,6 +194,7 @@ def prepare_tokens(
             "replaced_bytes": stats.replaced_bytes,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        share_like_mkdir(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:  # another process finished the same cache first: use theirs

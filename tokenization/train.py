@@ -34,6 +34,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
+from ..files import share_like_mkdir
 from .report import build_report
 
 KINDS = ("bpe", "wordpiece", "unigram")
@@ -257,6 +258,7 @@ def train_tokenizer(
         trained = load_tokenizer(tmp)
         report = build_report(trained, spec, heldout, seconds, seen["chars"])
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        share_like_mkdir(tmp)
         _publish(tmp, out, force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
