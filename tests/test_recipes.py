@@ -59,7 +59,8 @@ def test_objective_must_match_the_architecture(tmp_path):
 
 def test_overrides_are_typed_and_validated(tmp_path):
     path = _write(tmp_path, "train:\n  max_steps: 100\n")
-    recipe = load_recipe(path, ["train.max_steps=20", "model.n_kv_heads=2", "optim.lr=3e-4", "data.valid=null"])
+    recipe = load_recipe(path, ["train.max_steps=20", "schedule.warmup_steps=5", "model.n_kv_heads=2",
+                                "optim.lr=3e-4", "data.valid=null"])
     assert recipe.train.max_steps == 20
     assert recipe.model.n_kv_heads == 2
     assert recipe.optim.lr == 3e-4
@@ -98,6 +99,91 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path):
 def test_resolved_recipe_round_trips_through_yaml():
     import yaml
 
-    recipe = load_recipe("gpt-tiny", ["train.max_steps=7"])
+    recipe = load_recipe("gpt-tiny", ["train.max_steps=7", "schedule.warmup_steps=2"])
     again = recipe_from_dict(yaml.safe_load(recipe.to_yaml()))
     assert again == recipe
+
+
+def test_problems_caused_by_set_name_the_override_and_the_rest_name_the_file(tmp_path):
+    path = _write(tmp_path, "train:\n  max_step: 10\n")
+    message = str(pytest.raises(ConfigError, load_recipe, path, ["optim.lr=-1", "model.n_layers=2"]).value)
+    assert message == (f"{path}: train.max_step: unknown key (did you mean 'max_steps'?); "
+                       "--set optim.lr=-1: optim.lr: got -1.0, expected a positive finite number")
+    only_set = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny", ["optim.lr=-1"]).value)
+    assert only_set == "--set optim.lr=-1: optim.lr: got -1.0, expected a positive finite number"
+    # a combination problem is blamed on the override that created it, and the last --set of a key counts
+    across = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny",
+                               ["model.max_seq_len=100", "model.max_seq_len=64"]).value)
+    assert across.startswith("--set model.max_seq_len=64: data.seq_len: 128 exceeds model.max_seq_len=64")
+    with pytest.raises(ConfigError, match=r"^--set optm\.lr=1: unknown section 'optm' \(did you mean 'optim'\?\)$"):
+        load_recipe("gpt-tiny", ["optm.lr=1"])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("ROMEO:", "ROMEO:"),  # YAML would read a mapping
+    ("123", "123"),  # an integer
+    ("true", "true"),
+    ("[a, b]", "[a, b]"),
+    ("#hash", "#hash"),  # a YAML comment, not a null
+    ("'quoted: yes'", "quoted: yes"),  # quotes that reach tfkit still work
+    ("null", None),  # the key allows null
+    ("~", None),
+])
+def test_text_keys_take_set_values_literally(text, expected):
+    assert load_recipe("gpt-tiny", [f"eval.sample_prompt={text}"]).eval.sample_prompt == expected
+
+
+def test_a_key_that_cannot_be_null_takes_null_as_text_and_other_keys_stay_typed():
+    recipe = load_recipe("gpt-tiny", ["data.text_field=null", "train.max_steps=40", "eval.batch_size=null"])
+    assert (recipe.data.text_field, recipe.train.max_steps, recipe.eval.batch_size) == ("null", 40, None)
+
+
+def test_validate_checks_every_file_and_exits_2_if_any_failed(tmp_path):
+    from typer.testing import CliRunner
+
+    from tfkit.cli.main import app
+
+    bad = _write(tmp_path, "optim:\n  lr: .nan\n")
+    result = CliRunner().invoke(app, ["recipes", "validate", "gpt-tiny", bad, "bert-tiny", "no-such-recipe"])
+    assert result.exit_code == 2
+    assert result.stdout.splitlines() == ["ok gpt-tiny", "ok bert-tiny"]
+    errors = result.stderr.splitlines()
+    assert errors[0] == f"error: {bad}: optim.lr: got nan, expected a positive finite number"
+    assert errors[1].startswith("error: recipe 'no-such-recipe': no such file") and len(errors) == 2
+    # a --set problem says which of the files it broke
+    result = CliRunner().invoke(app, ["recipes", "validate", "gpt-tiny", "bert-tiny", "--set", "model.max_seq_len=64"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.splitlines()[0].startswith("error: gpt-tiny: --set model.max_seq_len=64: data.seq_len")
+    assert CliRunner().invoke(app, ["recipes", "validate", "gpt-tiny", "bert-tiny"]).exit_code == 0
+    # a warmup longer than the run is legal (quick tries), with a warning per file
+    result = CliRunner().invoke(app, ["recipes", "validate", "gpt-tiny", "--set", "train.max_steps=20"])
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["ok gpt-tiny"]
+    assert result.stderr.startswith("warning: schedule.warmup_steps: 30 exceeds train.max_steps=20")
+
+
+def test_pretrain_rejects_a_nan_learning_rate_before_training():
+    from typer.testing import CliRunner
+
+    from tfkit.cli.main import app
+
+    result = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--set", "optim.lr=nan"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == "error: --set optim.lr=nan: optim.lr: got nan, expected a positive finite number"
+
+
+def test_show_writes_a_recipe_that_loads_and_the_lr_curve_to_stderr(tmp_path):
+    """`tfkit recipes show NAME --set ... > my.yaml` is a resolved recipe to edit and run."""
+    from typer.testing import CliRunner
+
+    from tfkit.cli.main import app
+
+    result = CliRunner().invoke(app, ["recipes", "show", "gpt-tiny", "--set", "optim.lr=0.001"])
+    assert result.exit_code == 0, result.output
+    (tmp_path / "my.yaml").write_text(result.stdout)
+    assert load_recipe(str(tmp_path / "my.yaml")).optim.lr == 0.001
+    assert "learning rate (cosine)" in result.stderr and "learning rate" not in result.stdout
+
+
+def test_a_bad_arch_is_reported_once():
+    message = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny", ["model.arch=xyz"]).value)
+    assert message == "--set model.arch=xyz: model.arch: got 'xyz', expected one of bert, gpt, transformer"

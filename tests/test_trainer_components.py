@@ -11,6 +11,7 @@ from tfkit.trainer import checkpoint as ckpt
 from tfkit.trainer.objectives import IGNORE, compute_loss
 from tfkit.trainer.optim import build_optimizer, param_groups
 from tfkit.trainer.recipe import ObjectiveSection, OptimSection
+from tfkit.trainer.metrics import mfu, peak_flops
 
 
 TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
@@ -209,3 +210,30 @@ def test_metrics_writer_mirrors_scalars_to_tensorboard_and_truncates_on_resume(t
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
     pytest.importorskip("matplotlib")
     assert plot_loss(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H200", 989e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+                                        ("NVIDIA L4", 121e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                                        ("Some Future GPU", None)])
+def test_peak_flops_matches_the_most_specific_device_name(name, peak):
+    assert peak_flops(name) == peak_flops(name, "fp16") == peak
+    assert peak_flops(name, "fp32") == (None if peak is None else peak / 2)  # TF32 tensor cores
+
+
+def test_mfu_is_achieved_over_peak_flops_of_every_gpu():
+    # GPT-2 124M at ~6 * 124M FLOPs/token: 400k tok/s on one H100 SXM is ~30% MFU; two GPUs halve it.
+    assert mfu(6 * 124e6, 400e3, 989e12, 1) == pytest.approx(0.3009, abs=1e-4)
+    assert mfu(6 * 124e6, 400e3, 989e12, 2) == pytest.approx(0.3009 / 2, abs=1e-4)
+    assert mfu(6 * 124e6, 400e3, None, 1) is None
+
+
+def test_an_explicit_gpu_index_under_torchrun_is_refused(monkeypatch):
+    from tfkit.errors import ConfigError
+    from tfkit.trainer.distributed import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"train.device: 'cuda:0' would put all 2 torchrun processes on one GPU"):
+        init_distributed("cuda:0")

@@ -1,6 +1,6 @@
 """Data parallelism on CPU: two gloo processes under torchrun give the loss curve of one process with the
 same global batch (MLM, whose masked-token counts differ between ranks and micro-batches, with
-gradient accumulation), and only rank 0 writes the run folder."""
+gradient accumulation; FSDP2 for every objective), and only rank 0 writes the run folder."""
 
 import shutil
 import subprocess
@@ -22,9 +22,9 @@ pretrain(load_recipe(sys.argv[1], sys.argv[3:]), run_dir=sys.argv[2])
 """
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_gloo_processes_match_one_process(tmp_path, mode):
-    recipe = write_recipe(tmp_path, "bert", model={"dropout": 0.0},  # dropout draws differ per rank
+@pytest.mark.parametrize("arch, mode", [("bert", "ddp"), ("bert", "fsdp"), ("gpt", "fsdp"), ("transformer", "fsdp")])
+def test_two_gloo_processes_match_one_process(tmp_path, arch, mode):
+    recipe = write_recipe(tmp_path, arch, model={"dropout": 0.0},  # dropout draws differ per rank
                           train={"max_steps": 6, "batch_size": 8, "grad_accum": 2, "eval_every": 3,
                                  "save_every": 3, "distributed": mode})
     single = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "single")

@@ -130,3 +130,75 @@ def test_bf16_autocast_trains_with_fp32_weights():
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
     l32, l16 = [r["loss"] for r in rows32], [r["loss"] for r in rows16]
     assert l16 == pytest.approx(l32, abs=0.05) and l16 != l32  # close, but the matmuls did run in bf16
+
+
+def test_fp16_overflow_skips_the_update_lowers_the_scale_and_is_not_divergence():
+    """A loss scale so large that the fp16 gradients overflow: those updates are skipped as "fp16 overflow"
+    (not counted towards max_bad_steps), the scaler halves its scale each time, and training then proceeds."""
+    loop, rows, _ = _loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
+    loop.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**32)
+    state = run_loop(loop)
+    skipped = [r for r in rows if r.get("skipped")]
+    assert len(skipped) > 2  # more than max_bad_steps, and still no TrainingDiverged
+    assert all(r["reason"] == "fp16 overflow" and r["grad_norm"] is None for r in skipped)
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert state.step == 3 and state.bad_steps == 0 and loop.scaler.get_scale() == 2.0 ** (32 - len(skipped))
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in loop.model.parameters())
+    applied = [r for r in rows if not r.get("skipped")]
+    assert [r["step"] for r in applied] == [1, 2, 3] and all(math.isfinite(r["grad_norm"]) for r in applied)
+
+
+def test_fp16_non_finite_loss_is_a_bad_step_and_training_goes_on(monkeypatch):
+    """A NaN loss under fp16 is skipped and counted like any bad step, and the next update runs (the loss
+    scaler must be told about the skipped step, or its next unscale_ raises)."""
+    _poison(monkeypatch, {1})
+    loop, rows, _ = _loop(["train.max_steps=4", "train.batch_size=4", "train.precision=fp16"])
+    loop.scaler = torch.amp.GradScaler("cpu")
+    state = run_loop(loop)
+    assert [r["reason"] for r in rows if r.get("skipped")] == ["non-finite loss or gradient norm"]
+    assert state.step == 4 and state.bad_steps == 1 and state.bad_in_a_row == 0
+
+
+def test_fp16_overflows_below_a_loss_scale_of_one_are_divergence(monkeypatch):
+    """Gradients that overflow fp16 even unscaled would halve the scale forever (an endless run of skipped
+    "fp16 overflow" updates); once the scale is below 1 they count as bad steps and the run stops."""
+    original = objectives.compute_loss
+
+    def huge(model, batch, objective):  # finite in fp32, but its gradients overflow the fp16 matmuls
+        out = original(model, batch, objective)
+        out.loss_sum = out.loss_sum * 1e10
+        return out
+
+    monkeypatch.setattr(objectives, "compute_loss", huge)
+    loop, rows, _ = _loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
+    loop.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    with pytest.raises(TrainingDiverged, match="2 updates in a row"):
+        run_loop(loop)
+    assert all(math.isfinite(r["loss"]) for r in rows) and loop.state.step == 0
+    assert [r["reason"] for r in rows] == ["fp16 overflow"] * 3 + ["non-finite loss or gradient norm"] * 2
+    assert loop.scaler.get_scale() == 4.0 / 2**5  # halved after every overflow: 4, 2, 1 were tried, then 0.5, 0.25
+
+
+def test_tokens_per_sec_leaves_out_validation_and_checkpoint_time(monkeypatch):
+    """On a fake clock where each update takes 1 s and each validation or save 100 s, the logged rate is
+    the tokens of the logged updates over their 1 s each."""
+    from tfkit.trainer import loop as loop_module
+
+    clock = [0.0]
+    monkeypatch.setattr(loop_module.time, "perf_counter", lambda: clock[0])
+
+    def slow(seconds, result=None):
+        def call(*args, **kwargs):
+            clock[0] += seconds
+            return result
+        return call
+
+    loop, rows, _ = _loop(["train.max_steps=4", "train.batch_size=4", "train.log_every=2", "train.eval_every=1",
+                           "train.save_every=1"],
+                          validate=slow(100.0, {"val_loss": 0.0, "val_ppl": 1.0, "val_accuracy": 0.0}))
+    loop.save = slow(100.0)
+    batch = loop.dataset.batch
+    loop.dataset.batch = lambda *args, **kwargs: (slow(1.0)(), batch(*args, **kwargs))[1]
+    run_loop(loop)
+    rates = [r["tokens_per_sec"] for r in rows if "tokens_per_sec" in r]
+    assert rates == [4 * 16 * 2 / 2.0] * 2  # 2 updates of 4 x 16 tokens per row, 1 s each

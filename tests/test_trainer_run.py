@@ -2,7 +2,9 @@
 init_from, refusing to mix runs, the last good checkpoint after divergence, and metrics.jsonl."""
 
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tfkit.errors import CheckpointError, ConfigError
+from tfkit.errors import CheckpointError, ConfigError, DataError
 from tfkit.models import load_model
 from tfkit.trainer import checkpoint as ckpt
 from tfkit.trainer import objectives
@@ -107,12 +109,23 @@ def test_metrics_and_run_folder(reference):
 def test_resume_in_process_is_exact(reference, tmp_path):
     recipe, ref_dir, _ = reference
     pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "resumed", resume=str(ref_dir / "checkpoints" / "step-12"))
+    assert not list((tmp_path / "resumed").glob("recipe-before-*"))  # the same recipe: nothing to keep
     ref, got = losses(ref_dir), losses(tmp_path / "resumed")
     later = {k: v for k, v in ref.items() if k[0] > 12}
     assert later and {k: got[k] for k in later} == later  # every later loss, bit for bit
     final = f"checkpoints/step-{MAX_STEPS}"
     a, b = weights(ref_dir / final), weights(tmp_path / "resumed" / final)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_may_switch_to_fp16(reference, tmp_path):
+    """An fp32 checkpoint holds no loss-scaler state; resuming it in fp16 starts a fresh scaler."""
+    recipe, ref_dir, _ = reference
+    result = pretrain(load_recipe(str(recipe), ["train.precision=fp16"]), run_dir=tmp_path / "fp16",
+                      resume=str(ref_dir / "checkpoints" / "step-20"))
+    rows = read_metrics(tmp_path / "fp16" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == list(range(21, MAX_STEPS + 1))
+    assert math.isfinite(result.final.loss)
 
 
 def test_resume_after_sigkill_is_exact(reference, tmp_path):
@@ -150,10 +163,69 @@ def test_fresh_start_into_a_run_folder_with_checkpoints_is_refused(reference):
 def test_resume_auto_of_a_finished_run_only_evaluates(reference):
     recipe, ref_dir, _ = reference
     before = weights(ref_dir / f"checkpoints/step-{MAX_STEPS}")
+    rows = read_metrics(ref_dir / "metrics.jsonl")
     result = pretrain(load_recipe(str(recipe)), run_dir=ref_dir, resume="auto")
     assert result.state.step == MAX_STEPS and result.final is not None
     after = weights(ref_dir / f"checkpoints/step-{MAX_STEPS}")
     assert all(torch.equal(before[k], after[k]) for k in before)
+    assert read_metrics(ref_dir / "metrics.jsonl") == rows  # the final validation row is not logged twice
+
+
+def _copy_run(reference, tmp_path) -> tuple[Path, Path]:
+    recipe, ref_dir, _ = reference
+    run_dir = tmp_path / "run"
+    shutil.copytree(ref_dir, run_dir)
+    return recipe, run_dir
+
+
+def test_resuming_an_older_step_into_its_own_run_folder_is_refused(reference, tmp_path):
+    """Resuming step-12 of a run that reached step-24 would overwrite step-24: branch into a new folder."""
+    recipe, run_dir = _copy_run(reference, tmp_path)
+    before = weights(run_dir / f"checkpoints/step-{MAX_STEPS}")
+    with pytest.raises(CheckpointError, match=r"holds later checkpoints \(step-16, step-20, step-24\).*--run-dir"):
+        pretrain(load_recipe(str(recipe)), resume=str(run_dir / "checkpoints" / "step-12"))
+    with pytest.raises(CheckpointError, match="checkpoints of another run"):
+        pretrain(load_recipe(str(recipe)), run_dir=run_dir, resume=str(reference[1] / "checkpoints" / "step-24"))
+    after = weights(run_dir / f"checkpoints/step-{MAX_STEPS}")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_failed_resume_leaves_recipe_yaml_alone_and_a_changed_one_is_reported(reference, tmp_path, capsys):
+    recipe, run_dir = _copy_run(reference, tmp_path)
+    saved = (run_dir / "recipe.yaml").read_text()
+    with pytest.raises(ConfigError, match="model.n_layers is 3 but the checkpoint has 2"):
+        pretrain(load_recipe(str(recipe), ["model.n_layers=3"]), run_dir=run_dir, resume="auto")
+    with pytest.raises(DataError, match="no such file"):  # a failure after the model checks, in the data
+        pretrain(load_recipe(str(recipe), [f"data.train={tmp_path / 'gone.txt'}"]), run_dir=run_dir, resume="auto")
+    assert (run_dir / "recipe.yaml").read_text() == saved
+    assert not list(run_dir.glob("recipe-before-*"))
+    for lr in ("0.001", "0.0005"):  # two resumes from the same step: the first saved recipe is the one kept
+        pretrain(load_recipe(str(recipe), [f"train.max_steps={MAX_STEPS}", f"optim.lr={lr}"]), run_dir=run_dir,
+                 resume="auto")
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"the recipe changed since step {MAX_STEPS}" in out and "optim.lr: 0.003 -> 0.001" in out
+    assert "optim.lr: 0.001 -> 0.0005" in out
+    assert (run_dir / f"recipe-before-step-{MAX_STEPS}.yaml").read_text() == saved
+    assert load_recipe(str(run_dir / "recipe.yaml")).optim.lr == 0.0005
+
+
+def test_a_folder_tfkit_did_not_make_is_refused_as_run_folder(reference, tmp_path):
+    """A hand-written recipe.yaml is never overwritten; a fresh start needs an empty or tfkit-made folder."""
+    recipe = reference[0]
+    mine = tmp_path / "exp"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text(recipe.read_text())
+    with pytest.raises(CheckpointError, match="recipe.yaml was not written by tfkit pretrain"):
+        pretrain(load_recipe(str(mine / "recipe.yaml")), run_dir=mine)
+    assert (mine / "recipe.yaml").read_text() == recipe.read_text() and len(list(mine.iterdir())) == 1
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match=r"holds files a tfkit run does not make \(todo.txt\)"):
+        pretrain(load_recipe(str(recipe)), run_dir=notes)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CheckpointError, match="exists and is not a folder"):
+        pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "afile")
 
 
 def test_init_from_starts_a_new_run_from_the_checkpoint_weights(reference, tmp_path):
@@ -224,3 +296,25 @@ def test_other_objectives_train_and_checkpoint(arch, tmp_path):
     assert 0 < result.final.loss < 10 and result.final.tokens > 0
     model, cfg = load_model(tmp_path / "run")
     assert cfg.arch == arch
+
+
+def test_a_given_tokenizer_without_a_mask_token_is_named_for_mlm(tmp_path):
+    from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
+
+    train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), ["plain text " * 200], tmp_path / "bpe",
+                    show_progress=False)
+    recipe = write_recipe(tmp_path, "bert", tokenizer={"path": str(tmp_path / "bpe")})
+    with pytest.raises(ConfigError, match=r"tokenizer.path .*bpe: a bpe tokenizer without a mask token, which "
+                                          r"objective mlm needs; train one with .*--special-token '<\|mask\|>'"):
+        pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
+
+
+def test_a_branch_with_changed_keys_keeps_the_recipe_of_its_first_steps(reference, tmp_path, capsys):
+    """Resuming step-12 into a new folder with another learning rate: the new folder says how its first
+    12 steps were trained (the source run's recipe) and the change is reported."""
+    recipe, ref_dir, _ = reference
+    pretrain(load_recipe(str(recipe), ["train.max_steps=14", "optim.lr=0.001"]), run_dir=tmp_path / "branch",
+             resume=str(ref_dir / "checkpoints" / "step-12"))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the recipe changed since step 12" in out and "optim.lr: 0.003 -> 0.001" in out
+    assert (tmp_path / "branch" / "recipe-before-step-12.yaml").read_text() == (ref_dir / "recipe.yaml").read_text()

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_model as load_safetensors_into
+import yaml
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
+from ..files import share_like_mkdir
 from ..models.config import ModelConfig
-from ..models.io import CONFIG, WEIGHTS, read_config, save_model
+from ..models.io import CONFIG, WEIGHTS, load_weights_into, read_config, save_model
 
 TRAINER_STATE = "trainer_state.pt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -42,10 +42,14 @@ _STEP = re.compile(r"^step-(\d+)$")
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG the training step can draw from (dropout on CPU or GPU, python `random`)."""
+    """Every RNG the training step can draw from (dropout on CPU or GPU, python `random`).
+
+    On CUDA only this process's own GPU (the current device): every rank seeds it alike and draws from it
+    alike, so rank 0's state is every rank's, and it restores onto any GPU count. (`get_rng_state_all`
+    would also hold rank 0's never-used generators of the other GPUs, and give them to those ranks.)"""
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -53,7 +57,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -97,6 +101,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, trainer_state: d
             if (tokenizer_dir / name).is_file():
                 shutil.copy2(tokenizer_dir / name, tmp / name)
         torch.save(trainer_state, tmp / TRAINER_STATE)
+        share_like_mkdir(tmp)
         _fsync_tree(tmp)
         if final.exists():  # saving the same step again (e.g. interrupted right after a save)
             old = root / f".step-{step}.old"
@@ -161,10 +166,7 @@ def load_trainer_state(folder: Path) -> dict:
 
 def load_weights(model: nn.Module, folder: Path) -> None:
     """Fill `model` (already built with the checkpoint's config) from its model.safetensors."""
-    try:
-        load_safetensors_into(model, str(folder / WEIGHTS), strict=True)
-    except (SafetensorError, RuntimeError, OSError) as err:
-        raise CheckpointError(f"{folder / WEIGHTS}: does not hold the weights of this model ({err})") from err
+    load_weights_into(model, folder / WEIGHTS)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -215,17 +217,93 @@ def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Pa
     return candidate
 
 
+RECIPE_FILE = "recipe.yaml"
+RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
+RUN_ENTRIES = {RECIPE_FILE, "tokenizer", "data", "checkpoints", "metrics.jsonl", "loss.png", "tensorboard"}
+
+
+def check_run_dir(run_dir: Path, fresh: bool) -> None:
+    """Refuse a run folder whose files tfkit would overwrite without having written them, before anything
+    is written: a hand-made recipe.yaml (e.g. the folder of the recipe being run, passed as --run-dir),
+    or, for a fresh start (which replaces metrics.jsonl, tokenizer/, ...), any folder holding files
+    that a run does not make. A run that crashed before its first checkpoint can be started again."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir}: exists and is not a folder; choose another --run-dir")
+    if not run_dir.is_dir():
+        return
+    recipe = run_dir / RECIPE_FILE
+    if recipe.is_file() and not recipe.read_text(encoding="utf-8", errors="replace").startswith(RECIPE_HEADER):
+        raise CheckpointError(f"run folder {run_dir}: its {RECIPE_FILE} was not written by tfkit pretrain and "
+                              "would be overwritten; choose another --run-dir")
+    foreign = sorted(p.name for p in run_dir.iterdir()
+                     if p.name not in RUN_ENTRIES and not p.name.startswith("recipe-before-step-"))
+    if fresh and foreign:
+        raise CheckpointError(f"run folder {run_dir}: holds files a tfkit run does not make ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); choose another --run-dir")
+
+
+def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int | None, list[str]]:
+    """Save the resolved recipe as run_dir/recipe.yaml; return the step resumed from and what changed.
+
+    A resumed run may legitimately change keys (more steps, a lower learning rate), but then recipe.yaml
+    no longer describes how the earlier checkpoints were trained: the recipe they were trained with (the
+    run folder's, or for a branch into a new folder the source run's) is kept as
+    recipe-before-step-<N>.yaml and the caller reports the changes. If that file exists already, an
+    earlier resume from the same step N changed the recipe too; nothing it trained survives (resuming
+    from N again means no later checkpoint exists), so the first file, the recipe that trained up to N,
+    is the one to keep."""
+    path = run_dir / RECIPE_FILE
+    step, changes = None, []
+    if resumed_from is not None:
+        step = int(read_config(resumed_from).get("step", 0))
+        previous = path if path.is_file() else resumed_from.parent.parent / RECIPE_FILE
+        if previous.is_file():
+            changes = recipe_changes(yaml.safe_load(previous.read_text(encoding="utf-8")) or {}, recipe.to_dict())
+            before = run_dir / f"recipe-before-step-{step}.yaml"
+            if changes and not before.exists():
+                shutil.copyfile(previous, before)
+    tmp = run_dir / f".{RECIPE_FILE}.tmp"
+    tmp.write_text(RECIPE_HEADER + recipe.to_yaml(), encoding="utf-8")
+    os.replace(tmp, path)
+    return step, changes
+
+
 def find_resume(run_dir: Path, resume: str | None) -> Path | None:
-    """The checkpoint to resume from, None for a fresh start. A fresh start into a folder that already
-    holds checkpoints is refused: pruning would mix the two runs' checkpoints."""
+    """The checkpoint to resume from, None for a fresh start.
+
+    Refused, because checkpoints would be overwritten or mixed (pruning keeps the newest steps): a fresh
+    start into a folder that holds checkpoints; resuming into a folder that holds checkpoints of another
+    run, or later checkpoints of this one (resuming step-10 of a run that reached step-20 would replace
+    step-20). Branching from an older step goes to a new --run-dir."""
     if resume == "auto":
         return latest_checkpoint(run_dir)
-    if resume:
-        return resolve_resume(resume)
-    if latest_checkpoint(run_dir):
-        raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume auto to continue "
-                              "it, or choose another --run-dir")
-    return None
+    if not resume:
+        if latest_checkpoint(run_dir):
+            raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume auto to continue "
+                                  "it, or choose another --run-dir")
+        return None
+    source = resolve_resume(resume)
+    same_run = source.parent.parent.resolve() == run_dir.resolve()
+    named = _STEP.match(source.name)
+    source_step = int(named.group(1)) if named else -1
+    clash = [path.name for step, path in list_checkpoints(run_dir) if not same_run or step > source_step]
+    if clash:
+        whose = "later checkpoints" if same_run else "checkpoints of another run"
+        raise CheckpointError(f"--resume {resume}: run folder {run_dir} holds {whose} ({', '.join(clash)}) that "
+                              "this run would overwrite or mix with; resume into a new folder with --run-dir")
+    return source
+
+
+def recipe_changes(before: dict, after: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two recipe dicts (nested sections)."""
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += recipe_changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return changes
 
 
 def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:

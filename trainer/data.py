@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset, read_pairs
 from ..tokenization.corpus import corpus_size, iter_documents, resolve_files, split_documents
 from ..tokenization.shards import prepare_tokens
@@ -40,7 +40,14 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                 shutil.copy2(source / name, out / name)
         return
     if recipe.tokenizer.path:
-        load_tokenizer(recipe.tokenizer.path).save(out)  # validates it, writes the standard files
+        tokenizer = load_tokenizer(recipe.tokenizer.path)  # validates it
+        if recipe.objective.name in ("mlm", "seq2seq") and tokenizer.mask_id is None \
+                and not is_pair_data(recipe.data.train, recipe.data.source_field):
+            raise ConfigError(
+                f"tokenizer.path {recipe.tokenizer.path}: a {tokenizer.kind} tokenizer without a mask token, which "
+                f"objective {recipe.objective.name} needs; train one with `tfkit train-tokenizer ... "
+                "--special-token '<|mask|>'` (bpe) or use kind wordpiece or unigram")
+        tokenizer.save(out)  # writes the standard files
         return
     spec = TokenizerSpec(**{f.name: getattr(recipe.tokenizer, f.name) for f in dataclasses.fields(TokenizerSpec)})
     limit = int(recipe.tokenizer.max_train_mb * 1e6) if recipe.tokenizer.max_train_mb else None

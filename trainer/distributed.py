@@ -55,6 +55,9 @@ def init_distributed(device_preference: str) -> DistInfo:
     """Join the process group when launched by torchrun: nccl on GPUs, gloo on CPUs."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1 and device_preference.startswith("cuda:"):
+        raise ConfigError(f"train.device: {device_preference!r} would put all {world} torchrun processes on one "
+                          "GPU; use cuda or auto (each process takes the GPU of its LOCAL_RANK)")
     device = pick_device(device_preference, local_rank)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -74,14 +77,17 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
-    """Sum a few scalars over ranks in one float64 collective (loss sums, token counts, accuracy)."""
+def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum a float64 vector of scalars (loss sums, token counts, accuracy) over ranks in one collective.
+
+    On GPUs the values stay on the device (nccl reduces device memory), so nothing waits for them here;
+    the caller reads the result when it needs it. gloo reduces on the CPU."""
     if not info.enabled:
         return values
     device = info.device if info.device.type == "cuda" else torch.device("cpu")
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = values.to(device=device, dtype=torch.float64)
     dist.all_reduce(t)
-    return t.tolist()
+    return t
 
 
 def broadcast_object(obj, info: DistInfo):
@@ -127,8 +133,10 @@ def wrap(loss_module: nn.Module, mode: str, info: DistInfo) -> nn.Module:
     all-reduced gradients); or, for FSDP2, the LossModule around a model whose blocks and root are
     `fully_shard`ed (parameters sharded across ranks, all-gathered block by block).
 
-    FSDP2 hooks the forward of each sharded module; the objectives also call `encode` and `mlm_logits`,
-    so those are registered as forward methods of the root (otherwise its parameters would stay sharded)."""
+    FSDP2 hooks the forward of each sharded module; the MLM objective calls BERT's `encode` and `mlm_logits`
+    instead, so those are registered as forward methods of the root (otherwise its parameters would stay
+    sharded). Only those: registering a method that the model's own forward calls (the encoder-decoder's
+    `encode`/`decode`) reshards the root when it returns, and the fused loss then meets a sharded LM head."""
     if not info.enabled:
         return loss_module
     if mode == "fsdp":
@@ -138,8 +146,8 @@ def wrap(loss_module: nn.Module, mode: str, info: DistInfo) -> nn.Module:
         for block in transformer_blocks(model):
             fully_shard(block)
         fully_shard(model)
-        for name in ("encode", "mlm_logits", "decode"):
-            if hasattr(model, name):
+        if model.config.arch == "bert":  # mlm_loss calls these instead of forward
+            for name in ("encode", "mlm_logits"):
                 register_fsdp_forward_method(model, name)
         return loss_module
     device_ids = [info.device.index] if info.device.type == "cuda" else None

@@ -115,12 +115,15 @@ def _window_batch(rows: list[tuple[np.ndarray, int]], seq_len: int) -> dict[str,
 
 
 def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, seq_len: int, batch_size: int,
-                 stride: int | None, seed: int, cache_dir: Path, show_progress: bool) -> Iterator[dict]:
-    """The batches to score: the tokenization datasets in evaluation order (or sliding windows)."""
+                 stride: int | None, seed: int, cache_dir: Path, show_progress: bool,
+                 text_field: str = "text") -> Iterator[dict]:
+    """The batches to score: the tokenization datasets in evaluation order (or sliding windows).
+
+    `text_field` is the JSON/JSONL key holding each document's text (seq2seq pairs use source/target)."""
     if objective == "seq2seq" and is_pair_data(data_spec, "source"):
         dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
-        return dataset.eval_batches(dataset.num_batches_per_epoch(batch_size), batch_size)
-    shards = prepare_tokens(data_spec, tokenizer, cache_dir, show_progress=show_progress)
+        return _all_batches(dataset, batch_size, data_spec, seq_len)
+    shards = prepare_tokens(data_spec, tokenizer, cache_dir, text_field=text_field, show_progress=show_progress)
     if stride is not None:
         return window_batches(sliding_windows(shards, seq_len, stride), seq_len, batch_size)
     if objective == "clm":
@@ -129,15 +132,24 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
         dataset = MlmDataset.from_shards(shards, tokenizer, seq_len, seed)
     else:
         dataset = Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
-    return dataset.eval_batches(dataset.num_batches_per_epoch(batch_size), batch_size)
+    return _all_batches(dataset, batch_size, data_spec, seq_len)
+
+
+def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> Iterator[dict]:
+    """Every full batch of the dataset in order; too little text for one batch names the options that help."""
+    try:
+        n = dataset.num_batches_per_epoch(batch_size)
+    except DataError as e:
+        raise DataError(f"{data_spec}: {e} at --seq-len {seq_len}; use a smaller --seq-len or --batch-size, "
+                        "or more text") from None
+    return dataset.eval_batches(n, batch_size)
 
 
 def _fed_tokens(batch: dict[str, Tensor]) -> int:
-    """Real (non-padding) tokens the model reads in a batch."""
+    """Tokens the model reads in a batch: the real source and target tokens of seq2seq pairs; every
+    position of packed CLM/MLM rows (sliding windows count their right padding too)."""
     if "src_ids" in batch:
         return int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
-    if "attention_mask" in batch:
-        return int(batch["attention_mask"].sum())
     return int(batch["input_ids"].numel())
 
 
@@ -156,11 +168,13 @@ def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective:
 def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
                         max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
                         device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
-                        cache_dir: str | Path | None = None, show_progress: bool = True) -> dict:
+                        cache_dir: str | Path | None = None, show_progress: bool = True,
+                        text_field: str = "text") -> dict:
     """Score one checkpoint (folder or run folder) on `data_spec`; returns the metrics dict (module doc).
 
     Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
-    (both None: the whole corpus). seq_len defaults to the model's max_seq_len.
+    (both None: the whole corpus). seq_len defaults to the model's max_seq_len (only None does: 0 is
+    an error, not "the default"). `text_field` is the JSON/JSONL key holding the text.
     """
     if dtype not in PRECISIONS:
         raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
@@ -171,13 +185,13 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
     model, cfg = load_model(folder, device=device)
     tokenizer = load_tokenizer(folder)
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
-    seq_len = seq_len or cfg.max_seq_len
+    seq_len = cfg.max_seq_len if seq_len is None else seq_len
     check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
     loss_spec = ObjectiveSection(name=objective, label_smoothing=0.0)
     batches = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size, stride=stride,
                            seed=seed, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-                           show_progress=show_progress)
+                           show_progress=show_progress, text_field=text_field)
 
     nll, correct, scored, n_bytes, fed, seconds, n_batches = 0.0, 0, 0, 0, 0, 0.0, 0
     digest = hashlib.sha256()
@@ -222,6 +236,7 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
         "seq_len": seq_len,
         "stride": stride,
         "params": model.num_params(),
+        "dtype": dtype,  # of the forward passes and of kv_cache_bytes_per_token
         "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg, TORCH_DTYPES[dtype]),
         "tokens_per_sec": fed / seconds if seconds else None,
         "data_fingerprint": digest.hexdigest()[:16],

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from ..errors import TfkitError
 from .distributed import DistInfo, all_reduce_sum, no_grad_sync
 from .objectives import count_targets, move_batch
-from .optim import autocast_context, clip_and_norm, set_lr
+from .optim import autocast_context, clip_grad_norm, set_lr
 from .recipe import Recipe
 from .schedules import lr_at
 
@@ -122,44 +122,49 @@ def train_step(loop: Loop, stop: StopFlag) -> dict | None:
     accum = r.train.grad_accum
     micro = [loop.dataset.batch(s.batches + j, micro_batch_size(r), info.rank, info.world_size) for j in range(accum)]
     local_count = sum(count_targets(b) for b in micro)
-    global_count, stop_votes = all_reduce_sum([float(local_count), float(stop.signum)], info)
+    global_count, stop_votes = all_reduce_sum(torch.tensor([local_count, stop.signum], dtype=torch.float64),
+                                              info).tolist()
     if stop_votes:
         s.interrupted = int(stop.signum) or signal.SIGTERM  # a rank that saw no signal still stops
         return None
     lr = lr_at(s.step, r.schedule, r.optim.lr, r.train.max_steps, loop.model.config.d_model)
     set_lr(loop.optimizer, lr)
     scale = info.world_size / max(global_count, 1.0)  # DDP averages over ranks; undo that, divide by count
-    sums = [0.0, 0.0, 0.0]  # loss sum, correct, input tokens
+    # Running sums stay on the device: reading a value (float(x)) waits for the GPU to drain, and one such
+    # wait per micro-batch would leave the GPU idle while the next one is prepared and launched.
+    stats = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss sum, correct, input tokens
+    stats[2] = sum(_input_tokens(b) for b in micro)  # known on the host already
     for j, batch in enumerate(micro):
         batch = move_batch(batch, info.device)
         with no_grad_sync(loop.train_module, skip=j < accum - 1):
             with autocast_context(r.train.precision, info.device):
                 loss_sum, correct, _ = loop.train_module(batch)
             loop.scaler.scale(loss_sum * scale).backward()
-        sums[0] += float(loss_sum.detach())
-        sums[1] += float(correct)
-        sums[2] += _input_tokens(batch)
-    loss_sum, correct, tokens = all_reduce_sum(sums, info)
-    loss = loss_sum / max(global_count, 1.0)
+        stats[0] += loss_sum.detach()
+        stats[1] += correct
+    stats = all_reduce_sum(stats, info)
     loop.scaler.unscale_(loop.optimizer)
-    grad_norm = clip_and_norm(loop.model.parameters(), r.optim.grad_clip)
+    norm = clip_grad_norm(loop.model.parameters(), r.optim.grad_clip)
+    loss_sum, correct, tokens, grad_norm = torch.cat([stats, norm.reshape(1)]).tolist()  # the one read per update
+    loss = loss_sum / max(global_count, 1.0)
     s.batches += accum
     s.tokens += int(tokens)
     row = {"step": s.step + 1, "loss": loss, "accuracy": correct / max(global_count, 1.0), "lr": lr,
            "grad_norm": grad_norm}
     if _finite(loss) and _finite(grad_norm):
         loop.scaler.step(loop.optimizer)
-        loop.scaler.update()
         s.step += 1
         s.bad_in_a_row = 0
-    elif r.train.precision == "fp16" and _finite(loss):
-        loop.scaler.update()  # an fp16 overflow: the scaler lowers its scale, nothing diverged
+    elif r.train.precision == "fp16" and _finite(loss) and loop.scaler.get_scale() >= 1.0:
+        # An fp16 overflow: the scaler halves its scale and the run goes on; nothing diverged. Below a
+        # scale of 1 the gradients overflow fp16 unscaled, and overflows count as bad steps.
         row.update(skipped=True, reason="fp16 overflow", grad_norm=None)
     else:
         s.bad_steps += 1
         s.bad_in_a_row += 1
         row.update(skipped=True, reason="non-finite loss or gradient norm", bad_steps=s.bad_steps,
                    loss=loss if _finite(loss) else None, grad_norm=grad_norm if _finite(grad_norm) else None)
+    loop.scaler.update()  # after every unscale_, or the next one raises; a no-op unless fp16
     loop.optimizer.zero_grad(set_to_none=True)
     return row
 
@@ -204,12 +209,14 @@ def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -
                 bar.set_postfix(_postfix(row), refresh=False)
                 _say(bar, _log_line(row, r.train.max_steps), info.is_main)
                 loop.log(row)
+            paused = time.perf_counter()  # validation and checkpoints do not count against tokens/s
             if s.step % r.train.eval_every == 0 and s.step < r.train.max_steps:
                 val = loop.validate(s.step)
                 _say(bar, f"step {s.step}: val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  "
                           f"val_acc {val['val_accuracy']:.3f}", info.is_main)
             if s.step % r.train.save_every == 0 and s.step < r.train.max_steps:
                 loop.save(s)
+            window_start += time.perf_counter() - paused
     bar.close()
     return s
 

@@ -22,6 +22,7 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H100", 989e12),  # H100 SXM5
     ("A100", 312e12),
     ("L40S", 362e12),
+    ("L40", 181e12),  # before "L4", which it contains
     ("L4", 121e12),
     ("A10", 125e12),
     ("RTX 4090", 165e12),
@@ -29,11 +30,14 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
 ]
 
 
-def peak_flops(device_name: str) -> float | None:
-    """Peak bf16 FLOP/s of a GPU from PEAK_BF16_FLOPS, None when unknown (MFU is then not reported)."""
+def peak_flops(device_name: str, precision: str = "bf16") -> float | None:
+    """Peak FLOP/s of a GPU for the run's matmuls, None when unknown (MFU is then not reported).
+
+    bf16 and fp16 run at the PEAK_BF16_FLOPS rate; fp32 training runs its matmuls as TF32 (trainer.run
+    enables it on CUDA), whose dense tensor-core peak is half the bf16 one on every GPU listed."""
     for key, flops in PEAK_BF16_FLOPS:
         if key in device_name:
-            return flops
+            return flops / 2 if precision == "fp32" else flops
     return None
 
 

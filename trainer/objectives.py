@@ -141,5 +141,20 @@ class LossModule(nn.Module):
 
 
 def move_batch(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """Copy a batch to the training device (non-blocking from pinned memory on CUDA)."""
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """Copy a batch to the training device. On CUDA it goes through pinned (page-locked) host memory, so the
+    copy is asynchronous and the host goes on launching the forward pass."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def compile_loss_module(module: LossModule) -> None:
+    """`torch.compile` the model and its objective in place, as one graph per mode (train / eval).
+
+    The MLM objective gathers the masked rows (`hidden[masked]`), whose count depends on the data. By
+    default dynamo stops the graph at such an op, runs it eagerly and resumes in a new graph compiled
+    for that count: three graphs and a recompilation as the count changes. Capturing data-dependent
+    output sizes symbolically keeps the objective one graph that serves every count."""
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    module.compile()
+

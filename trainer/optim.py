@@ -59,14 +59,15 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_and_norm(params: Iterable[torch.Tensor], max_norm: float | None) -> float:
-    """Clip the global gradient norm to `max_norm` (None = no clipping) and return the norm before clipping.
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float | None) -> torch.Tensor:
+    """Clip the global gradient norm to `max_norm` (None = no clipping); returns the norm before clipping
+    as a float64 tensor on the gradients' device (reading it is left to the caller, once per update).
 
     The norm is computed even without clipping: it is logged, and a non-finite one marks a bad step."""
     norm = torch.nn.utils.clip_grad_norm_(list(params), max_norm if max_norm is not None else math.inf)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor replicated on every rank
         norm = norm.full_tensor()
-    return float(norm)
+    return norm.double()
 
 
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,7 @@ from ..errors import ConfigError
 from ..models.config import ModelConfig
 from ..models.sizes import sized_config
 from ..tokenization.train import TokenizerSpec
+from .ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
 
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
@@ -35,7 +37,9 @@ class ModelSection(ModelConfig):
     vocab_size: int | None = None  # null = the tokenizer's vocabulary size
 
     def problems(self, prefix: str = "model") -> list[str]:
-        return dataclasses.replace(self, vocab_size=self.vocab_size or 1).config().problems(prefix)
+        """ModelConfig's checks (dropouts included) plus the float keys it leaves unchecked."""
+        out = dataclasses.replace(self, vocab_size=self.vocab_size or 1).config().problems(prefix)
+        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)
 
     def config(self, vocab_size: int | None = None) -> ModelConfig:
         """The plain ModelConfig, with the vocabulary size taken from the tokenizer when unset."""
@@ -51,9 +55,7 @@ class TokenizerSection(TokenizerSpec):
 
     def problems(self, prefix: str = "tokenizer") -> list[str]:
         out = [] if self.path else super().problems(prefix)
-        if self.max_train_mb is not None and self.max_train_mb <= 0:
-            out.append(f"{prefix}.max_train_mb: got {self.max_train_mb}, expected a positive number or null")
-        return out
+        return out + float_problems(self, prefix, max_train_mb=POSITIVE)
 
 
 @dataclass
@@ -68,9 +70,7 @@ class DataSection:
     cache_dir: str | None = None  # token-shard cache; null = <run folder>/data
 
     def problems(self, prefix: str = "data") -> list[str]:
-        out = []
-        if not 0.0 < self.valid_fraction < 1.0:
-            out.append(f"{prefix}.valid_fraction: got {self.valid_fraction}, expected 0 < value < 1")
+        out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
         if self.seq_len < 2:
             out.append(f"{prefix}.seq_len: got {self.seq_len}, expected an integer >= 2")
         return out
@@ -84,13 +84,9 @@ class ObjectiveSection:
     label_smoothing: float = 0.0  # 0.1 in the original Transformer
 
     def problems(self, prefix: str = "objective") -> list[str]:
-        out = []
+        out = float_problems(self, prefix, mask_prob=OPEN_FRACTION, label_smoothing=FRACTION)
         if self.name not in OBJECTIVE_FOR_ARCH.values():
             out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq")
-        if not 0.0 < self.mask_prob < 1.0:
-            out.append(f"{prefix}.mask_prob: got {self.mask_prob}, expected 0 < value < 1")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            out.append(f"{prefix}.label_smoothing: got {self.label_smoothing}, expected 0 <= value < 1")
         return out
 
 
@@ -104,17 +100,8 @@ class OptimSection:
     grad_clip: float | None = 1.0  # max global gradient norm; null = no clipping
 
     def problems(self, prefix: str = "optim") -> list[str]:
-        out = []
-        if self.lr <= 0:
-            out.append(f"{prefix}.lr: got {self.lr}, expected a positive number")
-        if self.weight_decay < 0:
-            out.append(f"{prefix}.weight_decay: got {self.weight_decay}, expected >= 0")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected 0 <= value < 1")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            out.append(f"{prefix}.grad_clip: got {self.grad_clip}, expected a positive number or null")
-        return out
+        return float_problems(self, prefix, lr=POSITIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION,
+                              beta2=FRACTION, eps=POSITIVE, grad_clip=POSITIVE)
 
 
 @dataclass
@@ -125,15 +112,11 @@ class ScheduleSection:
     decay_fraction: float = 0.2  # wsd: final fraction of the steps spent decaying
 
     def problems(self, prefix: str = "schedule") -> list[str]:
-        out = []
+        out = float_problems(self, prefix, min_lr=NON_NEGATIVE, decay_fraction=UP_TO_ONE)
         if self.name not in SCHEDULES:
             out.append(f"{prefix}.name: got {self.name!r}, expected one of {', '.join(SCHEDULES)}")
         if self.warmup_steps < 0:
             out.append(f"{prefix}.warmup_steps: got {self.warmup_steps}, expected >= 0")
-        if self.min_lr < 0:
-            out.append(f"{prefix}.min_lr: got {self.min_lr}, expected >= 0")
-        if not 0.0 < self.decay_fraction <= 1.0:
-            out.append(f"{prefix}.decay_fraction: got {self.decay_fraction}, expected 0 < value <= 1")
         if self.name == "noam" and self.warmup_steps < 1:
             out.append(f"{prefix}.warmup_steps: noam needs warmup_steps >= 1")
         return out
@@ -149,7 +132,7 @@ class TrainSection:
     eval_every: int = 200  # steps between validations
     save_every: int = 500  # steps between checkpoints (one is always written at the end)
     keep_last: int = 3  # checkpoints kept in the run folder
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler)
+    precision: str = "fp32"  # fp32 (TF32 matmuls on CUDA) | bf16 (autocast) | fp16 (autocast + grad scaler)
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -224,6 +207,21 @@ class Recipe:
                        f"(expected {expected!r})")
         if self.data.seq_len > self.model.max_seq_len:
             out.append(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        decays = self.schedule.name in ("linear", "cosine", "wsd") and POSITIVE.contains(self.optim.lr)
+        if decays and self.schedule.min_lr > self.optim.lr:
+            out.append(f"schedule.min_lr: {self.schedule.min_lr:g} exceeds optim.lr={self.optim.lr:g}, the peak it "
+                       "decays from (expected min_lr <= lr)")
+        return out
+
+    def warnings(self) -> list[str]:
+        """Legal but probably unintended combinations, shown by `pretrain` and `recipes show|validate`.
+
+        A warmup longer than the run is one: a quick `--set train.max_steps=20` try of a recipe that warms
+        up over 30 steps is common and must run, but its learning rate never reaches optim.lr."""
+        out = []
+        if self.train.max_steps >= 1 and self.schedule.warmup_steps > self.train.max_steps:
+            out.append(f"schedule.warmup_steps: {self.schedule.warmup_steps} exceeds train.max_steps="
+                       f"{self.train.max_steps}, so the learning rate never reaches optim.lr")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,13 +269,32 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(raw).__name__}")
-    problems: list[str] = []
+    set_problems: list[str] = []
+    set_by: dict[str, str] = {}  # "section.key" -> the --set item that gave it its value (the last one wins)
     for item in overrides or []:
-        _apply_override(raw, item, problems)
+        key = _apply_override(raw, item, set_problems)
+        if key:
+            set_by[key] = item
+    problems: list[str] = []
     recipe = recipe_from_dict(raw, default_name=path.stem, problems=problems)
-    if problems:
-        raise ConfigError(f"{path}: " + "; ".join(problems))
+    if problems or set_problems:
+        raise ConfigError(_blame(path, problems, set_by, set_problems))
     return recipe
+
+
+def _blame(path: Path, problems: list[str], set_by: dict[str, str], set_problems: list[str]) -> str:
+    """One line where each problem names its source: a problem that names a key given by `--set` is put
+    after that override, not after the file (which may well be fine); the file's own problems follow
+    its path. `set_problems` (overrides that could not be applied) already name themselves."""
+    own, caused = [], list(set_problems)
+    for problem in problems:
+        items = [item for key, item in set_by.items()
+                 if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", problem)]
+        if items:
+            caused.append(" ".join(f"--set {item}" for item in items) + f": {problem}")
+        else:
+            own.append(problem)
+    return "; ".join(([f"{path}: " + "; ".join(own)] if own else []) + caused)
 
 
 def recipe_from_dict(raw: dict, default_name: str = "recipe", problems: list[str] | None = None) -> Recipe:
@@ -297,13 +314,14 @@ def recipe_from_dict(raw: dict, default_name: str = "recipe", problems: list[str
             base["vocab_size"] = None
             model_raw = {**base, **model_raw}
         except ConfigError as exc:
-            collect.append(f"model.size: {exc}")
+            collect.append(str(exc))  # sized_config names the key at fault itself
     for section_name in SECTIONS:
         cls = typing.get_type_hints(Recipe)[section_name]
         values = model_raw if section_name == "model" else _section_mapping(raw, section_name, collect)
         sections[section_name] = _build_section(cls, values, section_name, collect)
     recipe = Recipe(name=str(name), **sections)
-    collect.extend(recipe.problems())  # keys with a wrong type kept their (valid) defaults
+    # keys with a wrong type kept their (valid) defaults; a bad model.arch was already met by sized_config
+    collect.extend(problem for problem in recipe.problems() if problem not in collect)
     if problems is None and collect:
         raise ConfigError("; ".join(collect))
     return recipe
@@ -365,22 +383,41 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     return " or ".join(names.get(o, "a list of strings") for o in options)
 
 
-def _apply_override(raw: dict, item: str, problems: list[str]) -> None:
-    """Apply `section.key=value`; the value is parsed as YAML so `20`, `true`, `null`, `3e-4` get types."""
+def _apply_override(raw: dict, item: str, problems: list[str]) -> str | None:
+    """Apply `section.key=value` and return "section.key", or append a problem and return None."""
     key, sep, text = item.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
         problems.append(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=20")
-        return
+        return None
+    section, name = parts
+    if section not in SECTIONS:
+        problems.append(f"--set {item}: unknown section {section!r}{_suggest(section, SECTIONS)}")
+        return None
+    hint = typing.get_type_hints(typing.get_type_hints(Recipe)[section]).get(name)
+    if raw.get(section) is None:
+        raw[section] = {}
+    if isinstance(raw[section], dict):  # else the file's own "expected a mapping" problem is reported
+        raw[section][name] = _override_value(text, hint)
+    return f"{section}.{name}"
+
+
+_YAML_NULLS = ("", "~", "null", "Null", "NULL")
+
+
+def _override_value(text: str, hint: Any) -> Any:
+    """The value of `--set key=text`, parsed as YAML so `20`, `true`, `null`, `3e-4` get their types.
+
+    Text keys take the text literally when YAML reads something else: the shell has already removed the
+    user's quotes, so `eval.sample_prompt="ROMEO:"` arrives as `ROMEO:`, which YAML reads as a mapping.
+    A null spelling still means None where the key allows it."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
-        value = text
-    section, name = parts
-    if not isinstance(raw.get(section), dict):
-        raw[section] = {} if raw.get(section) is None else raw[section]
-    if isinstance(raw[section], dict):
-        raw[section][name] = value
+        return text
+    if hint in (str, str | None) and not isinstance(value, str):
+        return None if hint == str | None and text.strip() in _YAML_NULLS else text
+    return value
 
 
 def _suggest(word: str, choices) -> str:

@@ -31,7 +31,7 @@ from .distributed import (DistInfo, apply_activation_checkpointing, barrier, bro
                           shutdown, wrap)
 from .loop import Loop, TrainState, micro_batch_size, run_loop
 from .metrics import MetricsWriter, peak_flops, plot_loss
-from .objectives import LossModule, unreached_parameters
+from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
 from .recipe import Recipe
 from .validate import EvalResult, evaluate
@@ -58,20 +58,26 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
     """Run a recipe end to end; see the module docstring. Works alone or under torchrun."""
     info = init_distributed(recipe.train.device)
     try:
-        return _pretrain(recipe, run_dir, resume, info)
+        result = _pretrain(recipe, run_dir, resume, info)
+        # Leave together: rank 0 still writes the report and the plot after the last collective, and a
+        # rank that tears its connections down meanwhile can abort in gloo's threads.
+        barrier(info)
+        return result
     finally:
         shutdown(info)
 
 
 def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None, info: DistInfo) -> RunResult:
     start = time.perf_counter()
+    if info.device.type == "cuda":  # fp32 matmuls on the tensor cores (TF32), as nanoGPT and litgpt train
+        torch.set_float32_matmul_precision("high")
     run_dir = Path(broadcast_object(str(ckpt.choose_run_dir(recipe, run_dir_arg, resume)) if info.is_main else None, info))
     resume_from = ckpt.find_resume(run_dir, resume)
     init_from = None if resume_from or not recipe.train.init_from else resolve_checkpoint(recipe.train.init_from)
     source = resume_from or init_from  # the checkpoint that supplies model config and tokenizer
     if info.is_main:
+        ckpt.check_run_dir(run_dir, fresh=resume_from is None)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
         prepare_tokenizer(recipe, run_dir / "tokenizer", source, console)
     barrier(info)
     tokenizer = load_tokenizer(run_dir / "tokenizer")
@@ -90,7 +96,7 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
         apply_activation_checkpointing(model)
     loss_module = LossModule(model, recipe.objective)
     if recipe.train.compile:
-        loss_module.compile()
+        compile_loss_module(loss_module)
     train_module = wrap(loss_module, recipe.train.distributed, info)
     optimizer = build_optimizer(model, recipe.optim, info.device)
     scaler = grad_scaler(recipe.train.precision, info.device)
@@ -98,7 +104,8 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     trainer_state = ckpt.load_trainer_state(resume_from) if resume_from else None
     if trainer_state is not None:
         ckpt.load_optimizer(model, optimizer, trainer_state["optimizer"], recipe.train.distributed, info.enabled)
-        scaler.load_state_dict(trainer_state["scaler"])
+        if trainer_state["scaler"]:  # empty when the checkpoint was not fp16: keep the fresh scaler
+            scaler.load_state_dict(trainer_state["scaler"])
         state = TrainState.from_dict(trainer_state["state"])
         state.interrupted = 0
 
@@ -127,9 +134,15 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
         per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens
     loop = Loop(recipe, model, train_module, optimizer, scaler, train_data, info, metrics.log, save, validate,
                 flops_per_token=per_token,
-                peak_flops=peak_flops(torch.cuda.get_device_name(info.device)) if info.device.type == "cuda" else None,
+                peak_flops=(peak_flops(torch.cuda.get_device_name(info.device), recipe.train.precision)
+                            if info.device.type == "cuda" else None),
                 state=state)
-    if info.is_main:
+    if info.is_main:  # only now that the whole setup succeeded: a refused run leaves recipe.yaml as it was
+        resumed_step, changes = ckpt.write_recipe(run_dir, recipe, resume_from)
+        if changes:
+            console.print(f"warning: the recipe changed since step {resumed_step} (the one that trained up to it "
+                          f"is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
+                          style="yellow", markup=False, highlight=False)
         _describe(recipe, model, cfg, info, run_dir, resume_from, init_from)
     result = RunResult(run_dir, state, None, resume_from, 0.0)
     try:
@@ -146,7 +159,8 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
         if not state.interrupted:
             result.final = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info,
                                     recipe.train.precision)
-            metrics.log(result.final.row(state.step))
+            if state.step > steps_before or trainer_state is None:  # a finished run's final row is logged
+                metrics.log(result.final.row(state.step))
             if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:
                 whole = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
                 if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
@@ -157,8 +171,8 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     if info.is_main:
         if recipe.log.plot and plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png"):
             console.print(f"loss curve: {run_dir / 'loss.png'}", highlight=False)
-        tokens_per_sec = (state.tokens - tokens_before) / max(train_time, 1e-9)
-        _report(result, model, tokens_per_sec)
+        trained = state.tokens - tokens_before
+        _report(result, model, trained / max(train_time, 1e-9) if trained else None)
     return result
 
 
@@ -179,6 +193,8 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
         f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
     origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
     console.print(f"run folder {run_dir} ({origin})", highlight=False)
+    for warning in recipe.warnings():
+        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
 def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
@@ -192,7 +208,7 @@ def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
     return recipe.eval.sample_prompt + tokenizer.decode(new)
 
 
-def _report(result: RunResult, model, tokens_per_sec: float) -> None:
+def _report(result: RunResult, model, tokens_per_sec: float | None) -> None:
     """The final table: what a user compares between runs."""
     table = Table(title=f"pretrain: {result.run_dir.name}", show_header=False)
     table.add_column(style="bold")
@@ -203,7 +219,7 @@ def _report(result: RunResult, model, tokens_per_sec: float) -> None:
         table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
     table.add_row("steps", f"{result.state.step:,}")
     table.add_row("tokens", f"{result.state.tokens:,}")
-    table.add_row("tokens / s", f"{tokens_per_sec:,.0f}")
+    table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
     table.add_row("parameters", f"{model.num_params():,}")
     table.add_row("skipped steps", str(result.state.bad_steps))
     table.add_row("wall time", f"{result.wall_time:.1f} s")

@@ -41,19 +41,17 @@ def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, i
     """Loss and accuracy of `loss_module` (see objectives.LossModule) over the first n validation batches."""
     was_training = loss_module.training
     loss_module.eval()
-    totals = [0.0, 0.0, 0.0]  # loss sum, correct, count
+    totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss sum, correct, count
     try:
         for batch in dataset.eval_batches(n_batches, batch_size, info.rank, info.world_size):
             batch = move_batch(batch, info.device)
             with autocast_context(precision, info.device):
                 loss_sum, correct, count = loss_module(batch)
-            totals[0] += float(loss_sum)
-            totals[1] += float(correct)
-            totals[2] += float(count)
+            totals += torch.stack([loss_sum.detach().double(), correct.double(), count.double()])
     finally:
         loss_module.train(was_training)
         reshard(loss_module)
-    loss_sum, correct, count = all_reduce_sum(totals, info)
+    loss_sum, correct, count = all_reduce_sum(totals, info).tolist()
     if not count:
         raise DataError(f"the validation data gives no batch of {batch_size} (eval.batch_size); use more "
                         "validation text (data.valid / data.valid_fraction) or a smaller eval.batch_size")

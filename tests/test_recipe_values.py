@@ -1,0 +1,95 @@
+"""Recipe values: every float key is finite and in its meaningful range; a warmup longer than the run warns."""
+
+import typing
+
+import pytest
+
+from tfkit.errors import ConfigError
+from tfkit.trainer.recipe import SECTIONS, Recipe, load_recipe
+from tfkit.trainer.schedules import lr_at
+
+
+def _float_keys() -> list[str]:
+    """Every `section.key` annotated float or float | None, found from the dataclasses themselves so a float
+    key added later is covered without editing this test."""
+    keys = []
+    for section in SECTIONS:
+        for name, hint in typing.get_type_hints(typing.get_type_hints(Recipe)[section]).items():
+            if float in (hint, *typing.get_args(hint)):
+                keys.append(f"{section}.{name}")
+    return keys
+
+
+def _message(overrides, tmp_path=None, text=None) -> str:
+    source = "gpt-tiny"
+    if text is not None:
+        source = tmp_path / "r.yaml"
+        source.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_recipe(str(source), overrides)
+    return str(info.value)
+
+
+def test_the_float_keys_are_found():
+    assert {"model.norm_eps", "model.dropout", "tokenizer.max_train_mb", "data.valid_fraction",
+            "objective.mask_prob", "optim.lr", "optim.eps", "optim.grad_clip", "schedule.min_lr"} <= set(_float_keys())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("key", _float_keys())
+def test_every_float_key_rejects_nan_and_infinity(key, value):
+    message = _message([f"{key}={value}"])
+    assert f"--set {key}={value}: {key}: got {value}, expected " in message
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("optim.lr=0", "optim.lr: got 0.0, expected a positive finite number"),
+    ("optim.eps=-1", "optim.eps: got -1.0, expected a positive finite number"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay: got -0.1, expected a finite number >= 0"),
+    ("optim.beta1=1", "optim.beta1: got 1.0, expected 0 <= value < 1"),
+    ("optim.beta2=-0.5", "optim.beta2: got -0.5, expected 0 <= value < 1"),
+    ("optim.grad_clip=0", "optim.grad_clip: got 0.0, expected a positive finite number or null"),
+    ("schedule.min_lr=-1e-5", "schedule.min_lr: got -1e-05, expected a finite number >= 0"),
+    ("schedule.decay_fraction=0", "schedule.decay_fraction: got 0.0, expected 0 < value <= 1"),
+    ("model.norm_eps=0", "model.norm_eps: got 0.0, expected a positive finite number"),
+    ("model.rope_theta=-1", "model.rope_theta: got -1.0, expected a positive finite number"),
+    ("model.init_std=0", "model.init_std: got 0.0, expected a positive finite number"),
+    ("model.attn_dropout=1", "model.attn_dropout: got 1.0, expected 0 <= value < 1"),
+    ("objective.mask_prob=1", "objective.mask_prob: got 1.0, expected 0 < value < 1"),
+    ("objective.mask_prob=0", "objective.mask_prob: got 0.0, expected 0 < value < 1"),
+    ("objective.label_smoothing=1", "objective.label_smoothing: got 1.0, expected 0 <= value < 1"),
+    ("data.valid_fraction=0", "data.valid_fraction: got 0.0, expected 0 < value < 1"),
+    ("tokenizer.max_train_mb=0", "tokenizer.max_train_mb: got 0.0, expected a positive finite number or null"),
+])
+def test_values_outside_their_range_are_rejected(override, expected):
+    assert expected in _message([override])
+
+
+def test_the_bounds_that_are_meaningful_are_accepted():
+    recipe = load_recipe("gpt-tiny", ["optim.weight_decay=0", "optim.beta1=0", "optim.grad_clip=null",
+                                      "schedule.min_lr=0", "schedule.decay_fraction=1", "model.dropout=0",
+                                      "objective.label_smoothing=0", "tokenizer.max_train_mb=null"])
+    assert (recipe.optim.weight_decay, recipe.optim.grad_clip, recipe.schedule.decay_fraction) == (0.0, None, 1.0)
+
+
+def test_every_bad_value_in_a_file_is_reported_at_once(tmp_path):
+    message = _message(None, tmp_path, "optim:\n  lr: .nan\n  eps: -1\nschedule:\n  min_lr: nan\n")
+    assert message.startswith(f"{tmp_path / 'r.yaml'}: ")
+    for part in ("optim.lr: got nan", "optim.eps: got -1.0", "schedule.min_lr: got nan"):
+        assert part in message
+
+
+def test_warmup_longer_than_the_run_is_a_warning_naming_both_keys():
+    """A quick `--set train.max_steps=20` try of a recipe with a longer warmup must still run."""
+    recipe = load_recipe("gpt-tiny", ["train.max_steps=20", "schedule.warmup_steps=50"])
+    assert recipe.warnings() == ["schedule.warmup_steps: 50 exceeds train.max_steps=20, so the learning rate "
+                                 "never reaches optim.lr"]
+    # a warmup as long as the run still reaches the peak, on the last update
+    recipe = load_recipe("gpt-tiny", ["train.max_steps=30", "schedule.warmup_steps=30", "schedule.name=constant"])
+    assert lr_at(29, recipe.schedule, recipe.optim.lr, 30, recipe.model.d_model) == recipe.optim.lr
+
+
+def test_a_floor_above_the_peak_is_rejected_where_the_schedule_decays():
+    with pytest.raises(ConfigError, match=r"schedule.min_lr: 1 exceeds optim.lr=0.003, the peak it decays from"):
+        load_recipe("gpt-tiny", ["schedule.min_lr=1"])
+    assert load_recipe("gpt-tiny", ["schedule.min_lr=1", "schedule.name=constant"]).schedule.min_lr == 1.0
