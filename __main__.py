@@ -1,5 +1,5 @@
 """`python -m tfkit` runs the command-line interface."""
 
-from tfkit.cli.main import main
+from tfkit.cli.entry import run
 
-main()
+run()

@@ -2,7 +2,9 @@
 
 The conversion itself is the pure `tfkit.models.convert.regroup_kv_heads`; this module only does what a
 command must: resolve the input, refuse to write over it or over an existing folder, write a complete
-checkpoint folder atomically (weights, config with provenance, tokenizer), and report what changed.
+checkpoint folder atomically (weights, config with provenance, tokenizer), and report what changed. A
+source without tokenizer.json still converts, with a warning on stderr: the weights are valid, but
+`generate` and `eval` cannot read text with the result until a tokenizer is copied in.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError
 
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
 
 
@@ -117,6 +121,15 @@ def convert_mqa_to_gqa(
     check_new_folder(out, [Path(checkpoint), folder], force)
     if eval_tokens < 1:
         raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
+    has_tokenizer = (folder / "tokenizer.json").is_file()
+    if eval_data is not None and not has_tokenizer:
+        raise ConfigError(f"--eval-data: {folder} has no tokenizer.json to tokenize the data with")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if eval_data is not None:  # first: data that cannot be scored fails before --out is written
+        from ..trainer.evaluate import evaluate_checkpoint
+
+        before = evaluate_checkpoint(folder, eval_data, max_tokens=eval_tokens, device=device,
+                                     show_progress=sys.stderr.isatty())
     model, new_model = convert_checkpoint(folder, out, kv_heads, method, seed)
     cfg, new_cfg = model.config, new_model.config
 
@@ -128,11 +141,8 @@ def convert_mqa_to_gqa(
         ("KV-cache bytes / token (bf16)", f"{bytes_before:,}", f"{bytes_after:,}"),
     ]
     if eval_data is not None:
-        from ..trainer.evaluate import evaluate_checkpoint
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        before, after = (evaluate_checkpoint(path, eval_data, max_tokens=eval_tokens, device=device,
-                                             show_progress=sys.stderr.isatty()) for path in (folder, out))
+        after = evaluate_checkpoint(out, eval_data, max_tokens=eval_tokens, device=device,
+                                    show_progress=sys.stderr.isatty())
         rows.append(("validation loss", f"{before['loss']:.4f}", f"{after['loss']:.4f}"))
         rows.append(("perplexity", f"{before['perplexity']:.2f}", f"{after['perplexity']:.2f}"))
     console = Console(width=None if sys.stdout.isatty() else 120)
@@ -140,6 +150,10 @@ def convert_mqa_to_gqa(
     console.print(report(rows, "convert-mqa-to-gqa"), highlight=False)
     console.print(f"wrote {out}; uptrain it with: {uptrain_command(out, new_cfg)}", highlight=False, markup=False,
                   soft_wrap=True)  # one line: the command stays copy-pasteable
+    if not has_tokenizer:
+        err.print(f"[bold yellow]warning:[/bold yellow] {escape(str(folder))} has no tokenizer.json, so "
+                  f"{escape(str(out))} has none either: `tfkit generate` and `tfkit eval` need one there "
+                  "(copy the run's tokenizer files in)")
 
 
 def uptrain_command(out: Path, cfg) -> str:

@@ -2,7 +2,8 @@
 
 Every checkpoint is scored on identical batches (same corpus, seq_len, seed and batch size; MLM masks
 included), so the rows compare. The table goes to stdout, progress to stderr; `--json OUT` writes the
-same numbers as a list, one object per checkpoint in the order given.
+same numbers as a list, one object per checkpoint in the order given. OUT is checked before anything is
+scored, so a folder or an unwritable path fails in a second rather than after the whole evaluation.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigError
+from ..files import write_problem
 from .generate import pick_runtime
 from .options import Device, Dtype
 
@@ -25,17 +27,28 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def results_table(rows: list[dict], names: list[str], data: str) -> Table:
-    """One row per checkpoint: what a user compares (lower loss/ppl/bpb is better)."""
+def results_table(rows: list[dict], names: list[str], data: str, dtype: str = "fp32") -> Table:
+    """One row per checkpoint: what a user compares (lower loss/ppl/bpb is better). KV-cache bytes are
+    at the evaluation dtype, named in the column (convert-mqa-to-gqa reports bf16)."""
     table = Table(title=f"eval on {data}")
     for column in ("checkpoint", "arch", "step", "params", "loss", "ppl", "bits/byte", "acc", "tokens",
-                   "KV B/tok", "tok/s"):
+                   f"KV B/tok ({dtype})", "tok/s"):
         table.add_column(column, justify="left" if column in ("checkpoint", "arch") else "right")
     for name, r in zip(names, rows):
         table.add_row(name, r["arch"], _num(r["step"], ","), f"{r['params']:,}", f"{r['loss']:.4f}",
                       f"{r['perplexity']:.2f}", _num(r["bits_per_byte"], ".4f"), f"{100 * r['token_accuracy']:.2f}%",
                       f"{r['tokens']:,}", _num(r["kv_cache_bytes_per_token"], ","), _num(r["tokens_per_sec"], ",.0f"))
     return table
+
+
+def check_json_out(path: Path) -> None:
+    """--json must name a file we can write, checked before evaluating (which can take minutes), so the
+    results are never computed only to be lost. Its folder may not exist yet: it is made at the end."""
+    if path.is_dir():
+        raise ConfigError(f"--json {path}: is a folder, expected a file path such as {path / 'results.json'}")
+    problem = write_problem(path)
+    if problem:
+        raise ConfigError(f"--json {path}: {problem}")
 
 
 def evaluate(
@@ -48,6 +61,7 @@ def evaluate(
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default: the smallest max_seq_len of the checkpoints).")] = None,
     stride: Annotated[Optional[int], typer.Option("--stride", help="GPT: sliding-window perplexity, scoring `stride` new tokens per window.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the evaluation batches (MLM masks): keep it to compare runs.")] = 0,
+    text_field: Annotated[str, typer.Option("--text-field", help="JSON/JSONL key holding the text.")] = "text",
     device: Device = "auto",
     dtype: Dtype = "fp32",
 ) -> None:
@@ -62,8 +76,14 @@ def evaluate(
     from ..trainer.evaluate import evaluate_checkpoint
 
     torch_device, _ = pick_runtime(device, dtype)
+    if json_out is not None:
+        check_json_out(json_out)
+    max_len = min(read_config(c)["model"]["max_seq_len"] for c in checkpoints)
     if seq_len is None:  # one context length for every row, or the numbers would not compare
-        seq_len = min(read_config(c)["model"]["max_seq_len"] for c in checkpoints)
+        seq_len = max_len
+    elif not 1 <= seq_len <= max_len:
+        raise ConfigError(f"--seq-len must be in 1..{max_len} (the smallest max_seq_len of the checkpoints), "
+                          f"got {seq_len}")
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
     if max_batches is not None and max_batches < 1:
@@ -72,9 +92,10 @@ def evaluate(
     for ckpt in checkpoints:
         rows.append(evaluate_checkpoint(ckpt, data, batch_size=batch_size, max_batches=max_batches,
                                         max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
-                                        dtype=dtype, seed=seed, show_progress=sys.stderr.isatty()))
+                                        dtype=dtype, seed=seed, show_progress=sys.stderr.isatty(),
+                                        text_field=text_field))
     console = Console(width=None if sys.stdout.isatty() else 200)
-    console.print(results_table(rows, checkpoints, data))
+    console.print(results_table(rows, checkpoints, data, dtype))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

@@ -2,7 +2,9 @@
 
 stdout carries only the generated text, so the command pipes (`tfkit generate run/ -p "To be" | wc -w`);
 everything else (what was loaded, which device) goes to stderr. With one prompt the text is streamed as
-tokens arrive; with several they are decoded as one batch and printed in order, one per line.
+tokens arrive. With several they are decoded as one batch and printed in order, each preceded by a
+header line `==> prompt N: 'PROMPT' <==` and separated by a blank line, as `head a b` separates files:
+a continuation can itself hold newlines and blank lines, so only the headers split stdout reliably.
 """
 
 from __future__ import annotations
@@ -34,29 +36,42 @@ def pick_runtime(device: str, dtype: str):
     return torch.device(device), {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
+def continuation(tokenizer, prompt: list[int], new: list[int], head: str | None = None) -> str:
+    """The text `new` adds after `prompt` (whose text `head` is, when the caller has it already).
+
+    WordPiece and Metaspace decoders drop the space before a word at the start of a text, so decoding
+    `new` alone loses the space between prompt and continuation ("ROMEO: I" + "in" read "in", not " in");
+    decoding both and cutting the prompt's text off keeps it. Falls back to `new` alone where the joint
+    text does not start with the prompt's."""
+    head = tokenizer.decode(prompt) if head is None else head
+    whole = tokenizer.decode(prompt + new)
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
+
+
 class TextStream:
     """Prints the text of a growing token list as it grows.
 
     Tokens are not characters: a byte-level BPE token can hold half of a UTF-8 character, and WordPiece
     or Metaspace decoding of a token depends on its neighbours. So the whole list is decoded each time
-    and only the new suffix is printed, held back while it ends in an incomplete character.
+    (after its prompt, see `continuation`) and only the new suffix is printed, held back while it ends
+    in an incomplete character.
     """
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, prompt: list[int]) -> None:
+        self.tokenizer, self.prompt, self.head = tokenizer, prompt, tokenizer.decode(prompt)
         self.ids: list[int] = []
         self.printed = ""
 
     def __call__(self, row: int, token: int) -> None:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        text = continuation(self.tokenizer, self.prompt, self.ids, self.head)
         if text.endswith("\ufffd") or not text.startswith(self.printed):
             return
         typer.echo(text[len(self.printed):], nl=False)
         self.printed = text
 
     def finish(self) -> None:
-        text = self.tokenizer.decode(self.ids)
+        text = continuation(self.tokenizer, self.prompt, self.ids, self.head)
         typer.echo(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
 
 
@@ -74,6 +89,12 @@ def prompt_ids(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | 
     if bos is None or sep is None:
         raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source")
     return [bos], tokenizer.encode(text) + [sep]
+
+
+def prompt_header(number: int, prompt: str) -> str:
+    """The stdout line before continuation `number` (from 1) when there are several prompts (module doc):
+    one line whatever the prompt holds (repr escapes newlines), long prompts cut to 60 characters."""
+    return f"==> prompt {number}: {prompt[:60]!r} <=="
 
 
 def generate(
@@ -97,8 +118,9 @@ def generate(
     or fill [MASK] tokens (BERT, --fill-mask: one `mask<TAB>prob<TAB>token` line per guess).
 
     Only the generated text goes to stdout, streamed token by token for a single prompt, so the output
-    can be piped; information goes to stderr. Stops at the end-of-text token, after --max-new-tokens, or
-    at the model's max_seq_len.
+    can be piped; information goes to stderr. Several prompts: each continuation follows a line
+    `==> prompt N: 'PROMPT' <==`, with a blank line between them. Stops at the end-of-text token, after
+    --max-new-tokens, or at the model's max_seq_len.
     """
     from ..models import load_model, resolve_checkpoint
     from ..models.generation import fill_mask, generate as generate_ids
@@ -135,13 +157,13 @@ def generate(
     if longest + max_new_tokens > cfg.max_seq_len:
         err.print(f"note: generation stops at max_seq_len={cfg.max_seq_len} tokens (prompt included)")
     eos = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
-    stream = TextStream(tokenizer) if len(prompts) == 1 else None
+    stream = TextStream(tokenizer, prompts[0]) if len(prompts) == 1 else None
     outputs = generate_ids(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            eos_id=eos, seed=seed, on_token=stream, source_ids=sources,
                            pad_id=tokenizer.pad_id or 0)
     if stream is not None:
         stream.finish()
         return
-    for text, ids in zip(prompt, outputs):
-        err.print(f"[dim]--- {text[:60]!r}[/dim]")
-        typer.echo(tokenizer.decode(ids))
+    for number, (text, ids, framed_prompt) in enumerate(zip(prompt, outputs, prompts), start=1):
+        typer.echo(("\n" if number > 1 else "") + prompt_header(number, text))
+        typer.echo(continuation(tokenizer, framed_prompt, ids))

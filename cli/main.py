@@ -2,11 +2,16 @@
 
 Commands live one group per module and stay thin; this module only assembles them. Every `TfkitError`
 raised below is caught here and printed as one red line with exit code 2 (the traceback only with
-`--debug`), so a user sees what to fix rather than a stack.
+`--debug`), so a user sees what to fix rather than a stack. So is every `OSError` that got this far
+(an `--out` under a regular file, a `--run-dir` that is a file, no permission, a full disk): those are
+ordinary file-system mistakes, and the line names the path and the operating system's reason.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,16 +26,35 @@ from . import convert, evaluate, generate, hf, pretrain, recipes, tokenizer
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def os_error_line(exc: OSError) -> str:
+    """`PATH: reason` for a file-system error; when a path component is a regular file where a folder
+    is needed (`--out afile/sub`), says which one, since the OS reason alone ("Not a directory") does not."""
+    if exc.filename is None:
+        return str(exc)
+    where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 is not None else str(exc.filename)
+    line = f"{where}: {exc.strerror or type(exc).__name__}"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and isinstance(exc.filename, str):
+        path = Path(exc.filename)
+        blocker = next((p for p in (path, *path.parents) if p.exists()), None)  # nearest thing that is there
+        if blocker is not None and not blocker.is_dir():
+            line += " (a file, not a folder)" if blocker == path else f" ({blocker} is a file, not a folder)"
+    return line
+
+
 class _Group(TyperGroup):
     """Catches user errors from any subcommand and turns them into one line and exit code 2."""
 
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
-        except TfkitError as exc:
+        except BrokenPipeError:  # `tfkit generate ... | head -1` closed stdout early: not an error to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail too
+            raise typer.Exit(141) from None  # 128 + SIGPIPE, what `yes | head` reports
+        except (TfkitError, OSError) as exc:
             if ctx.meta.get("tfkit.debug"):
                 raise
-            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
+            message = os_error_line(exc) if isinstance(exc, OSError) else str(exc)
+            err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
             raise typer.Exit(2) from None
 
 

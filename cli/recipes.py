@@ -7,14 +7,17 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ..errors import ConfigError
 from ..trainer.recipe import bundled_recipes, find_recipe, load_recipe
 from ..trainer.schedules import lr_at
 from .options import Overrides
 
 app = typer.Typer(help="List, show and validate pretraining recipes.", no_args_is_help=True)
 console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _summary(path: Path) -> str:
@@ -39,26 +42,47 @@ def list_recipes() -> None:
 def show(
     recipe: Annotated[str, typer.Argument(help="Bundled recipe name or path to a YAML file.")],
     overrides: Overrides = None,
-    lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print.")] = 11,
+    lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print (0: none).")] = 11,
 ) -> None:
-    """Print the resolved recipe (sizes and overrides applied) and its learning-rate curve."""
+    """Print the resolved recipe (sizes and overrides applied) on stdout, its learning-rate curve on stderr."""
     resolved = load_recipe(recipe, overrides)
+    for warning in resolved.warnings():
+        err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     console.print(f"# {find_recipe(recipe)}", style="dim", highlight=False)
     console.print(resolved.to_yaml(), highlight=False, markup=False)
+    if lr_points < 1:
+        return
     steps = resolved.train.max_steps
     table = Table("step", "lr", title=f"learning rate ({resolved.schedule.name})")
     marks = sorted({round(i * steps / max(lr_points - 1, 1)) for i in range(lr_points)})
     for step in marks:
         table.add_row(str(step), f"{lr_at(step, resolved.schedule, resolved.optim.lr, steps, resolved.model.d_model):.3e}")
-    console.print(table)
+    err_console.print(table)  # stderr: `tfkit recipes show NAME > my.yaml` writes a recipe that loads
 
 
 @app.command("validate")
 def validate(
+    ctx: typer.Context,
     files: Annotated[list[str], typer.Argument(help="Recipe files or bundled names to check.")],
     overrides: Overrides = None,
 ) -> None:
-    """Check recipes without running them; every problem of a file is reported at once."""
+    """Check recipes without running them: each file gets "ok" or one line with all of its problems, and
+    the exit code is 2 when any file failed."""
+    failed = False
     for item in files:
-        load_recipe(item, overrides)
-        console.print(f"[green]ok[/green] {item}", highlight=False)
+        try:
+            resolved = load_recipe(item, overrides)
+        except ConfigError as exc:
+            if ctx.meta.get("tfkit.debug"):
+                raise
+            failed = True
+            message = str(exc)
+            if len(files) > 1 and message.startswith("--set"):  # else nothing says which file it was
+                message = f"{item}: {message}"
+            err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
+        else:
+            console.print(f"[green]ok[/green] {item}", highlight=False)
+            for warning in resolved.warnings():
+                err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    if failed:
+        raise typer.Exit(2)

@@ -2,6 +2,7 @@
 
 Thin on purpose: the work lives in `tfkit.tokenization` (corpus readers, training, report), so the same
 thing is one function call from Python. Errors are `TfkitError`s, printed by the app's error boundary.
+The options and --out are checked before the corpus is read, so a typo costs a second, not a training.
 """
 
 from __future__ import annotations
@@ -11,9 +12,21 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..errors import ConfigError
+from ..files import write_problem
 from ..tokenization.corpus import corpus_size, hold_out_tail, iter_documents
 from ..tokenization.report import print_report
 from ..tokenization.train import TokenizerSpec, train_tokenizer as train
+
+
+def check_out_folder(out: Path) -> None:
+    """--out must be a folder or a path where one can be made: a regular file there, or in its way
+    (`--out notes.txt/tok`), is refused before training rather than after it."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, expected a folder (tokenizer.json and its companions go inside)")
+    problem = write_problem(out)
+    if problem:
+        raise ConfigError(f"--out {out}: {problem}")
 
 
 def train_tokenizer(
@@ -46,6 +59,9 @@ def train_tokenizer(
     The last --heldout-chars of the corpus are not trained on; the report measures bytes per token,
     tokens per word and the unknown-token rate on them.
     """
+    if heldout_chars < 0:
+        raise ConfigError(f"--heldout-chars must be >= 0 (0 = no held-out report), got {heldout_chars}")
+    check_out_folder(out)
     spec = TokenizerSpec(
         kind=kind,
         vocab_size=vocab_size,

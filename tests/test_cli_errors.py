@@ -1,5 +1,6 @@
 """Bad input at the command line: one red line naming the culprit, exit code 2, never a traceback."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,12 @@ def _jsonl(tmp_path: Path) -> str:
     path = tmp_path / "docs.jsonl"
     path.write_text('{"text": "hello"}\n{"body": "no text field here"}\n')
     return str(path)
+
+
+def _file(tmp_path: Path) -> Path:
+    path = tmp_path / "afile"
+    path.write_text("mine")
+    return path
 
 
 CASES = {
@@ -65,6 +72,19 @@ CASES = {
         lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(t / "tok"), "--vocab-size", "50", "-q"],
         "vocab_size",
     ),
+    "run folder is a file": (lambda t: ["pretrain", "gpt-tiny", "--run-dir", str(_file(t))], "afile"),
+    "tokenizer --out is a file": (
+        lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(_file(t))],
+        "is a file, expected a folder",
+    ),
+    "tokenizer --out under a file": (
+        lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(_file(t) / "sub")],
+        "afile is a file, not a folder",
+    ),
+    "negative --heldout-chars": (
+        lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(t / "tok"), "--heldout-chars", "-5"],
+        "--heldout-chars must be >= 0",
+    ),
     "missing checkpoint": (lambda t: ["generate", str(t / "no-such-run"), "--prompt", "hi"], "no-such-run"),
     "checkpoint without weights": (
         lambda t: ["eval", _checkpoint(t, None), "--data", "stdlib:docs:valid"],
@@ -94,6 +114,37 @@ def test_debug_shows_the_traceback_instead(tmp_path):
     assert type(result.exception).__name__ == "ConfigError"
 
 
+def test_file_system_errors_are_one_line_naming_the_path(tmp_path, monkeypatch):
+    """An OSError no check caught (here export-hf writing under a regular file) still gets the boundary's
+    one line, with the path, the OS reason and which component is in the way; --debug re-raises it."""
+    import tfkit.models.hf_export as hf_export
+
+    def write_under(ckpt, out, force=False):
+        (Path(out) / "config.json").write_text("{}")  # what a converter does once past its own checks
+
+    monkeypatch.setattr(hf_export, "export_hf", write_under)
+    blocked = _file(tmp_path) / "sub"
+    result = runner.invoke(app, ["export-hf", str(tmp_path), "--out", str(blocked)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: {blocked / 'config.json'}: Not a directory ({blocked.parent} is a file, not a folder)"]
+    debug = runner.invoke(app, ["--debug", "export-hf", str(tmp_path), "--out", str(blocked)])
+    assert isinstance(debug.exception, NotADirectoryError)
+
+
+def test_os_error_line_names_both_paths_and_the_reason(tmp_path):
+    from tfkit.cli.main import os_error_line
+
+    afile = _file(tmp_path)
+    with pytest.raises(FileExistsError) as exc:
+        (afile / "sub").parent.mkdir(parents=True, exist_ok=True)  # what writers of `--out afile/sub` do
+    assert os_error_line(exc.value) == f"{afile}: File exists (a file, not a folder)"
+    assert os_error_line(PermissionError(13, "Permission denied", "/root/x")) == "/root/x: Permission denied"
+    assert os_error_line(OSError(18, "Invalid cross-device link", "a", None, "b")) == \
+        "a -> b: Invalid cross-device link"
+    assert os_error_line(OSError("no path at all")) == "no path at all"
+
+
 def test_nothing_is_overwritten_by_a_failed_tokenizer_run(tmp_path):
     out = tmp_path / "tok"
     out.mkdir()
@@ -101,6 +152,9 @@ def test_nothing_is_overwritten_by_a_failed_tokenizer_run(tmp_path):
     result = runner.invoke(app, ["train-tokenizer", str(tmp_path / "missing.txt"), "--out", str(out)])
     assert result.exit_code == 2
     assert (out / "keep.txt").read_text() == "mine"
+    afile = _file(tmp_path)
+    assert runner.invoke(app, ["train-tokenizer", "stdlib:docs:valid", "--out", str(afile)]).exit_code == 2
+    assert afile.read_text() == "mine"
 
 
 def test_help_lists_every_command():
@@ -114,3 +168,22 @@ def test_help_lists_every_command():
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("tfkit ")
+
+
+def test_ctrl_c_while_the_commands_load_exits_130_quietly(monkeypatch, capsys):
+    """Importing the commands (torch) takes seconds; a Ctrl-C then must not print an import traceback."""
+    import types
+
+    from tfkit.cli import entry
+
+    loading = types.ModuleType("tfkit.cli.main")
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    loading.__getattr__ = interrupted  # `from .main import main` is interrupted half-way
+    monkeypatch.setitem(sys.modules, "tfkit.cli.main", loading)
+    with pytest.raises(SystemExit) as stop:
+        entry.run()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == ""

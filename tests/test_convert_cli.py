@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
+from tfkit.cli.main import app
 from tfkit.errors import TfkitError
 from tfkit.models import ModelConfig, build_model, load_model, save_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
@@ -22,23 +22,8 @@ def corpus_text() -> str:
     return SHAKESPEARE.read_text(encoding="utf-8")[:60_000] if SHAKESPEARE.exists() else FALLBACK
 
 
-def cli_app() -> typer.Typer:
-    """The real app (with its error boundary) once every command module exists, else just ours."""
-    try:
-        from tfkit.cli.main import app
-        return app
-    except ImportError:
-        from tfkit.cli.convert import convert_mqa_to_gqa
-        app = typer.Typer()
-        app.command()(convert_mqa_to_gqa)
-        return app
-
-
 def invoke(args: list[str]):
-    app = cli_app()
-    if len(app.registered_commands) > 1:
-        args = ["convert-mqa-to-gqa", *args]
-    return CliRunner().invoke(app, args)
+    return CliRunner().invoke(app, ["convert-mqa-to-gqa", *args])
 
 
 def assert_user_error(result, *needles: str) -> None:
@@ -165,3 +150,34 @@ def test_uptrain_command_needs_no_override_for_gpt_tiny_with_two_kv_heads() -> N
     command = uptrain_command(Path("ckpt"), bert)
     assert "--set model.arch=bert" in command and "--set objective.name=mlm" in command
     assert "--set model.n_kv_heads=1" in command
+
+
+def test_a_checkpoint_without_tokenizer_converts_with_a_warning(run_folder: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (bare / name).write_bytes((run_folder / "checkpoints" / "step-9" / name).read_bytes())
+    result = invoke([str(bare), "-g", "1", "-o", str(tmp_path / "mqa")])
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "no tokenizer.json" in warning[0] and "tfkit generate" in warning[0]
+    assert "warning" not in result.stdout and not (tmp_path / "mqa" / "tokenizer.json").exists()
+    assert_user_error(invoke([str(bare), "-g", "1", "-o", str(tmp_path / "again"), "--eval-data", "x.txt"]),
+                      "--eval-data", "no tokenizer.json")
+    assert not (tmp_path / "again").exists()
+    with_tokenizer = invoke([str(run_folder), "-g", "1", "-o", str(tmp_path / "ok")])
+    assert "warning" not in with_tokenizer.stderr
+
+
+def test_out_under_a_regular_file_is_one_line(run_folder: Path, tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert_user_error(invoke([str(run_folder), "-g", "1", "-o", str(afile / "sub")]), str(afile), "not a folder")
+    assert afile.read_text() == "mine"
+
+
+def test_eval_data_that_cannot_be_scored_fails_before_out_is_written(run_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    result = invoke([str(run_folder), "-g", "1", "-o", str(out), "--eval-data", str(tmp_path / "nope.txt")])
+    assert_user_error(result, "nope.txt")
+    assert not out.exists()

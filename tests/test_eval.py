@@ -14,7 +14,8 @@ import torch.nn.functional as F
 import typer
 from typer.testing import CliRunner
 
-from tfkit.errors import ConfigError, TfkitError
+from tfkit.cli.main import app
+from tfkit.errors import ConfigError, DataError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.shards import TokenShards
@@ -94,6 +95,7 @@ def test_uniform_model_has_perplexity_vocab_size(tokenizers, valid_file: Path, t
     assert got["perplexity"] == pytest.approx(vocab, rel=1e-4)
     assert got["bits_per_byte"] == pytest.approx(got["tokens"] * math.log2(vocab) / got["bytes"], rel=1e-4)
     assert got["kv_cache_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # K,V x layers x kv heads x head dim x fp32
+    assert got["dtype"] == "fp32"  # what the bytes and the forward passes used
     assert got["params"] > 0 and got["tokens_per_sec"] > 0 and got["step"] == 5
 
 
@@ -162,17 +164,15 @@ def test_bad_options_name_the_flag(tokenizers, valid_file: Path, tmp_path: Path)
         score(bert, valid_file, tmp_path, seq_len=65)
     with pytest.raises(ConfigError, match="--dtype"):
         score(bert, valid_file, tmp_path, dtype="int8")
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("The quick brown fox jumps over the lazy dog.\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"tiny.txt: .*fewer than one batch of 8 at --seq-len 64; use a smaller"):
+        score(bert, tiny, tmp_path, batch_size=8)
+    assert score(bert, tiny, tmp_path, batch_size=1, seq_len=8)["tokens"] > 0  # what the message suggests works
 
 
 def cli_app() -> tuple[typer.Typer, list[str]]:
-    try:
-        from tfkit.cli.main import app
-        return app, ["eval"]
-    except ImportError:  # the lead's main.py imports commands that may not exist yet
-        from tfkit.cli.evaluate import evaluate
-        app = typer.Typer()
-        app.command()(evaluate)
-        return app, []
+    return app, ["eval"]
 
 
 def test_cli_prints_one_row_per_checkpoint_and_the_same_json(tokenizers, valid_file: Path, tmp_path: Path,
@@ -203,3 +203,56 @@ def test_cli_prints_one_row_per_checkpoint_and_the_same_json(tokenizers, valid_f
         assert "--stride" in str(bad.exception)
     else:
         assert bad.exit_code == 2 and "--stride" in bad.stderr
+
+
+def test_json_out_is_checked_before_anything_is_scored(tokenizers, valid_file: Path, tmp_path: Path,
+                                                        monkeypatch) -> None:
+    import tfkit.trainer.evaluate as evaluate_module
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("evaluated although --json could never be written")
+
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", must_not_run)
+    ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    app, prefix = cli_app()
+    for target, needle in ((tmp_path, "is a folder, expected a file path"),
+                           (afile / "results.json", f"{afile} is a file, not a folder")):
+        result = CliRunner().invoke(app, [*prefix, str(ckpt), "--data", str(valid_file), "--json", str(target)])
+        assert result.exit_code == 2, result.output
+        assert f"--json {target}" in result.stderr and needle in result.stderr
+    assert afile.read_text() == "mine"
+
+
+def test_seq_len_zero_is_an_error_not_the_default(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
+    with pytest.raises(ConfigError, match=r"--seq-len must be in 1\.\.64"):
+        score(ckpt, valid_file, tmp_path, seq_len=0)
+    app, prefix = cli_app()
+    for bad in ("0", "-3", "65"):
+        result = CliRunner().invoke(app, [*prefix, str(ckpt), "--data", str(valid_file), "--seq-len", bad])
+        assert result.exit_code == 2, result.output
+        assert f"--seq-len must be in 1..64 (the smallest max_seq_len of the checkpoints), got {bad}" in result.stderr
+
+
+def test_text_field_names_the_jsonl_key(tokenizers, valid_file: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    docs = valid_file.read_text(encoding="utf-8").split("\n\n")
+    as_text, as_body = tmp_path / "text.jsonl", tmp_path / "body.jsonl"
+    as_text.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    as_body.write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
+    expected = score(ckpt, as_text, tmp_path, batch_size=4, seq_len=32)
+    got = score(ckpt, as_body, tmp_path, batch_size=4, seq_len=32, text_field="body")
+    assert (got["tokens"], got["data_fingerprint"]) == (expected["tokens"], expected["data_fingerprint"])
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+
+    app, prefix = cli_app()
+    args = [*prefix, str(ckpt), "--data", str(as_body), "--batch-size", "4", "--seq-len", "32", "--device", "cpu"]
+    missing = CliRunner().invoke(app, args)
+    assert missing.exit_code == 2 and "body.jsonl:1: no 'text' field" in missing.stderr
+    assert "--text-field" in missing.stderr
+    result = CliRunner().invoke(app, [*args, "--text-field", "body", "--json", str(tmp_path / "out" / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "r.json").read_text())[0]["tokens"] == expected["tokens"]

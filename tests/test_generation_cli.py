@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
+from tfkit.cli.main import app
 from tfkit.errors import ConfigError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.models.generation import fill_mask, generate as generate_ids
@@ -24,23 +25,8 @@ def corpus() -> list[str]:
     return FALLBACK
 
 
-def cli_app() -> typer.Typer:
-    """The real app (with its error boundary) once every command module exists, else just ours."""
-    try:
-        from tfkit.cli.main import app
-        return app
-    except ImportError:
-        from tfkit.cli.generate import generate
-        app = typer.Typer()
-        app.command()(generate)
-        return app
-
-
 def invoke(args: list[str]):
-    app = cli_app()
-    if app.registered_commands and len(app.registered_commands) > 1:
-        args = ["generate", *args]
-    return CliRunner().invoke(app, args)
+    return CliRunner().invoke(app, ["generate", *args])
 
 
 def assert_user_error(result, option: str) -> None:
@@ -92,13 +78,30 @@ def test_stdout_is_exactly_the_greedy_continuation_from_a_run_folder(gpt_ckpt: P
     assert "loaded" in result.stderr and "loaded" not in result.stdout
 
 
-def test_several_prompts_print_one_line_each_and_seed_repeats(gpt_ckpt: Path) -> None:
+def test_several_prompts_are_split_by_header_lines_and_seed_repeats(gpt_ckpt: Path) -> None:
     args = [str(gpt_ckpt), "-p", "To be", "-p", "All:", "-n", "6", "--seed", "3", "--top-k", "20", "--top-p", "0.9"]
     first, again = invoke(args), invoke(args)
     assert first.exit_code == 0, first.output
     assert first.stdout == again.stdout
-    lines = first.stdout.split("\n")
-    assert len(lines) >= 3 and lines[-1] == ""
+    assert first.stdout.startswith("==> prompt 1: 'To be' <==\n") and "\n\n==> prompt 2: 'All:' <==\n" in first.stdout
+
+
+def test_several_prompts_stdout_splits_into_exactly_the_continuations(gpt_ckpt: Path) -> None:
+    """Continuations may hold newlines and blank lines: the header lines alone must delimit them."""
+    from tfkit.models import load_model
+
+    prompts = ["First Citizen:\n\n", "All:", "Speak, speak."]
+    model, _ = load_model(gpt_ckpt)
+    tok = load_tokenizer(gpt_ckpt)
+    batch = [[tok.eos_id, *tok.encode(p)] for p in prompts]
+    expected = [tok.decode(ids) for ids in generate_ids(model, batch, 20, temperature=0, eos_id=tok.eos_id,
+                                                        pad_id=tok.pad_id or 0)]
+    result = invoke([str(gpt_ckpt), *[a for p in prompts for a in ("-p", p)], "-n", "20", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    blocks = re.split(r"(?:^|\n\n)==> prompt \d+: .* <==\n", result.stdout)
+    assert blocks[0] == "" and [b.removesuffix("\n") for b in blocks[1:]] == expected
+    assert "==> prompt 1: 'First Citizen:\\n\\n' <==" in result.stdout  # one line, whatever the prompt holds
+    assert "==>" not in result.stderr
 
 
 def test_bad_input_names_the_option(gpt_ckpt: Path, bert_ckpt: Path) -> None:
@@ -151,7 +154,7 @@ def test_stream_prints_text_as_it_grows_and_never_half_a_character(gpt_ckpt: Pat
     tok = load_tokenizer(gpt_ckpt)
     text = "Speak ünïcödé 😀 now"
     ids = tok.encode(text)
-    stream, pieces = TextStream(tok), []
+    stream, pieces = TextStream(tok, []), []
     for t in ids:
         stream(0, t)
         pieces.append(capsys.readouterr().out)
@@ -159,3 +162,34 @@ def test_stream_prints_text_as_it_grows_and_never_half_a_character(gpt_ckpt: Pat
     assert "".join(pieces) + capsys.readouterr().out == text + "\n"
     assert not any("\ufffd" in p for p in pieces)
     assert sum(1 for p in pieces if p) > 3  # printed along the way, not all at the end
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_a_continuation_keeps_the_space_after_its_prompt(tmp_path: Path, kind: str) -> None:
+    """WordPiece and Metaspace decoders drop the space before a text's first word; a continuation is not
+    a text of its own ("ROMEO: I" + "in" must read " in")."""
+    from tfkit.cli.generate import continuation
+
+    train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus(), tmp_path / kind, show_progress=False)
+    tok = load_tokenizer(tmp_path / kind)
+    prompt, new = tok.encode("ROMEO: I"), tok.encode("in the house")
+    assert tok.decode(new) == "in the house"  # what printing the new tokens alone gave
+    assert continuation(tok, prompt, new) == " in the house"
+
+
+def test_a_reader_that_stops_early_is_not_an_error(gpt_ckpt: Path) -> None:
+    """`tfkit generate ... | head -1`: the closed pipe ends the command quietly with 141 (128 + SIGPIPE),
+    as `yes | head` does, not with an error line or a traceback."""
+    import subprocess
+    import sys
+
+    # The output must overflow the pipe (64 KiB on Linux) plus Python's stdout buffer, or the command can
+    # write it all and exit 0 before the reader closes: 8,000 headers alone are over 160 KB.
+    prompts = [arg for _ in range(8000) for arg in ("-p", "x")]
+    cmd = [sys.executable, "-m", "tfkit", "generate", str(gpt_ckpt), *prompts, "--max-new-tokens", "30", "--seed", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"==> prompt 1:")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "error" not in err and "Traceback" not in err, err

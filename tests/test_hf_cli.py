@@ -12,44 +12,20 @@ import typer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from typer.testing import CliRunner
 
+from tfkit.cli.main import app
+
 transformers = pytest.importorskip("transformers")
 
 TEXT = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away!"] * 20
 IDS = torch.randint(5, 280, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
-def cli_app() -> typer.Typer:
-    """The real app, or (while main.py imports commands that do not exist yet) ours behind the same
-    boundary: a TfkitError is one `error:` line and exit code 2."""
-    try:
-        from tfkit.cli.main import app
-        return app
-    except ImportError:
-        from typer.core import TyperGroup
-
-        from tfkit.cli import hf
-        from tfkit.errors import TfkitError
-
-        class Group(TyperGroup):
-            def invoke(self, ctx):
-                try:
-                    return super().invoke(ctx)
-                except TfkitError as exc:
-                    typer.echo(f"error: {exc}", err=True)
-                    raise typer.Exit(2) from None
-
-        app = typer.Typer(cls=Group)
-        app.command("import-hf")(hf.import_hf)
-        app.command("export-hf")(hf.export_hf)
-        return app
-
-
 def run(*args: str):
-    return CliRunner().invoke(cli_app(), [str(a) for a in args])
+    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def commands() -> set[str]:
-    return set(typer.main.get_command(cli_app()).commands)
+    return set(typer.main.get_command(app).commands)
 
 
 def byte_level_tokenizer(folder: Path) -> None:
@@ -102,7 +78,11 @@ def test_import_errors_exit_2_with_one_line(tmp_path):
     (tmp_path / "taken" / "x").write_text("x")
     result = run("import-hf", src, "--out", tmp_path / "taken")
     assert result.exit_code == 2 and "already exists; use --force" in result.stderr
-    assert run("import-hf", src, "--out", tmp_path / "taken", "--force").exit_code == 0
+    result = run("import-hf", src, "--out", tmp_path / "taken", "--force")  # not an earlier output: kept
+    assert result.exit_code == 2 and "is not a model folder" in result.stderr
+    assert (tmp_path / "taken" / "x").read_text() == "x"
+    assert run("import-hf", src, "--out", tmp_path / "earlier").exit_code == 0
+    assert run("import-hf", src, "--out", tmp_path / "earlier", "--force").exit_code == 0
 
     scaled = tmp_path / "scaled"
     scaled.mkdir()
