@@ -25,11 +25,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -46,6 +43,8 @@ from tfkit.models.generation import decode_one_token, prefill
 from tfkit.trainer.evaluate import evaluate_checkpoint
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
+
+from .common import machine
 
 HERE = Path(__file__).resolve().parent
 VALID = "stdlib:docs:valid"
@@ -72,18 +71,6 @@ class Setup:
 FULL = Setup(steps=400, tokenizer=(), n_layers=2, eval_tokens=65_536, decode_rounds=7, long_context=1536)
 QUICK = Setup(steps=40, tokenizer=("tokenizer.vocab_size=1024", "tokenizer.max_train_mb=0.5"), n_layers=2,
               eval_tokens=4_096, decode_rounds=2, long_context=256)
-
-
-def machine() -> dict:
-    """What the numbers were measured on (recorded in the JSON and RESULTS.md)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-        cpu = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), cpu)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "load_avg_1m_at_end": os.getloadavg()[0]}
 
 
 def log(message: str, start: float) -> None:
@@ -193,7 +180,7 @@ def run(setup: Setup, work: Path) -> dict:
     long_models = {k: random_like(m, setup.long_context + 64) for k, m in trained.items()}
     long = decode_speed(long_models, batch=16, context=setup.long_context, steps=32, rounds=setup.decode_rounds)
     return {"setup": setup.__dict__, "uptrain_steps": up_steps, "date": date.today().isoformat(),
-            "machine": machine(), "seconds": round(time.perf_counter() - start, 1), "loss": results,
+            "machine": {**machine(), "threads": torch.get_num_threads()}, "seconds": round(time.perf_counter() - start, 1), "loss": results,
             "decode": {"trained_B16_T192": short, f"random_B16_T{setup.long_context}": long}}
 
 

@@ -32,7 +32,7 @@ from tfkit.models import ModelConfig, build_model, sized_config
 from tfkit.trainer.distributed import DistInfo
 from tfkit.trainer.loop import Loop, StopFlag, train_step
 from tfkit.trainer.metrics import mfu, peak_flops
-from tfkit.trainer.objectives import IGNORE, LossModule, move_batch
+from tfkit.trainer.objectives import IGNORE, LossModule, compile_loss_module, move_batch
 from tfkit.trainer.optim import autocast_context, build_optimizer, grad_scaler
 from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSection, Recipe, TrainSection
 
@@ -84,23 +84,24 @@ def cases(ctx: Context) -> list[Case]:
 
 def make_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int = 0) -> dict[str, Tensor]:
     """A batch in tfkit's contract (ARCHITECTURE.md): clm = input_ids + next-token labels from blocks of
-    T+1 tokens; mlm = 15% of positions labelled (and replaced by a mask id), every position real."""
+    T+1 tokens; mlm = packed rows (every position real, so no attention mask), 15% of positions labelled
+    and replaced by a mask id."""
     g = torch.Generator().manual_seed(seed)
     if cfg.arch == "gpt":
         block = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=g)  # (B, T+1)
         return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g)  # (B, T)
     masked = torch.rand(batch, seq_len, generator=g) < MASK_PROB
-    return {"input_ids": ids.masked_fill(masked, MASK_ID),
-            "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
-            "token_type_ids": torch.zeros_like(ids), "labels": ids.masked_fill(~masked, IGNORE)}
+    return {"input_ids": ids.masked_fill(masked, MASK_ID), "token_type_ids": torch.zeros_like(ids),
+            "labels": ids.masked_fill(~masked, IGNORE)}
 
 
 def hf_inputs(cfg: ModelConfig, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The same batch as HF expects it: causal LMs shift labels themselves (labels = input_ids), masks are ints."""
+    """The same batch as HF expects it: causal LMs shift labels themselves (labels = input_ids). Neither
+    side gets an attention mask (HF's default is all ones, which its SDPA path drops anyway)."""
     if cfg.arch == "gpt":
         return {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
-    return {**batch, "attention_mask": batch["attention_mask"].long()}
+    return batch
 
 
 def hf_model(cfg: ModelConfig) -> nn.Module:
@@ -150,7 +151,7 @@ def tfkit_step(case: Case, batch: dict[str, Tensor], device: torch.device, compi
     model = build_model(case.cfg).to(device)
     module = LossModule(model, recipe.objective)
     if compile:
-        module.compile()
+        compile_loss_module(module)
     loop = Loop(recipe, model, module, build_optimizer(model, recipe.optim, device),
                 grad_scaler(case.precision, device), FixedBatch(batch), DistInfo(device=device),
                 log=lambda row: None, save=lambda state: None, validate=lambda step: {})
