@@ -22,6 +22,8 @@ from ..files import write_problem
 from .generate import pick_runtime
 from .options import Device, Dtype
 
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
 
 def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
@@ -58,7 +60,7 @@ def evaluate(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (MLM masks depend on it).")] = 8,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored (default: all).")] = None,
     max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches (default: all).")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default: the smallest max_seq_len of the checkpoints).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default: the length the checkpoints trained at, the smallest if they differ).")] = None,
     stride: Annotated[Optional[int], typer.Option("--stride", help="GPT: sliding-window perplexity, scoring `stride` new tokens per window.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the evaluation batches (MLM masks): keep it to compare runs.")] = 0,
     text_field: Annotated[str, typer.Option("--text-field", help="JSON/JSONL key holding the text.")] = "text",
@@ -73,14 +75,18 @@ def evaluate(
     bytes rather than tokens, so checkpoints with different tokenizers compare.
     """
     from ..models import read_config
-    from ..trainer.evaluate import evaluate_checkpoint
+    from ..trainer.evaluate import evaluate_checkpoint, trained_seq_len
 
     torch_device, _ = pick_runtime(device, dtype)
     if json_out is not None:
         check_json_out(json_out)
-    max_len = min(read_config(c)["model"]["max_seq_len"] for c in checkpoints)
+    configs = [read_config(c) for c in checkpoints]
+    max_len = min(config["model"]["max_seq_len"] for config in configs)
     if seq_len is None:  # one context length for every row, or the numbers would not compare
-        seq_len = max_len
+        seq_len = min(trained_seq_len(config) for config in configs)
+        if seq_len < max_len:
+            err.print(f"scoring at seq_len {seq_len}, the length the checkpoints trained at "
+                      f"(--seq-len takes up to {max_len})")
     elif not 1 <= seq_len <= max_len:
         raise ConfigError(f"--seq-len must be in 1..{max_len} (the smallest max_seq_len of the checkpoints), "
                           f"got {seq_len}")
@@ -99,4 +105,4 @@ def evaluate(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-        Console(stderr=True).print(f"wrote {json_out}", highlight=False)
+        err.print(f"wrote {json_out}")

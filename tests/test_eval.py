@@ -46,7 +46,8 @@ def valid_file(tmp_path_factory) -> Path:
     return path
 
 
-def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embeddings: bool = False, **model) -> Path:
+def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embeddings: bool = False,
+                    train_seq_len: int | None = None, **model) -> Path:
     tok = load_tokenizer(tokenizer_dir)
     torch.manual_seed(seed)
     cfg = dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, max_seq_len=64)
@@ -54,7 +55,7 @@ def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embed
     if zero_embeddings:  # tied output head = 0: every logit is 0, the next-token distribution is uniform
         with torch.no_grad():
             net.embed.tok.weight.zero_()
-    save_model(net, folder, extra={"step": 5})
+    save_model(net, folder, extra={"step": 5} if train_seq_len is None else {"step": 5, "train_seq_len": train_seq_len})
     tok.save(folder)
     return folder
 
@@ -256,3 +257,26 @@ def test_text_field_names_the_jsonl_key(tokenizers, valid_file: Path, tmp_path: 
     result = CliRunner().invoke(app, [*args, "--text-field", "body", "--json", str(tmp_path / "out" / "r.json")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "out" / "r.json").read_text())[0]["tokens"] == expected["tokens"]
+
+
+def test_default_context_is_the_length_the_checkpoints_trained_at(tokenizers, valid_file: Path, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """Positions past the training length were never trained, so the default scores at train_seq_len
+    (the smallest when checkpoints differ); checkpoints that do not record it use max_seq_len."""
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    at_24 = make_checkpoint(tmp_path / "a", tokenizers["bpe"], train_seq_len=24)
+    at_32 = make_checkpoint(tmp_path / "b", tokenizers["bpe"], train_seq_len=32)
+    unknown = make_checkpoint(tmp_path / "c", tokenizers["bpe"])
+    assert score(unknown, valid_file, tmp_path, max_batches=1)["seq_len"] == 64
+    assert score(at_32, valid_file, tmp_path, max_batches=1)["seq_len"] == 32
+    app, prefix = cli_app()
+    out = tmp_path / "rows.json"
+    result = CliRunner().invoke(app, [*prefix, str(at_32), str(at_24), str(unknown), "--data", str(valid_file),
+                                      "--max-batches", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert [r["seq_len"] for r in json.loads(out.read_text())] == [24, 24, 24]
+    assert "scoring at seq_len 24, the length the checkpoints trained at (--seq-len takes up to 64)" in result.stderr
+    result = CliRunner().invoke(app, [*prefix, str(unknown), "--data", str(valid_file), "--max-batches", "1",
+                                      "--json", str(out)])
+    assert result.exit_code == 0 and json.loads(out.read_text())[0]["seq_len"] == 64
+    assert "scoring at" not in result.stderr

@@ -102,6 +102,7 @@ def test_metrics_and_run_folder(reference):
     assert load_recipe(str(run_dir / "recipe.yaml")).train.max_steps == MAX_STEPS
     config = json.loads((run_dir / "checkpoints" / f"step-{MAX_STEPS}" / "config.json").read_text())
     assert config["objective"] == "clm" and config["step"] == MAX_STEPS and config["recipe"] == "gpt"
+    assert config["train_seq_len"] == 32  # what `tfkit eval` scores at by default
     model, _ = load_model(run_dir)  # the run folder resolves to its latest checkpoint
     assert model.config.vocab_size == 400
 

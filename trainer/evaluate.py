@@ -153,6 +153,16 @@ def _fed_tokens(batch: dict[str, Tensor]) -> int:
     return int(batch["input_ids"].numel())
 
 
+def trained_seq_len(config: dict) -> int:
+    """The context length a checkpoint's weights were trained at (`train_seq_len`, which the trainer
+    writes), or its max_seq_len when unknown (imported checkpoints). Scoring at a longer context than
+    training saw measures extrapolation rather than the model: positions past data.seq_len were never
+    trained (learned tables keep their init; sinusoidal/RoPE run past what the weights fit), and a
+    transformer-tiny checkpoint (trained at 64, max 128) scored 6.02 at 128 against 4.53 at 64."""
+    max_len = config["model"]["max_seq_len"]
+    return min(int(config.get("train_seq_len") or max_len), max_len)
+
+
 def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective: str, batch_size: int) -> None:
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
@@ -173,8 +183,9 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
     """Score one checkpoint (folder or run folder) on `data_spec`; returns the metrics dict (module doc).
 
     Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
-    (both None: the whole corpus). seq_len defaults to the model's max_seq_len (only None does: 0 is
-    an error, not "the default"). `text_field` is the JSON/JSONL key holding the text.
+    (both None: the whole corpus). seq_len defaults to the length the checkpoint trained at
+    (`trained_seq_len`; only None does: 0 is an error, not "the default"). `text_field` is the
+    JSON/JSONL key holding the text.
     """
     if dtype not in PRECISIONS:
         raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
@@ -185,7 +196,8 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
     model, cfg = load_model(folder, device=device)
     tokenizer = load_tokenizer(folder)
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
-    seq_len = cfg.max_seq_len if seq_len is None else seq_len
+    config = read_config(folder)
+    seq_len = trained_seq_len(config) if seq_len is None else seq_len
     check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
     loss_spec = ObjectiveSection(name=objective, label_smoothing=0.0)
@@ -220,7 +232,6 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
         raise DataError(f"{data_spec}: no tokens to score with batch size {batch_size} and seq_len {seq_len} "
                         "(use a smaller --batch-size or --seq-len, or more data)")
     loss = nll / scored
-    config = read_config(folder)
     return {
         "checkpoint": str(folder),
         "arch": cfg.arch,

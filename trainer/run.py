@@ -112,7 +112,7 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     metrics = MetricsWriter(run_dir, info.is_main, recipe.log.tensorboard, state.step if resume_from else None)
     eval_bs = recipe.eval.batch_size or micro_batch_size(recipe)
     last: list[Path | None] = [resume_from]
-    extra = {"objective": recipe.objective.name, "recipe": recipe.name}
+    extra = {"objective": recipe.objective.name, "recipe": recipe.name, "train_seq_len": recipe.data.seq_len}
 
     def save(s: TrainState) -> Path | None:
         payload = {"state": s.to_dict(), "rng": ckpt.rng_state(), "scaler": scaler.state_dict(),
