@@ -75,11 +75,13 @@ def evaluate(
     bytes rather than tokens, so checkpoints with different tokenizers compare.
     """
     from ..models import read_config
+    from ..tokenization.corpus import check_text_field
     from ..trainer.evaluate import evaluate_checkpoint, trained_seq_len
 
     torch_device, _ = pick_runtime(device, dtype)
     if json_out is not None:
         check_json_out(json_out)
+    check_text_field(data, text_field)
     configs = [read_config(c) for c in checkpoints]
     max_len = min(config["model"]["max_seq_len"] for config in configs)
     if seq_len is None:  # one context length for every row, or the numbers would not compare

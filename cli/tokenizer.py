@@ -14,7 +14,7 @@ import typer
 
 from ..errors import ConfigError
 from ..files import write_problem
-from ..tokenization.corpus import corpus_size, hold_out_tail, iter_documents
+from ..tokenization.corpus import check_text_field, corpus_size, hold_out_tail, iter_documents
 from ..tokenization.report import print_report
 from ..tokenization.train import TokenizerSpec, train_tokenizer as train
 
@@ -62,6 +62,7 @@ def train_tokenizer(
     if heldout_chars < 0:
         raise ConfigError(f"--heldout-chars must be >= 0 (0 = no held-out report), got {heldout_chars}")
     check_out_folder(out)
+    check_text_field(corpus, text_field)
     spec = TokenizerSpec(
         kind=kind,
         vocab_size=vocab_size,

@@ -68,6 +68,14 @@ CASES = {
         lambda t: ["train-tokenizer", _jsonl(t), "--out", str(t / "tok"), "-q"],
         "docs.jsonl:2",
     ),
+    "--text-field for plain text": (
+        lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(t / "tok"), "--text-field", "body"],
+        "--text-field 'body': corpus stdlib:docs:valid has no .json/.jsonl files",
+    ),
+    "eval --text-field for plain text": (
+        lambda t: ["eval", _checkpoint(t, None), "--data", str(_file(t)), "--text-field", "body"],
+        "has no .json/.jsonl files, the only ones with fields",
+    ),
     "vocab smaller than the alphabet": (
         lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(t / "tok"), "--vocab-size", "50", "-q"],
         "vocab_size",

@@ -83,6 +83,16 @@ def resolve_files(spec: str) -> list[Path]:
     raise DataError(f"corpus {spec}: no such file or folder")
 
 
+def check_text_field(spec: str, text_field: str, option: str = "--text-field") -> None:
+    """Refuse a non-default `text_field` for a corpus with no JSON/JSONL files: only those have fields,
+    so the option would be ignored, and the user who named a key expects it to pick the text."""
+    if text_field == "text":
+        return
+    if spec.startswith("stdlib:") or not any(p.suffix.lower() in (".json", ".jsonl") for p in resolve_files(spec)):
+        raise ConfigError(f"{option} {text_field!r}: corpus {spec} has no .json/.jsonl files, "
+                          "the only ones with fields (leave it out for plain text)")
+
+
 def _folder_files(folder: Path) -> list[Path]:
     """The corpus files under `folder`, sorted, without descending into hidden (".") folders at all: a
     `.git` or `.cache` can hold many thousands of files, and their JSON is not text (module doc)."""
