@@ -9,6 +9,7 @@ scored, so a folder or an unwritable path fails in a second rather than after th
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -45,12 +46,32 @@ def results_table(rows: list[dict], names: list[str], data: str, dtype: str = "f
 
 def check_json_out(path: Path) -> None:
     """--json must name a file we can write, checked before evaluating (which can take minutes), so the
-    results are never computed only to be lost. Its folder may not exist yet: it is made at the end."""
+    results are never computed only to be lost. Its folder may not exist yet: it is made at the end.
+    An existing file is replaced only when it holds earlier results, so rerunning a comparison works but
+    a slip (`--json` naming the corpus, or a checkpoint's config.json) never destroys the user's file."""
     if path.is_dir():
         raise ConfigError(f"--json {path}: is a folder, expected a file path such as {path / 'results.json'}")
     problem = write_problem(path)
     if problem:
         raise ConfigError(f"--json {path}: {problem}")
+    if path.exists() and not holds_results(path):
+        raise ConfigError(f"--json {path}: the file exists and does not hold earlier `tfkit eval` results; "
+                          "name a new file (it would be overwritten)")
+
+
+def json_safe(row: dict) -> dict:
+    """The row with NaN/inf (a diverged checkpoint's loss) as null: JSON has no such numbers, and
+    `json.dumps` would write a bare NaN that strict readers (jq, JavaScript) reject."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+def holds_results(path: Path) -> bool:
+    """Whether `path` is what `--json` writes: a JSON list of rows, each with a checkpoint and a loss."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rows, list) and all(isinstance(r, dict) and {"checkpoint", "loss"} <= r.keys() for r in rows)
 
 
 def evaluate(
@@ -106,5 +127,5 @@ def evaluate(
     console.print(results_table(rows, checkpoints, data, dtype))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        json_out.write_text(json.dumps([json_safe(r) for r in rows], indent=2) + "\n", encoding="utf-8")
         err.print(f"wrote {json_out}")

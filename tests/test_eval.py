@@ -280,3 +280,32 @@ def test_default_context_is_the_length_the_checkpoints_trained_at(tokenizers, va
                                       "--json", str(out)])
     assert result.exit_code == 0 and json.loads(out.read_text())[0]["seq_len"] == 64
     assert "scoring at" not in result.stderr
+
+
+def test_json_out_replaces_earlier_results_but_no_other_file(tokenizers, valid_file: Path, tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """Rerunning a comparison rewrites its results file; `--json` naming the corpus or a checkpoint's
+    config.json is refused before anything is scored, and the file is left as it was."""
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(valid_file.read_text(encoding="utf-8"), encoding="utf-8")
+    app, prefix = cli_app()
+    base = [*prefix, str(ckpt), "--data", str(corpus), "--max-batches", "1", "--json"]
+    out = tmp_path / "results.json"
+    for _ in range(2):  # the second run replaces the first run's results
+        result = CliRunner().invoke(app, [*base, str(out)])
+        assert result.exit_code == 0, result.output
+    for precious in (corpus, ckpt / "config.json"):
+        before = precious.read_bytes()
+        result = CliRunner().invoke(app, [*base, str(precious)])
+        assert result.exit_code == 2, result.output
+        assert f"--json {precious}: the file exists and does not hold earlier `tfkit eval` results" in result.stderr
+        assert precious.read_bytes() == before
+
+
+def test_json_out_writes_a_diverged_loss_as_null() -> None:
+    from tfkit.cli.evaluate import json_safe
+
+    row = json_safe({"checkpoint": "c", "loss": float("nan"), "perplexity": float("inf"), "tokens": 5})
+    assert json.loads(json.dumps(row)) == {"checkpoint": "c", "loss": None, "perplexity": None, "tokens": 5}
