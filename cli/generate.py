@@ -80,11 +80,13 @@ def prompt_ids(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | 
 
     GPT: training packs documents as `doc EOS doc EOS ...` (EOS, or [SEP] without one), so a document
     starts right after the separator; prefixing it conditions the model on "a new document begins".
-    Encoder-decoder: the source is `text EOS`, and the decoder starts from BOS (or [CLS]).
+    Tokenizers that begin documents with their own BOS (Llama's `<s>`) get that instead
+    (`TfkitTokenizer.document_prefix`). Encoder-decoder: the source is `text EOS`, and the decoder
+    starts from BOS (or [CLS]).
     """
-    sep = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
+    sep = tokenizer.separator_id
     if arch != "transformer":
-        return ([sep] if sep is not None else []) + tokenizer.encode(text), None
+        return tokenizer.document_prefix() + tokenizer.encode(text), None
     bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
     if bos is None or sep is None:
         raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source")

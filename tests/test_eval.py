@@ -12,11 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import typer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError, DataError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models.hf_import import import_tokenizer
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.shards import TokenShards
 from tfkit.trainer.evaluate import evaluate_checkpoint, sliding_windows, token_byte_lengths
@@ -105,6 +107,47 @@ def test_byte_table_bpe_is_exact_and_specials_are_free(tokenizers) -> None:
     table = token_byte_lengths(tok)
     sample = "Speak, speak! ünïcödé"
     assert table[tok.encode(sample)].sum() == len(sample.encode("utf-8"))
+    assert all(table[i] == 0 for i in tok.special_ids)
+
+
+def llama_style_tokenizer(folder: Path) -> Path:
+    """A small SentencePiece-style BPE laid out as HF Llama/Mistral ship it (tokenizer.json with byte
+    fallback, `<0x00>`..`<0xFF>` in the vocabulary, Metaspace "▁"), imported the way `import-hf` does.
+    Trained without newlines or non-ASCII, so those only encode as byte tokens."""
+    base = Tokenizer(models.BPE())
+    base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    base.train_from_iterator([text().replace("\n", " ")], trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    trained = json.loads(base.to_str())["model"]
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)])}
+    vocab.update({t: len(vocab) + i for i, t in enumerate(sorted(trained["vocab"], key=trained["vocab"].get))})
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.add_special_tokens(specials)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    src, dst = folder / "hf", folder / "tfkit"
+    src.mkdir()
+    dst.mkdir()
+    tok.save(str(src / "tokenizer.json"))
+    config = {"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    import_tokenizer(src, dst)
+    return dst
+
+
+def test_byte_table_sentencepiece_bpe_counts_byte_tokens_once_and_the_marker_as_a_space(tmp_path: Path) -> None:
+    """Llama-style byte fallback: `<0x0A>` is one byte and "▁the" is " the" (4 bytes), so the table adds up to
+    the text's UTF-8 bytes plus the one space Metaspace prepends to the first word."""
+    tok = load_tokenizer(llama_style_tokenizer(tmp_path))
+    table = token_byte_lengths(tok)
+    sample = text()[:2000] + "Speak, speak! ünïcödé ☃\n\nAll:\n"
+    ids = tok.encode(sample)
+    assert tok.decode(ids) == sample and tok.token_to_id("<0x0A>") in ids  # byte fallback really used
+    assert table[tok.token_to_id("<0x0A>")] == 1 and table[tok.token_to_id("\u2581the")] == 4
+    assert table[ids].sum() == len(sample.encode("utf-8")) + 1
     assert all(table[i] == 0 for i in tok.special_ids)
 
 

@@ -152,3 +152,55 @@ def test_imported_bert_evaluates(tmp_path, monkeypatch):
                  "--device", "cpu", "--seq-len", "32")
     assert result.exit_code == 0, result.output
     assert "bert" in result.stdout
+
+
+def llama_with_bos(folder: Path) -> Path:
+    """A Llama whose tokenizer starts every text with `<s>` (id 1) and ends documents with `</s>` (id 2),
+    as Llama and Mistral tokenizers do, unlike GPT-2's one `<|endoftext|>`."""
+    from tokenizers import processors
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)).save_pretrained(folder)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=290, special_tokens=["<unk>", "<s>", "</s>"],
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def test_imported_llama_frames_documents_and_prompts_with_its_bos(tmp_path, monkeypatch):
+    """transformers scores a Llama document as `<s> doc </s>` and continues `<s> prompt`; tfkit's eval
+    and generate must frame them the same way, not as `</s> doc` (what a GPT-2-style stream gives)."""
+    from tfkit.cli.generate import prompt_ids
+    from tfkit.tokenization.train import load_tokenizer
+
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    src = llama_with_bos(tmp_path / "hf")
+    assert run("import-hf", src, "--out", tmp_path / "llama").exit_code == 0
+    tok = load_tokenizer(tmp_path / "llama")
+    assert tok.doc_start_id == 1 and tok.separator_id == 2
+    assert prompt_ids(tok, "The quick", "gpt")[0] == [1, *tok.encode("The quick")]
+
+    docs = TEXT[:3]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    result = run("eval", tmp_path / "llama", "--data", data, "--stride", "32", "--seq-len", "32",
+                 "--batch-size", "1", "--device", "cpu", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    hf = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    nll, count = 0.0, 0
+    for doc in docs:
+        ids = torch.tensor([[1, *tok.encode(doc), 2]])  # (1, T): what transformers' tokenizer + EOS give
+        with torch.no_grad():
+            logits = hf(ids).logits[0, :-1]  # (T-1, V): predicts tokens 1..T-1
+        nll += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    row = json.loads((tmp_path / "r.json").read_text())[0]
+    assert row["tokens"] == count
+    assert row["loss"] == pytest.approx(nll / count, rel=1e-5)

@@ -3,7 +3,9 @@
 Layout of a cache folder `<cache_dir>/tokens-<key>/`:
 
 - `tokens.bin`: every document's ids followed by one separator token (EOS, or [SEP] for tokenizers
-  without EOS), all documents back to back: `doc0 SEP doc1 SEP ...`. uint16 when every id fits
+  without EOS), all documents back to back: `doc0 SEP doc1 SEP ...`. Tokenizers whose documents begin
+  with a BOS of their own (`TfkitTokenizer.doc_start_id`: Llama's `<s>`) get `BOS doc0 SEP BOS doc1 SEP`,
+  the BOS counted as the document's first token. uint16 when every id fits
   (vocab <= 65,536: half the disk and page cache of uint32), else uint32.
 - `doc_starts.bin`: int64 offset of each document's first token, plus a final entry = num_tokens, so
   document d is `tokens[doc_starts[d] : doc_starts[d + 1] - 1]` (without its separator).
@@ -36,7 +38,7 @@ from .corpus import CorpusStats, corpus_fingerprint, iter_pieces
 from .train import TfkitTokenizer
 
 log = logging.getLogger("tfkit.tokenization")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: documents may begin with the tokenizer's BOS
 BATCH_CHARS = 4 << 20  # characters handed to one encode_batch call (bounded memory)
 SPLIT_CHARS = 64 << 10  # big pieces are cut at newlines into sub-pieces so all cores get work
 
@@ -56,6 +58,11 @@ class TokenShards:
     separator_id: int | None  # token appended after each document (None: nothing appended)
     meta: dict
     from_cache: bool = False  # True when this call found the shards already built
+
+    @property
+    def doc_start_id(self) -> int | None:
+        """The BOS each document begins with, or None (see the module docstring)."""
+        return self.meta.get("doc_start_id")
 
     @property
     def num_tokens(self) -> int:
@@ -102,9 +109,9 @@ def _sub_pieces(text: str) -> list[str]:
 class _Writer:
     """Appends encoded batches to the token file and records document starts; never holds the corpus."""
 
-    def __init__(self, folder: Path, dtype: np.dtype, separator: int | None):
+    def __init__(self, folder: Path, dtype: np.dtype, separator: int | None, doc_start: int | None):
         self.tokens = open(folder / "tokens.bin", "wb")
-        self.dtype, self.separator = dtype, separator
+        self.dtype, self.separator, self.doc_start = dtype, separator, doc_start
         self.starts: list[int] = []
         self.count = 0
 
@@ -116,6 +123,8 @@ class _Writer:
                 if self.starts and self.separator is not None:
                     parts.append([self.separator])
                 self.starts.append(self.count + sum(len(p) for p in parts))
+                if self.doc_start is not None:
+                    parts.append([self.doc_start])
             parts.append(piece_ids)
         flat = np.concatenate([np.asarray(p, dtype=self.dtype) for p in parts]) if parts else np.zeros(0, self.dtype)
         self.tokens.write(flat.tobytes())
@@ -153,9 +162,9 @@ def prepare_tokens(
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tokens-{key}.tmp-", dir=cache_dir))
     try:
-        separator = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
+        separator, doc_start = tokenizer.separator_id, tokenizer.doc_start_id
         dtype = token_dtype(tokenizer.vocab_size)
-        writer, stats = _Writer(tmp, dtype, separator), CorpusStats()
+        writer, stats = _Writer(tmp, dtype, separator, doc_start), CorpusStats()
         start = time.perf_counter()
         texts: list[str] = []
         new_doc: list[bool] = []
@@ -186,6 +195,7 @@ def prepare_tokens(
             "vocab_size": tokenizer.vocab_size,
             "dtype": dtype.name,
             "separator_id": separator,
+            "doc_start_id": doc_start,
             "num_tokens": writer.count,
             "num_documents": len(writer.starts),
             "bytes": stats.bytes_read,

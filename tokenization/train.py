@@ -339,6 +339,29 @@ class TfkitTokenizer:
     mask_id = property(lambda self: self._role_id("mask"))
 
     @property
+    def separator_id(self) -> int | None:
+        """The token that ends every document in a token stream: EOS, or [SEP] for kinds without one."""
+        return self.eos_id if self.eos_id is not None else self.sep_id
+
+    @property
+    def doc_start_id(self) -> int | None:
+        """The token every document begins with: the BOS that the tokenizer's own post-processor puts in
+        front of a text (Llama and Mistral's `<s>`, tfkit's unigram `<s>`), when it differs from the
+        separator. Their models were trained on `<s> doc </s>`; fed `</s> doc`, an imported Llama scored
+        a loss 0.34 nats above transformers' and continued prompts differently. Byte-level BPE
+        (`<|endoftext|>` is BOS and EOS) and WordPiece have none: a document starts after a separator."""
+        bos = self.bos_id
+        if bos is None or bos == self.separator_id:
+            return None
+        return bos if self.tokenizer.encode("a", add_special_tokens=True).ids[:1] == [bos] else None
+
+    def document_prefix(self) -> list[int]:
+        """The ids before a document's text in training streams, so a prompt is framed as training
+        documents were: its BOS where documents start with one, else the previous one's separator."""
+        start = self.doc_start_id if self.doc_start_id is not None else self.separator_id
+        return [] if start is None else [start]
+
+    @property
     def special_ids(self) -> list[int]:
         """Sorted ids of every special token (never masked, never sampled as a random replacement)."""
         return sorted(i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special)

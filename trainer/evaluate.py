@@ -7,10 +7,15 @@ datasets' `eval_batches`, and adds what a comparison table needs:
 - perplexity = exp(loss), token accuracy (argmax = label), over the scored tokens;
 - bits_per_byte = total NLL (nats) / ln 2 / UTF-8 bytes of the scored tokens. Unlike perplexity it does
   not depend on the tokenizer, so models with different vocabularies compare. Bytes are counted per
-  scored token from a per-id table (`token_byte_lengths`): exact for byte-level BPE, where every token is
-  a fixed byte string and special tokens stand for no text; WordPiece and Unigram drop whitespace while
-  pre-tokenizing, so there a word-start token is counted with the one space it replaced (exact for
-  single-spaced text, an estimate otherwise);
+  scored token from a per-id table (`token_byte_lengths`), by the scheme read from tokenizer.json itself
+  (`byte_scheme`; special tokens stand for no text):
+  byte-level BPE (tfkit's bpe, GPT-2, RoBERTa): every token is a fixed byte string - exact;
+  SentencePiece style (byte-fallback BPE of Llama/Mistral/Gemma, Unigram of T5 and tfkit's unigram): a
+  `<0xNN>` byte token is one byte, "▁" the one space it stands for, other characters their UTF-8 length -
+  exact up to the "▁" Metaspace prepends to each encoded text (document, or 64k-character piece of one)
+  that does not start with a space, the normalizer (NFKC) and text that became <unk>;
+  WordPiece drops whitespace while pre-tokenizing, so a word-start token is counted with the one space
+  it replaced (exact for single-spaced text, an estimate otherwise);
 - MLM: masked-token loss/accuracy with masks drawn from `seed` (not the run's training seed), so every
   checkpoint sharing a tokenizer is scored on the same masked tokens; `data_fingerprint` (sha256 of every
   evaluated batch) proves two rows saw identical inputs and targets;
@@ -23,8 +28,10 @@ datasets' `eval_batches`, and adds what a comparison table needs:
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,33 +60,72 @@ def default_cache_dir() -> Path:
     return Path(root).expanduser() / "eval-tokens"
 
 
+METASPACE = "\u2581"  # SentencePiece's word-start marker: one space of the text
+BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token: one byte of the text
+
+
+def _component_types(section: dict | list | None) -> set[str]:
+    """Every component `type` in a tokenizer.json section (pre_tokenizer, decoder), inside Sequences too."""
+    if isinstance(section, list):
+        return set().union(*(_component_types(s) for s in section))
+    if not isinstance(section, dict):
+        return set()
+    found = {section["type"]} if isinstance(section.get("type"), str) else set()
+    return found.union(*(_component_types(v) for v in section.values() if isinstance(v, (dict, list))))
+
+
+def byte_scheme(tokenizer: TfkitTokenizer) -> tuple[str, bool]:
+    """(scheme, byte_fallback): how a token string maps to text bytes, read from the tokenizer's own pipeline.
+
+    The model type alone cannot tell: Llama's SentencePiece BPE is a "BPE" like GPT-2's but spells text in
+    UTF-8 with "▁" and `<0x0A>`, not in the byte-level alphabet. Scheme "byte-level" (a ByteLevel
+    pre-tokenizer or decoder), "wordpiece" (a WordPiece model) or "sentencepiece" (everything else: the
+    token's own characters, "▁" as a space); byte_fallback says whether `<0xNN>` tokens are bytes."""
+    data = json.loads(tokenizer.tokenizer.to_str())
+    model = data.get("model") or {}
+    parts = _component_types(data.get("pre_tokenizer")) | _component_types(data.get("decoder"))
+    byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in parts
+    if model.get("type") == "WordPiece":
+        return "wordpiece", byte_fallback
+    return ("byte-level" if "ByteLevel" in parts else "sentencepiece"), byte_fallback
+
+
+def token_bytes(token: str, scheme: str, byte_fallback: bool) -> int:
+    """UTF-8 bytes of text one (non-special) token stands for under `byte_scheme`; see module doc."""
+    if scheme == "byte-level":  # one alphabet character per byte
+        return len(token)
+    if scheme == "wordpiece":
+        piece = token[2:] if token.startswith("##") else token
+        word_start = not token.startswith("##") and piece[:1].isalnum()
+        return len(piece.encode("utf-8")) + word_start
+    if byte_fallback and BYTE_TOKEN.fullmatch(token):
+        return 1
+    return len(token.replace(METASPACE, " ").encode("utf-8"))  # "▁" is exactly the space it replaced
+
+
 def token_byte_lengths(tokenizer: TfkitTokenizer) -> np.ndarray:
     """(V,) int64: UTF-8 bytes of text each token id stands for (0 for special tokens); see module doc."""
+    scheme, byte_fallback = byte_scheme(tokenizer)
     vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)
     table = np.zeros(max(max(vocab.values()) + 1, tokenizer.vocab_size), dtype=np.int64)
     specials = set(tokenizer.special_ids)
     for token, i in vocab.items():
-        if i in specials:
-            continue
-        if tokenizer.kind == "bpe":  # byte-level alphabet: one character per byte
-            table[i] = len(token)
-        elif tokenizer.kind == "wordpiece":
-            piece = token[2:] if token.startswith("##") else token
-            word_start = not token.startswith("##") and piece[:1].isalnum()
-            table[i] = len(piece.encode("utf-8")) + word_start
-        else:  # unigram / Metaspace: "▁" is exactly the space it replaced
-            table[i] = len(token.replace("\u2581", " ").encode("utf-8"))
+        if i not in specials:
+            table[i] = token_bytes(token, scheme, byte_fallback)
     return table
 
 
 def sliding_windows(shards: TokenShards, seq_len: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
-    """(window of <= seq_len+1 tokens, labels to skip) over each document preceded by its separator.
+    """(window of <= seq_len+1 tokens, labels to skip) over each document, framed as in training.
 
     A document is scored as `SEP doc SEP` (it starts after a separator, as in training, and its end is
-    predicted too); a window's first `skip` labels were scored by the previous window and only give
-    context. stride = seq_len reproduces non-overlapping blocks, smaller strides give more context.
+    predicted too), or `BOS doc SEP` where the tokenizer starts documents with a BOS of its own (then
+    already in the shards: Llama, as transformers scores it); a window's first `skip` labels were scored
+    by the previous window and only give context. stride = seq_len reproduces non-overlapping blocks,
+    smaller strides give more context.
     """
-    sep = [shards.separator_id] if shards.separator_id is not None else []
+    own_start = shards.doc_start_id is not None
+    sep = [shards.separator_id] if shards.separator_id is not None and not own_start else []
     for d in range(shards.num_documents):
         lo, hi = int(shards.doc_starts[d]), int(shards.doc_starts[d + 1])
         seq = np.concatenate([np.asarray(sep, np.int64), np.asarray(shards.tokens[lo:hi], np.int64)])

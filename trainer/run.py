@@ -201,8 +201,7 @@ def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
     """The trained model continuing `eval.sample_prompt` (causal models only)."""
     from ..models.generation import generate
 
-    prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else []  # documents start after a BOS/EOS
-    prompt = prefix + tokenizer.encode(recipe.eval.sample_prompt)
+    prompt = tokenizer.document_prefix() + tokenizer.encode(recipe.eval.sample_prompt)  # framed as in training
     new = generate(model, [prompt], recipe.eval.sample_tokens, temperature=0.8, top_k=40,
                    eos_id=tokenizer.eos_id, seed=recipe.train.seed)[0]
     return recipe.eval.sample_prompt + tokenizer.decode(new)
