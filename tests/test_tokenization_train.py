@@ -201,13 +201,29 @@ def test_never_overwrites_a_different_tokenizer_without_force(tmp_path):
         train_tokenizer(TokenizerSpec(vocab_size=280), TINY, out, show_progress=False)
     assert (out / "tokenizer.json").read_bytes() == before
     train_tokenizer(TokenizerSpec(vocab_size=280), TINY, out, show_progress=False, force=True)
-    assert load_tokenizer(out).vocab_size == 280 and not (out / "notes.txt").exists()
+    assert load_tokenizer(out).vocab_size == 280
+    assert (out / "notes.txt").read_text() == "mine"  # --force replaces the tokenizer's files, nothing else
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]  # no temp folders left behind
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
     other = tmp_path / "other"
     other.mkdir()
     (other / "model.safetensors").write_text("weights")
     with pytest.raises(DataError, match=r"other: folder is not empty and holds no tokenizer"):
         train_tokenizer(TokenizerSpec(vocab_size=300), TINY, other, show_progress=False)
+    train_tokenizer(TokenizerSpec(vocab_size=300), TINY, other, show_progress=False, force=True)
+    assert (other / "model.safetensors").read_text() == "weights" and load_tokenizer(other).vocab_size == 300
+
+
+def test_out_may_be_the_current_folder(tmp_path, monkeypatch):
+    """`--out .`: the files land in the working folder itself (which is never removed or renamed)."""
+    monkeypatch.chdir(tmp_path)
+    train_tokenizer(TokenizerSpec(vocab_size=300), TINY, Path("."), show_progress=False)
+    assert load_tokenizer(tmp_path).vocab_size == 300
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["special_tokens_map.json", "tokenizer.json",
+                                                          "tokenizer_config.json", "tokenizer_report.json"]
+    train_tokenizer(TokenizerSpec(vocab_size=300), TINY, Path("."), show_progress=False)  # the same again: fine
+    with pytest.raises(DataError, match=r"holds a different tokenizer"):
+        train_tokenizer(TokenizerSpec(vocab_size=280), TINY, Path("."), show_progress=False)
 
 
 def test_load_errors_name_the_path(tmp_path):

@@ -193,24 +193,17 @@ def _check_out_dir(out: Path, force: bool) -> None:
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished temp folder into place without ever losing a different existing tokenizer."""
-    if out.exists() and any(out.iterdir()):
-        old = out / "tokenizer.json"
-        same = old.exists() and old.read_bytes() == (tmp / "tokenizer.json").read_bytes()
-        if same and not force:  # same tokenizer: refresh our files, keep anything else in the folder
-            for f in tmp.iterdir():
-                f.replace(out / f.name)
-            return
-        if not force:
-            raise DataError(f"tokenizer output {out}: holds a different tokenizer; use --force to replace it")
-        trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
-        out.rename(trash)
+    """Move the finished files into `out`. Only the tokenizer's own files are ever replaced: anything else
+    in the folder (a model's weights beside its tokenizer, the user's notes) stays, with --force too.
+    A different tokenizer already there is replaced only with `force`; the same one is refreshed."""
+    if not out.exists():
         tmp.rename(out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
+        return
+    old = out / "tokenizer.json"
+    if old.exists() and old.read_bytes() != (tmp / "tokenizer.json").read_bytes() and not force:
+        raise DataError(f"tokenizer output {out}: holds a different tokenizer; use --force to replace it")
+    for f in sorted(tmp.iterdir()):
+        f.replace(out / f.name)
 
 
 def train_tokenizer(
@@ -251,7 +244,8 @@ def train_tokenizer(
     if tok.get_vocab_size() > spec.vocab_size:
         raise _too_small(spec, tok, seen["alphabet"], minimum=tok.get_vocab_size())
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    # Beside a new folder (renamed into place whole), inside an existing one (`--out .` included).
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=out if out.is_dir() else out.parent))
     try:
         roles = roles_for(spec.kind, spec.special_tokens)
         write_tokenizer_files(tok, tmp, spec.kind, roles, spec.special_tokens, spec.to_dict())
