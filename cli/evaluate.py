@@ -78,7 +78,7 @@ def evaluate(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint folders or run folders (latest checkpoint each).")],
     data: Annotated[str, typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (MLM masks depend on it).")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (speed only: every example is scored, with the same masks).")] = 8,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored (default: all).")] = None,
     max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches (default: all).")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default: the length the checkpoints trained at, the smallest if they differ).")] = None,

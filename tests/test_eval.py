@@ -72,10 +72,10 @@ def test_bits_per_byte_is_nll_over_ln2_over_the_scored_bytes(tokenizers, tmp_pat
     ckpt = make_checkpoint(tmp_path / "ckpt", tokenizers["bpe"], init_std=0.3)
     got = score(ckpt, data, tmp_path, batch_size=2, seq_len=16)
 
-    # By hand: the stream is `text EOS`, blocks of 17 tokens overlapping by one, 2 per batch.
+    # By hand: the stream is `text EOS`, every whole block of 17 tokens overlapping by one.
     tok = load_tokenizer(tokenizers["bpe"])
     stream = tok.encode(data.read_text()) + [tok.eos_id]
-    n_blocks = ((len(stream) - 1) // 16) // 2 * 2  # whole batches only
+    n_blocks = (len(stream) - 1) // 16  # the last batch of 2 may hold one
     blocks = torch.tensor([stream[k * 16 : k * 16 + 17] for k in range(n_blocks)])
     from tfkit.models import load_model
 
@@ -210,9 +210,20 @@ def test_bad_options_name_the_flag(tokenizers, valid_file: Path, tmp_path: Path)
         score(bert, valid_file, tmp_path, dtype="int8")
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("The quick brown fox jumps over the lazy dog.\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"tiny.txt: .*fewer than one batch of 8 at --seq-len 64; use a smaller"):
+    with pytest.raises(DataError, match=r"tiny.txt: the text gives no rows at --seq-len 64; use a smaller --seq-len"):
         score(bert, tiny, tmp_path, batch_size=8)
-    assert score(bert, tiny, tmp_path, batch_size=1, seq_len=8)["tokens"] > 0  # what the message suggests works
+    assert score(bert, tiny, tmp_path, batch_size=8, seq_len=8)["tokens"] > 0  # what the message suggests works
+
+
+@pytest.mark.parametrize("arch, kind", [("gpt", "bpe"), ("bert", "wordpiece")])
+def test_the_whole_corpus_is_scored_whatever_the_batch_size(tokenizers, valid_file: Path, tmp_path: Path,
+                                                            arch, kind) -> None:
+    """The last partial batch counts, and MLM masks are keyed by example, so --batch-size changes only
+    the speed: the same tokens, the same loss."""
+    ckpt = make_checkpoint(tmp_path / arch, tokenizers[kind], arch=arch)
+    rows = [score(ckpt, valid_file, tmp_path, batch_size=b, seq_len=32) for b in (1, 3, 8)]
+    assert len({r["tokens"] for r in rows}) == 1
+    assert all(r["loss"] == pytest.approx(rows[0]["loss"], rel=1e-5) for r in rows)
 
 
 def cli_app() -> tuple[typer.Typer, list[str]]:

@@ -83,6 +83,14 @@ class _PureDataset(ABC):
         idx = perm[[offset + r for r in rows]]
         return self._rows(idx, [(TRAIN, self.seed, i, r) for r in rows])
 
+    def every_example(self, batch_size: int) -> Iterator[dict]:
+        """Every example in order, `batch_size` at a time, the last batch partial: scoring a whole corpus
+        (`tfkit eval`) then gives the same numbers whatever the batch size, MLM masks included, since
+        each row's randomness is keyed by its example alone."""
+        for lo in range(0, self.num_examples, batch_size):
+            idx = np.arange(lo, min(lo + batch_size, self.num_examples))
+            yield self._rows(idx, [(EVAL, self.seed, int(k)) for k in idx])
+
     def eval_batches(self, n: int, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[dict]:
         """Up to `n` batches over the examples in order, identical on every call."""
         rows = self._local(batch_size, rank, world_size)

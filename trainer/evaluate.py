@@ -182,13 +182,11 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
 
 
 def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> Iterator[dict]:
-    """Every full batch of the dataset in order; too little text for one batch names the options that help."""
-    try:
-        n = dataset.num_batches_per_epoch(batch_size)
-    except DataError as e:
-        raise DataError(f"{data_spec}: {e} at --seq-len {seq_len}; use a smaller --seq-len or --batch-size, "
-                        "or more text") from None
-    return dataset.eval_batches(n, batch_size)
+    """Every example of the dataset in order, the last batch partial; no example names what helps."""
+    if dataset.num_examples == 0:
+        raise DataError(f"{data_spec}: the text gives no {dataset.name} at --seq-len {seq_len}; "
+                        "use a smaller --seq-len, or more text")
+    return dataset.every_example(batch_size)
 
 
 def _fed_tokens(batch: dict[str, Tensor]) -> int:
