@@ -141,7 +141,10 @@ def generate(
 
     if fill_mask_text is not None:
         err.print("mask\tprob\ttoken")
-        for i, guesses in enumerate(fill_mask(model, tokenizer, fill_mask_text, top_k or 5), start=1):
+        if top_k is not None and top_k < 1:
+            raise ConfigError(f"--top-k must be >= 1 (the fillers shown per mask), got {top_k}")
+        for i, guesses in enumerate(fill_mask(model, tokenizer, fill_mask_text, 5 if top_k is None else top_k),
+                                    start=1):
             for token, prob in guesses:
                 typer.echo(f"{i}\t{prob:.4f}\t{token}")
         return

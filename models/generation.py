@@ -72,7 +72,9 @@ def logits_to_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None 
     logits = logits.float()
     if temperature <= 0:
         return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()  # (B, V)
-    logits = logits / temperature
+    # Shift so the largest logit is 0 before dividing: a tiny temperature then sends the others to -inf
+    # (greedy in the limit) instead of overflowing everything to inf and giving NaN probabilities.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature  # (B, V)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -76,6 +76,10 @@ CASES = {
         lambda t: ["eval", _checkpoint(t, None), "--data", str(_file(t)), "--text-field", "body"],
         "has no .json/.jsonl files, the only ones with fields",
     ),
+    "empty corpus path": (
+        lambda t: ["train-tokenizer", "", "--out", str(t / "tok")],
+        "corpus '': empty path, expected a file, folder, glob or stdlib:docs",
+    ),
     "vocab smaller than the alphabet": (
         lambda t: ["train-tokenizer", "stdlib:docs:valid", "--out", str(t / "tok"), "--vocab-size", "50", "-q"],
         "vocab_size",

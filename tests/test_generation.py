@@ -134,6 +134,13 @@ def test_logits_to_probs_top_k_and_temperature() -> None:
     assert hot.tolist() == [[1.0, 0.0, 0.0, 0.0]]
     flat = logits_to_probs(logits, temperature=1e6)
     torch.testing.assert_close(flat, torch.full((1, 4), 0.25), atol=1e-5, rtol=0)
+    assert logits_to_probs(logits, temperature=1e-40).tolist() == hot.tolist()  # the greedy limit, not NaN
+
+
+def test_a_tiny_temperature_samples_the_argmax() -> None:
+    model = tiny(init_std=0.02)
+    greedy = generate(model, [[1, 2, 3]], 10, temperature=0)
+    assert generate(model, [[1, 2, 3]], 10, temperature=1e-40, seed=1) == greedy
 
 
 @pytest.mark.parametrize(("top_p", "kept"), [(0.3, 1), (0.75, 2), (0.85, 3), (0.97, 4), (1.0, 4)])

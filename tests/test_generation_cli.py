@@ -112,6 +112,7 @@ def test_bad_input_names_the_option(gpt_ckpt: Path, bert_ckpt: Path) -> None:
     assert_user_error(invoke([str(gpt_ckpt), "-p", "hi", "--device", "tpu"]), "--device")
     assert_user_error(invoke([str(bert_ckpt), "-p", "hi"]), "--fill-mask")
     assert_user_error(invoke([str(bert_ckpt), "--fill-mask", "no mask here"]), "--fill-mask")
+    assert_user_error(invoke([str(bert_ckpt), "--fill-mask", "The [MASK] sat.", "--top-k", "0"]), "--top-k must be >= 1")
 
 
 def test_fill_mask_lists_top_k_fillers_per_mask(bert_ckpt: Path) -> None:

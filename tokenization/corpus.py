@@ -63,6 +63,8 @@ class CorpusStats:
 
 def resolve_files(spec: str) -> list[Path]:
     """The sorted files a path/glob/folder spec stands for; DataError if it names nothing usable."""
+    if not spec.strip():  # Path("") is "." : an empty option would read the working folder
+        raise DataError(f"corpus {spec!r}: empty path, expected a file, folder, glob or stdlib:docs")
     path = Path(spec).expanduser()
     if path.is_file():
         return [path]
