@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -69,6 +70,19 @@ app = typer.Typer(
 )
 
 
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """tfkit's own warnings (a corpus with invalid UTF-8, an HF option dropped) are news for the user:
+    one yellow line, without the Python file and source line that made them look like a crash. Other
+    libraries' warnings keep Python's format, which is what their authors expect to be reported."""
+    if category.__module__.split(".")[0] == "tfkit":
+        err_console.print(f"[bold yellow]warning:[/bold yellow] {escape(str(message))}", highlight=False)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(f"tfkit {__version__}")
@@ -85,6 +99,7 @@ def _global(
 ) -> None:
     """From raw text to a trained, evaluated Transformer."""
     ctx.meta["tfkit.debug"] = debug
+    warnings.showwarning = _show_warning
 
 
 app.command("train-tokenizer")(tokenizer.train_tokenizer)

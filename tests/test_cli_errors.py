@@ -199,3 +199,17 @@ def test_ctrl_c_while_the_commands_load_exits_130_quietly(monkeypatch, capsys):
         entry.run()
     assert stop.value.code == 130
     assert capsys.readouterr().err == ""
+
+
+def test_tfkit_warnings_are_one_line_without_python_source(tmp_path):
+    """A corpus with invalid UTF-8 is trained on (the bytes replaced) and said so in one `warning:` line,
+    not in Python's `file.py:163: CorpusWarning: ...` format with a source line, which reads as a crash."""
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_bytes(b"To be, or not to be: that is the question.\n" * 50 + b"caf\xe9\n")
+    result = runner.invoke(app, ["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--vocab-size",
+                                 "300", "-q"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "invalid UTF-8" in line]
+    assert lines == [f"warning: corpus {corpus}: 1 invalid UTF-8 bytes replaced with U+FFFD in 1 file(s), "
+                     f"first {corpus}"]
+    assert "CorpusWarning" not in result.stderr and ".py:" not in result.stderr
