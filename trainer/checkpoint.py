@@ -147,7 +147,10 @@ def prune(root: Path, keep_last: int) -> None:
 
 def resolve_resume(path: str | Path) -> Path:
     """A checkpoint folder, or a run folder's latest checkpoint, that holds a trainer state."""
-    path = Path(path)
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"--resume {path}: no such file or folder (give a run folder, one of its "
+                              "checkpoints/step-<N>/, or auto)")
     if (path / TRAINER_STATE).is_file():
         return path
     latest = latest_checkpoint(path) if path.is_dir() else None
