@@ -7,9 +7,14 @@ returns *every* problem at once, each naming its field, so a recipe loader can r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import types
+import typing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
+from ..ranges import POSITIVE, float_problems
 
 ARCHS = ("bert", "gpt", "transformer")
 ATTENTIONS = ("flash", "naive")
@@ -104,7 +109,7 @@ class ModelConfig:
             out.append(f"{prefix}.positions: rope needs an even head size, got d_model/n_heads={self.head_dim}")
         if self.type_vocab_size < 0:
             out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
-        return out
+        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)
 
     def validate(self) -> "ModelConfig":
         """Raise ConfigError listing every problem; return self so calls can chain."""
@@ -117,10 +122,51 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
-        """Build from a saved config.json section; unknown keys are an error (naming them)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"model config: unknown keys {', '.join(unknown)}")
-        return cls(**data).validate()
+    def from_dict(cls, data: dict, source: str | Path | None = None) -> "ModelConfig":
+        """Build from a saved config.json section. JSON values are type-checked against the annotations
+        before anything compares them (a string n_layers would otherwise crash `problems()` with a
+        TypeError); unknown keys, wrong types and invalid values are reported at once as one ConfigError,
+        prefixed by `source` (the file) when given."""
+        hints = typing.get_type_hints(cls)
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in hints:
+                problems.append(f"model.{key}: unknown key")
+                continue
+            expected = type_problem(value, hints[key])
+            if expected:
+                problems.append(f"model.{key}: got {value!r}, expected {expected}")
+                continue
+            values[key] = float(value) if hints[key] is float else value  # an int is a valid float
+        config = cls(**values)
+        problems += config.problems()  # a key with a wrong type kept its default: no crash here
+        if problems:
+            raise ConfigError((f"{source}: " if source else "") + "; ".join(problems))
+        return config
+
+
+def type_problem(value: Any, hint: Any) -> str | None:
+    """None when `value` fits the annotation, else what was expected ("an integer", "a number or null").
+
+    Strict as JSON and YAML values need: bool is not an int (True would pass `isinstance(v, int)`), an int is
+    a number but a float is not an integer, and a string is never a number. Shared by recipes and
+    config.json loading so both say the same thing about the same mistake."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return None
+        if option is bool and isinstance(value, bool):
+            return None
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if option is str and isinstance(value, str):
+            return None
+        if typing.get_origin(option) is list and isinstance(value, list):
+            (inner,) = typing.get_args(option)
+            if all(type_problem(v, inner) is None for v in value):
+                return None
+    names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return " or ".join(names.get(o, "a list of strings") for o in options)

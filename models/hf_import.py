@@ -27,7 +27,7 @@ from torch import Tensor
 from ..errors import CheckpointError, ConfigError, DataError
 from ..tokenization.train import load_tokenizer, write_tokenizer_files
 from . import build_model
-from .config import ModelConfig
+from .config import ModelConfig, type_problem
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, read_json,
                        split_to_tfkit)
 from .io import check_new_folder, publish_folder, save_model
@@ -43,10 +43,35 @@ ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_py
 # Buffers some HF versions save next to the weights; derived from the config, never learned.
 BUFFERS = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq|\.position_ids)$")
 DROPPED = ("cls.seq_relationship.",)  # BERT's next-sentence head: tfkit has no NSP objective
+# The type of every HF key the mapping below reads (None where the mapping handles null), checked before the
+# mapping does arithmetic or comparisons with them; rope sections' own keys are named `section.key`.
+HF_TYPES = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size", "n_embd", "n_layer", "n_head", "n_positions"), int),
+    **dict.fromkeys(("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "hidden_dropout_prob",
+                     "attention_probs_dropout_prob", "resid_pdrop", "attn_pdrop", "attention_dropout",
+                     "initializer_range", "rope_theta", "partial_rotary_factor"), float),
+    **dict.fromkeys(("tie_word_embeddings", "is_decoder", "add_cross_attention", "scale_attn_weights",
+                     "scale_attn_by_inverse_layer_idx", "attention_bias", "mlp_bias"), bool),
+    **dict.fromkeys(("n_inner", "num_key_value_heads", "head_dim", "sliding_window", "pad_token_id"), int | None),
+    **dict.fromkeys(("model_type", "hidden_act", "activation_function"), str),
+    "position_embedding_type": str | None,
+    "architectures": list[str] | None,
+    **{f"{section}.{key}": float for section in ("rope_parameters", "rope_scaling")
+       for key in ("rope_theta", "partial_rotary_factor")},
+}
 
 
 def _warn(message: str) -> None:
     warnings.warn(message, HFInteropWarning, stacklevel=3)
+
+
+def _type_problems(hf: dict) -> list[str]:
+    """One line per HF key whose value has the wrong JSON type, e.g. `n_layer: got '2', expected an integer`."""
+    flat = {**hf, **{f"{section}.{key}": value for section in ("rope_parameters", "rope_scaling")
+                     if isinstance(hf.get(section), dict) for key, value in hf[section].items()}}
+    return [f"{key}: got {flat[key]!r}, expected {expected}" for key, hint in HF_TYPES.items()
+            if key in flat and (expected := type_problem(flat[key], hint))]
 
 
 def _family(hf: dict) -> tuple[str, str]:
@@ -139,21 +164,27 @@ def _llama_config(hf: dict, problems: list[str]) -> dict:
     )
 
 
-def config_from_hf(hf_config: dict) -> tuple[str, str, ModelConfig]:
-    """(family, HF architecture, ModelConfig) for a config.json; ConfigError lists every unsupported option."""
+def config_from_hf(hf_config: dict, source: str | Path = "config.json") -> tuple[str, str, ModelConfig]:
+    """(family, HF architecture, ModelConfig) for a config.json; ConfigError lists every unsupported option.
+
+    Wrong-typed values are refused first, naming `source` (the file) and the HF key, since the mapping
+    would otherwise crash on them (`"2" < 1`) or take them silently (`bool("no")` is True)."""
+    wrong = _type_problems(hf_config)
+    if wrong:
+        raise ConfigError(f"{source}: " + "; ".join(wrong))
     family, arch = _family(hf_config)
     problems: list[str] = []
     try:
         fields = {"bert": _bert_config, "gpt2": _gpt2_config, "llama": _llama_config}[family](hf_config, problems)
     except KeyError as err:
-        raise ConfigError(f"config.json of {arch}: required key {err.args[0]!r} is missing") from None
+        raise ConfigError(f"{source} of {arch}: required key {err.args[0]!r} is missing") from None
     if problems:
         raise ConfigError(f"cannot import {arch}: unsupported " + "; ".join(problems))
     fields.update(vocab_size=hf_config["vocab_size"], init_std=hf_config.get("initializer_range", 0.02))
     try:
         return family, arch, ModelConfig(**fields).validate()
     except ConfigError as err:
-        raise ConfigError(f"config.json of {arch} maps to an invalid tfkit config: {err}") from None
+        raise ConfigError(f"{source} of {arch} maps to an invalid tfkit config: {err}") from None
 
 
 def _normalise_keys(family: str, hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -358,7 +389,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
         raise CheckpointError(f"{src}: not a HuggingFace model folder (no config.json)")
     check_new_folder(out, [src], force)
     hf_config = read_json(src / "config.json")
-    family, arch, cfg = config_from_hf(hf_config)  # unsupported options fail before the weights are read
+    family, arch, cfg = config_from_hf(hf_config, src / "config.json")  # fails before the weights are read
     cfg, state = _convert(family, arch, cfg, read_hf_weights(src))
     with torch.device("meta"):
         model = build_model(cfg)

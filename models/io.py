@@ -23,7 +23,7 @@ from safetensors.torch import save_model as save_safetensors_from
 from torch import nn
 
 from .. import __version__
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from ..files import share_like_mkdir, write_problem
 from .config import ModelConfig
 
@@ -93,7 +93,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def read_config(path: str | Path) -> dict:
-    """The whole config.json of a checkpoint (folder, run folder, or the config.json file itself)."""
+    """The whole config.json of a checkpoint (folder, run folder, or the config.json file itself).
+
+    Its model section is checked as a ModelConfig (types, values, unknown keys) here, so that every caller
+    may index it: `eval` compares `max_seq_len` across checkpoints and would crash on a string. A bad value
+    is a ConfigError naming the file and the key."""
     path = Path(path)
     file = path if path.is_file() and path.name == CONFIG else resolve_checkpoint(path) / CONFIG
     try:
@@ -102,6 +106,7 @@ def read_config(path: str | Path) -> dict:
         raise CheckpointError(f"{file}: cannot read it as JSON ({err})") from err
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise CheckpointError(f"{file}: expected a JSON object with a 'model' section (the model config)")
+    ModelConfig.from_dict(config["model"], source=file)
     return config
 
 
@@ -111,10 +116,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     from . import build_model  # late import: models/__init__ imports this module
 
     folder = resolve_checkpoint(path)
-    try:
-        cfg = ModelConfig.from_dict(read_config(folder)["model"])
-    except ConfigError as err:
-        raise CheckpointError(f"{folder / CONFIG}: invalid model config ({err})") from err
+    cfg = ModelConfig.from_dict(read_config(folder)["model"])  # read_config names the file if it is invalid
     model = build_model(cfg).to(device)
     load_weights_into(model, folder / WEIGHTS, device, what=f"the {cfg.arch} model its config.json describes")
     return model.eval(), cfg

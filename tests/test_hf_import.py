@@ -5,6 +5,7 @@ random weights (spread wide enough that logits are O(1), so 1e-5 means something
 `save_pretrained`, imported, reloaded with tfkit's `load_model`, and compared in fp32 eval mode.
 """
 
+import json
 import subprocess
 import sys
 import warnings
@@ -237,6 +238,54 @@ def test_unsupported_options_are_named(config, named):
     with pytest.raises(ConfigError, match="not supported|unsupported") as err:
         hf_to_tfkit(config, {})
     assert named in str(err.value)
+
+
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V, "n_embd": D, "n_layer": L,
+        "n_head": H, "n_positions": 64}
+
+
+@pytest.mark.parametrize("config, message", [
+    ({**GPT2, "n_layer": "2"}, "n_layer: got '2', expected an integer"),
+    ({**GPT2, "n_embd": 64.0}, "n_embd: got 64.0, expected an integer"),
+    ({**GPT2, "n_inner": "256"}, "n_inner: got '256', expected an integer or null"),
+    ({**GPT2, "layer_norm_epsilon": None}, "layer_norm_epsilon: got None, expected a number"),
+    ({**GPT2, "tie_word_embeddings": "no"}, "tie_word_embeddings: got 'no', expected true/false"),
+    ({**GPT2, "architectures": "GPT2LMHeadModel"},
+     "architectures: got 'GPT2LMHeadModel', expected a list of strings or null"),
+    ({**BERT, "hidden_act": ["gelu"]}, "hidden_act: got ['gelu'], expected a string"),
+    ({**LLAMA, "num_attention_heads": "4", "attention_bias": "yes"},
+     "num_attention_heads: got '4', expected an integer; attention_bias: got 'yes', expected true/false"),
+    ({**LLAMA, "rope_parameters": {"rope_type": "default", "rope_theta": "1e4"}},
+     "rope_parameters.rope_theta: got '1e4', expected a number"),
+    ({**LLAMA, "sliding_window": "16"}, "sliding_window: got '16', expected an integer or null"),
+])
+def test_a_wrong_typed_hf_value_is_a_config_error_naming_the_file_and_key(config, message):
+    from tfkit.models.hf_import import config_from_hf
+
+    with pytest.raises(ConfigError) as err:
+        config_from_hf(config, "hf/config.json")
+    assert str(err.value) == f"hf/config.json: {message}"
+
+
+def test_an_out_of_range_hf_value_is_named_by_the_tfkit_key_it_maps_to():
+    with pytest.raises(ConfigError, match=r"model\.norm_eps: got -1e-05, expected a positive finite number"):
+        hf_to_tfkit({**GPT2, "layer_norm_epsilon": -1e-5}, {})
+
+
+def test_import_hf_of_a_wrong_typed_config_is_one_line_and_exit_code_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from tfkit.cli.main import app
+
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**GPT2, "n_layer": "2"}))
+    result = CliRunner().invoke(app, ["import-hf", str(src), "--out", str(tmp_path / "ckpt")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"error: {src / 'config.json'}: n_layer: got '2', expected an integer"
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_transformers_4_llama_configs_give_rope_theta_at_the_top_level():

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from tfkit.errors import CheckpointError
+from tfkit.cli.main import app
+
+from tfkit.errors import CheckpointError, ConfigError
 from tfkit.models import build_model, load_model, read_config, resolve_checkpoint, save_model
 
 from model_helpers import tiny_cfg
@@ -110,11 +113,57 @@ def test_corrupt_or_invalid_config_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="config.json"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model": {"arch": "gpt", "n_layer": 2}}))
-    with pytest.raises(CheckpointError, match="n_layer"):
+    with pytest.raises(ConfigError, match="model.n_layer: unknown key"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"tfkit_version": "0.1.0"}))
     with pytest.raises(CheckpointError, match="'model' section"):
         read_config(tmp_path)
+
+
+def edit_model_config(folder: Path, **values) -> Path:
+    """Overwrite keys of a saved checkpoint's model section, as a hand edit of config.json would."""
+    config = json.loads((folder / "config.json").read_text())
+    config["model"].update(values)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder / "config.json"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"n_layers": "2"}, "model.n_layers: got '2', expected an integer"),
+    ({"n_layers": 2.5}, "model.n_layers: got 2.5, expected an integer"),
+    ({"n_layers": 2.0}, "model.n_layers: got 2.0, expected an integer"),
+    ({"n_layers": None}, "model.n_layers: got None, expected an integer"),
+    ({"n_layers": [2]}, "model.n_layers: got [2], expected an integer"),
+    ({"n_heads": True}, "model.n_heads: got True, expected an integer"),
+    ({"n_kv_heads": "2"}, "model.n_kv_heads: got '2', expected an integer or null"),
+    ({"bias": "yes"}, "model.bias: got 'yes', expected true/false"),
+    ({"norm_eps": "1e-5"}, "model.norm_eps: got '1e-5', expected a number"),
+    ({"norm_eps": -1e-5}, "model.norm_eps: got -1e-05, expected a positive finite number"),
+    ({"rope_theta": 0}, "model.rope_theta: got 0.0, expected a positive finite number"),
+    ({"arch": 3}, "model.arch: got 3, expected a string"),
+    ({"bias": 1, "init_std": -1.0},
+     "model.bias: got 1, expected true/false; model.init_std: got -1.0, expected a positive finite number"),
+])
+def test_a_wrong_type_or_value_in_config_json_is_a_config_error_naming_file_and_key(tmp_path, values, message):
+    file = edit_model_config(save_model(build_model(tiny_cfg("gpt")), tmp_path / "ckpt"), **values)
+    for load in (load_model, read_config):
+        with pytest.raises(ConfigError) as err:
+            load(tmp_path / "ckpt")
+        assert str(err.value) == f"{file}: {message}"
+
+
+def test_an_integer_is_a_valid_float_in_config_json(tmp_path):
+    edit_model_config(save_model(build_model(tiny_cfg("gpt")), tmp_path), norm_eps=1, dropout=0)
+    _, cfg = load_model(tmp_path)
+    assert (cfg.norm_eps, cfg.dropout) == (1.0, 0.0) and isinstance(cfg.norm_eps, float)
+
+
+def test_a_wrong_type_in_config_json_is_one_line_and_exit_code_2(tmp_path):
+    file = edit_model_config(save_model(build_model(tiny_cfg("gpt")), tmp_path / "ckpt"), n_layers="2")
+    result = CliRunner().invoke(app, ["generate", str(tmp_path / "ckpt"), "-p", "hi"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.stderr.strip().splitlines()[-1] == f"error: {file}: model.n_layers: got '2', expected an integer"
 
 
 @pytest.fixture

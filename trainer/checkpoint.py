@@ -318,10 +318,7 @@ def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
         if cfg.pad_token_id is None and tokenizer.pad_id is not None:
             cfg = dataclasses.replace(cfg, pad_token_id=tokenizer.pad_id)
         return cfg.validate()
-    try:
-        saved = ModelConfig.from_dict(read_config(source)["model"])
-    except ConfigError as err:
-        raise CheckpointError(f"{source / CONFIG}: invalid model config ({err})") from err
+    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
     wanted = recipe.model.config(saved.vocab_size)
     skip = set(MAY_DIFFER) | {"pad_token_id"}
     conflicts = [f"model.{f.name} is {getattr(wanted, f.name)!r} but the checkpoint has {getattr(saved, f.name)!r}"

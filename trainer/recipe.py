@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import types
 import typing
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -21,10 +20,10 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..models.config import ModelConfig
+from ..models.config import ModelConfig, type_problem
 from ..models.sizes import sized_config
 from ..tokenization.train import TokenizerSpec
-from .ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
+from ..ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
 
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
@@ -37,9 +36,8 @@ class ModelSection(ModelConfig):
     vocab_size: int | None = None  # null = the tokenizer's vocabulary size
 
     def problems(self, prefix: str = "model") -> list[str]:
-        """ModelConfig's checks (dropouts included) plus the float keys it leaves unchecked."""
-        out = dataclasses.replace(self, vocab_size=self.vocab_size or 1).config().problems(prefix)
-        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)
+        """ModelConfig's checks; an unset vocab_size (the tokenizer's, known only later) passes as 1."""
+        return dataclasses.replace(self, vocab_size=self.vocab_size or 1).config().problems(prefix)
 
     def config(self, vocab_size: int | None = None) -> ModelConfig:
         """The plain ModelConfig, with the vocabulary size taken from the tokenizer when unset."""
@@ -343,7 +341,7 @@ def _build_section(cls: type, values: dict, prefix: str, problems: list[str]) ->
             problems.append(f"{prefix}.{key}: unknown key{_suggest(key, hints)}")
             continue
         value = _as_float(value) if hints[key] in (float, float | None) else value
-        problem = _type_problem(value, hints[key])
+        problem = type_problem(value, hints[key])
         if problem:
             problems.append(f"{prefix}.{key}: got {value!r}, expected {problem}")
             continue
@@ -359,28 +357,6 @@ def _as_float(value: Any) -> Any:
         return float(value) if isinstance(value, (int, str)) else value
     except ValueError:
         return value
-
-
-def _type_problem(value: Any, hint: Any) -> str | None:
-    """None when `value` fits the annotation, else a description of what was expected."""
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    for option in options:
-        if option is type(None) and value is None:
-            return None
-        if option is bool and isinstance(value, bool):
-            return None
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return None
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return None
-        if option is str and isinstance(value, str):
-            return None
-        if typing.get_origin(option) is list and isinstance(value, list):
-            (inner,) = typing.get_args(option)
-            if all(_type_problem(v, inner) is None for v in value):
-                return None
-    names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string"}
-    return " or ".join(names.get(o, "a list of strings") for o in options)
 
 
 def _apply_override(raw: dict, item: str, problems: list[str]) -> str | None:

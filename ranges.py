@@ -1,4 +1,4 @@
-"""The meaningful values of a recipe's float keys, checked one way everywhere.
+"""The meaningful values of float keys (recipes, model configs), checked one way everywhere.
 
 `if lr <= 0` lets NaN through (every comparison with NaN is False) and an infinite lr passes any lower
 bound; both then show up only later, as a crash in the optimizer or a diverged run. Every float check of
