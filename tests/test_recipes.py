@@ -187,3 +187,32 @@ def test_show_writes_a_recipe_that_loads_and_the_lr_curve_to_stderr(tmp_path):
 def test_a_bad_arch_is_reported_once():
     message = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny", ["model.arch=xyz"]).value)
     assert message == "--set model.arch=xyz: model.arch: got 'xyz', expected one of bert, gpt, transformer"
+
+
+def test_an_unreadable_empty_or_folder_recipe_is_one_error_naming_it(tmp_path):
+    """Not UTF-8, empty or comment-only (a truncated file would otherwise train 1000 default steps), a
+    folder: each is a ConfigError naming the path; `validate` reports it and goes on to the next file."""
+    from typer.testing import CliRunner
+
+    from tfkit.cli.main import app
+
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"model:\n  arch: gpt\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=rf"{latin}: not valid UTF-8 \(byte 0xe9 at position 24\)"):
+        load_recipe(str(latin))
+    for text in ("", "# nothing yet\n"):
+        with pytest.raises(ConfigError, match=r"r\.yaml: empty recipe, no sections"):
+            load_recipe(_write(tmp_path, text))
+    with pytest.raises(ConfigError, match=rf"recipe {tmp_path}: is a folder, expected a YAML file"):
+        load_recipe(str(tmp_path))
+    result = CliRunner().invoke(app, ["recipes", "validate", str(latin), "gpt-tiny"])
+    assert result.exit_code == 2 and result.stdout.splitlines() == ["ok gpt-tiny"]
+    assert result.stderr.startswith(f"error: {latin}: not valid UTF-8")
+
+
+def test_home_in_path_keys_is_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    recipe = load_recipe("gpt-tiny", ["log.run_dir=~/runs/x", "tokenizer.path=~/tok", "train.init_from=~/ckpt",
+                                      "data.cache_dir=~/cache"])
+    assert recipe.log.run_dir == str(tmp_path / "runs" / "x") and recipe.tokenizer.path == str(tmp_path / "tok")
+    assert recipe.train.init_from == str(tmp_path / "ckpt") and recipe.data.cache_dir == str(tmp_path / "cache")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from tfkit.errors import CheckpointError, ConfigError, DataError
 from tfkit.models import load_model
+from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
 from tfkit.trainer import checkpoint as ckpt
 from tfkit.trainer import objectives
 from tfkit.trainer.loop import TrainingDiverged
@@ -127,6 +128,19 @@ def test_resume_may_switch_to_fp16(reference, tmp_path):
     rows = read_metrics(tmp_path / "fp16" / "metrics.jsonl")
     assert [r["step"] for r in rows if "loss" in r] == list(range(21, MAX_STEPS + 1))
     assert math.isfinite(result.final.loss)
+
+
+def test_resume_refuses_a_changed_tokenizer(reference, tmp_path):
+    """The weights were trained on the checkpoint's token ids: a resumed run cannot change its tokenizer,
+    and saying so beats ignoring the new `tokenizer.path` while recipe.yaml records it as applied."""
+    recipe, ref_dir, _ = reference
+    other = tmp_path / "tok"
+    train_tokenizer(TokenizerSpec(vocab_size=300), ["some other text to learn from"] * 50, other,
+                    show_progress=False)
+    with pytest.raises(ConfigError, match=rf"tokenizer.path: None -> '{other}'.*: a resumed run keeps the tokenizer"):
+        pretrain(load_recipe(str(recipe), [f"tokenizer.path={other}"]), run_dir=tmp_path / "branch",
+                 resume=str(ref_dir / "checkpoints" / "step-12"))
+    assert not (tmp_path / "branch").exists()
 
 
 def test_resume_after_sigkill_is_exact(reference, tmp_path):

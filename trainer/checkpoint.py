@@ -203,9 +203,9 @@ def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Pa
     """`--run-dir`, else `log.run_dir`, else the run folder of `--resume PATH`, else (with `--resume auto`)
     the newest `runs/<recipe>-*` holding a checkpoint, else a new `runs/<recipe>-<YYYYmmdd-HHMMSS>`."""
     if run_dir:
-        return Path(run_dir)
+        return Path(run_dir).expanduser()
     if recipe.log.run_dir:
-        return Path(recipe.log.run_dir)
+        return Path(recipe.log.run_dir).expanduser()
     if resume and resume != "auto":
         folder = resolve_resume(resume)
         return folder.parent.parent  # <run>/checkpoints/step-N
@@ -259,8 +259,8 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
     step, changes = None, []
     if resumed_from is not None:
         step = int(read_config(resumed_from).get("step", 0))
-        previous = path if path.is_file() else resumed_from.parent.parent / RECIPE_FILE
-        if previous.is_file():
+        previous = _previous_recipe(run_dir, resumed_from)
+        if previous is not None:
             changes = recipe_changes(yaml.safe_load(previous.read_text(encoding="utf-8")) or {}, recipe.to_dict())
             before = run_dir / f"recipe-before-step-{step}.yaml"
             if changes and not before.exists():
@@ -269,6 +269,30 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
     tmp.write_text(RECIPE_HEADER + recipe.to_yaml(), encoding="utf-8")
     os.replace(tmp, path)
     return step, changes
+
+
+def _previous_recipe(run_dir: Path, resumed_from: Path) -> Path | None:
+    """The recipe that trained up to `resumed_from`: the run folder's, or for a branch into a new folder
+    the source run's; None for a checkpoint outside a run folder."""
+    for path in (run_dir / RECIPE_FILE, resumed_from.parent.parent / RECIPE_FILE):
+        if path.is_file():
+            return path
+    return None
+
+
+def check_tokenizer_kept(run_dir: Path, recipe, resumed_from: Path) -> None:
+    """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. A
+    changed `tokenizer` section would be ignored while recipe.yaml recorded it as applied, so it is an
+    error naming each changed key (the other sections may change: more steps, a lower lr)."""
+    previous = _previous_recipe(run_dir, resumed_from)
+    if previous is None:
+        return
+    before = (yaml.safe_load(previous.read_text(encoding="utf-8")) or {}).get("tokenizer") or {}
+    changes = recipe_changes(before, recipe.to_dict()["tokenizer"], "tokenizer.")
+    if changes:
+        raise ConfigError(f"{'; '.join(changes)}: a resumed run keeps the tokenizer of {resumed_from}, whose "
+                          "token ids its weights were trained on; undo the change, or start a new run "
+                          "(train.init_from keeps the weights and their tokenizer too)")
 
 
 def find_resume(run_dir: Path, resume: str | None) -> Path | None:

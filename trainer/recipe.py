@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -240,9 +241,11 @@ def bundled_recipes() -> dict[str, Path]:
 
 def find_recipe(name_or_path: str) -> Path:
     """A path to an existing file, or the name of a bundled recipe."""
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"recipe {name_or_path}: is a folder, expected a YAML file or a bundled recipe name")
     bundled = bundled_recipes()
     if name_or_path in bundled:
         return bundled[name_or_path]
@@ -263,8 +266,12 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
         raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    if raw is None:
-        raw = {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at position {exc.start}); "
+                          "save it as UTF-8") from None
+    if not raw:  # an empty or comment-only file: a truncated or wrong file, not "train every default"
+        raise ConfigError(f"{path}: empty recipe, no sections; start from a bundled one "
+                          "(`tfkit recipes show gpt-tiny > my.yaml`)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(raw).__name__}")
     set_problems: list[str] = []
@@ -318,11 +325,26 @@ def recipe_from_dict(raw: dict, default_name: str = "recipe", problems: list[str
         values = model_raw if section_name == "model" else _section_mapping(raw, section_name, collect)
         sections[section_name] = _build_section(cls, values, section_name, collect)
     recipe = Recipe(name=str(name), **sections)
+    _expand_home(recipe)
     # keys with a wrong type kept their (valid) defaults; a bad model.arch was already met by sized_config
     collect.extend(problem for problem in recipe.problems() if problem not in collect)
     if problems is None and collect:
         raise ConfigError("; ".join(collect))
     return recipe
+
+
+PATH_KEYS = (("tokenizer", "path"), ("data", "cache_dir"), ("train", "init_from"), ("log", "run_dir"))
+
+
+def _expand_home(recipe: Recipe) -> None:
+    """`~` in a path key is the home folder, as in a shell (corpus specs get it from `resolve_files`).
+    Left as is, `run_dir: ~/runs/x` made a folder named `~` in the working folder, one `rm -rf ~` away
+    from deleting the home folder instead."""
+    for section, key in PATH_KEYS:
+        part = getattr(recipe, section)
+        value = getattr(part, key)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(part, key, os.path.expanduser(value))
 
 
 def _section_mapping(raw: dict, name: str, problems: list[str]) -> dict:
