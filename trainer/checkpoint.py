@@ -261,7 +261,10 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
         step = int(read_config(resumed_from).get("step", 0))
         previous = _previous_recipe(run_dir, resumed_from)
         if previous is not None:
-            changes = recipe_changes(yaml.safe_load(previous.read_text(encoding="utf-8")) or {}, recipe.to_dict())
+            earlier = yaml.safe_load(previous.read_text(encoding="utf-8")) or {}
+            if isinstance(earlier.get("tokenizer"), dict):  # the run keeps its tokenizer (check_tokenizer_kept)
+                recipe = dataclasses.replace(recipe, tokenizer=type(recipe.tokenizer)(**earlier["tokenizer"]))
+            changes = recipe_changes(earlier, recipe.to_dict())
             before = run_dir / f"recipe-before-step-{step}.yaml"
             if changes and not before.exists():
                 shutil.copyfile(previous, before)
@@ -280,19 +283,19 @@ def _previous_recipe(run_dir: Path, resumed_from: Path) -> Path | None:
     return None
 
 
-def check_tokenizer_kept(run_dir: Path, recipe, resumed_from: Path) -> None:
-    """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. A
-    changed `tokenizer` section would be ignored while recipe.yaml recorded it as applied, so it is an
-    error naming each changed key (the other sections may change: more steps, a lower lr)."""
-    previous = _previous_recipe(run_dir, resumed_from)
-    if previous is None:
+def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
+    """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. The
+    tokenizer section is moot then (recipe.yaml keeps the one that trained the run, see `write_recipe`),
+    but a `tokenizer.path` naming a different tokenizer would be silently ignored: that is an error."""
+    from ..tokenization.train import load_tokenizer
+
+    path = recipe.tokenizer.path
+    if not path or not (resumed_from / "tokenizer.json").is_file():
         return
-    before = (yaml.safe_load(previous.read_text(encoding="utf-8")) or {}).get("tokenizer") or {}
-    changes = recipe_changes(before, recipe.to_dict()["tokenizer"], "tokenizer.")
-    if changes:
-        raise ConfigError(f"{'; '.join(changes)}: a resumed run keeps the tokenizer of {resumed_from}, whose "
-                          "token ids its weights were trained on; undo the change, or start a new run "
-                          "(train.init_from keeps the weights and their tokenizer too)")
+    if load_tokenizer(path).fingerprint() != load_tokenizer(resumed_from).fingerprint():
+        raise ConfigError(f"tokenizer.path {path}: differs from the tokenizer of {resumed_from}, which a resumed "
+                          "run keeps (its weights were trained on those token ids); leave tokenizer.path out, "
+                          "or start a new run")
 
 
 def find_resume(run_dir: Path, resume: str | None) -> Path | None:

@@ -74,7 +74,7 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     run_dir = Path(broadcast_object(str(ckpt.choose_run_dir(recipe, run_dir_arg, resume)) if info.is_main else None, info))
     resume_from = ckpt.find_resume(run_dir, resume)
     if resume_from is not None:
-        ckpt.check_tokenizer_kept(run_dir, recipe, resume_from)
+        ckpt.check_tokenizer_kept(recipe, resume_from)
     init_from = None if resume_from or not recipe.train.init_from else resolve_checkpoint(recipe.train.init_from)
     source = resume_from or init_from  # the checkpoint that supplies model config and tokenizer
     if info.is_main:
