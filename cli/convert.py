@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
@@ -73,6 +73,24 @@ def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed
     return model, new_model.eval()
 
 
+def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
+    """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
+    text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
+    convert does not have."""
+    from ..models import read_config
+    from ..trainer.evaluate import evaluate_checkpoint, trained_seq_len
+
+    try:
+        return evaluate_checkpoint(folder, data, max_tokens=max_tokens, device=device,
+                                   show_progress=sys.stderr.isatty())
+    except DataError as err:
+        if "--seq-len" not in str(err):  # only eval's too-little-text errors give that advice
+            raise
+        seq_len = trained_seq_len(read_config(folder))
+        raise DataError(f"--eval-data {data}: too little text to score one sequence of {seq_len} tokens (the "
+                        f"length {folder} was trained at); give more text") from None
+
+
 def layout(kv_heads: int, n_heads: int) -> str:
     name = "MHA" if kv_heads == n_heads else "MQA" if kv_heads == 1 else f"GQA-{kv_heads}"
     return f"{kv_heads} ({name})"
@@ -114,11 +132,11 @@ def convert_mqa_to_gqa(
     import torch
 
     from ..models import kv_cache_bytes_per_token, resolve_checkpoint
-    from ..models.io import check_new_folder
     from ..models.convert import attention_params
+    from ..models.io import TFKIT_MODEL, check_new_folder
 
     folder = resolve_checkpoint(checkpoint)
-    check_new_folder(out, [Path(checkpoint), folder], force)
+    check_new_folder(out, [Path(checkpoint), folder], force, replaces=(TFKIT_MODEL,))
     if eval_tokens < 1:
         raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
     has_tokenizer = (folder / "tokenizer.json").is_file()
@@ -126,10 +144,7 @@ def convert_mqa_to_gqa(
         raise ConfigError(f"--eval-data: {folder} has no tokenizer.json to tokenize the data with")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if eval_data is not None:  # first: data that cannot be scored fails before --out is written
-        from ..trainer.evaluate import evaluate_checkpoint
-
-        before = evaluate_checkpoint(folder, eval_data, max_tokens=eval_tokens, device=device,
-                                     show_progress=sys.stderr.isatty())
+        before = score(folder, eval_data, eval_tokens, device)
     model, new_model = convert_checkpoint(folder, out, kv_heads, method, seed)
     cfg, new_cfg = model.config, new_model.config
 
@@ -141,8 +156,7 @@ def convert_mqa_to_gqa(
         ("KV-cache bytes / token (bf16)", f"{bytes_before:,}", f"{bytes_after:,}"),
     ]
     if eval_data is not None:
-        after = evaluate_checkpoint(out, eval_data, max_tokens=eval_tokens, device=device,
-                                    show_progress=sys.stderr.isatty())
+        after = score(out, eval_data, eval_tokens, device)
         rows.append(("validation loss", f"{before['loss']:.4f}", f"{after['loss']:.4f}"))
         rows.append(("perplexity", f"{before['perplexity']:.2f}", f"{after['perplexity']:.2f}"))
     console = Console(width=None if sys.stdout.isatty() else 120)

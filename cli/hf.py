@@ -19,7 +19,7 @@ from rich.markup import escape
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-Force = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
+Force = Annotated[bool, typer.Option("--force", help="Replace an earlier output of this command (nothing else).")]
 
 
 def _reporting_warnings(convert: Callable[[], Path]) -> Path:
@@ -40,8 +40,9 @@ def import_hf(
     """Import a HuggingFace BERT, GPT-2 or Llama folder as a tfkit checkpoint.
 
     Supported: BertModel / BertForMaskedLM / BertForPreTraining, GPT2Model / GPT2LMHeadModel,
-    LlamaForCausalLM (MHA, GQA, MQA) and Mistral without a sliding window. Options tfkit cannot reproduce
-    (rope scaling, relative positions, ...) are refused by name.
+    LlamaModel / LlamaForCausalLM (MHA, GQA, MQA) and Mistral without a sliding window. A bare model's
+    missing head is initialised, with a warning. Options tfkit cannot reproduce (rope scaling, relative
+    positions, ...) are refused by name.
     """
     from ..models.hf_import import import_hf as convert
     from ..models.io import read_config

@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
 from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
-from .io import check_new_folder, load_model, publish_folder, resolve_checkpoint
+from .io import TFKIT_EXPORT, check_new_folder, load_model, publish_folder, resolve_checkpoint
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 REQUIREMENTS = {
@@ -143,7 +143,7 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
     """Write the HF folder (config.json, model.safetensors, tokenizer files) of a tfkit checkpoint or run
     folder into `out_dir`; returns `out_dir`. An existing non-empty `out_dir` needs force=True."""
     folder, out = resolve_checkpoint(ckpt), Path(out_dir)
-    check_new_folder(out, [folder], force)
+    check_new_folder(out, [folder], force, replaces=(TFKIT_EXPORT,))
     model, cfg = load_model(folder)
     family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
     hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())

@@ -6,10 +6,11 @@ either mapped onto a `ModelConfig` field or refused with a ConfigError naming it
 one tfkit computes exactly as transformers does (tests/test_hf_import.py checks logits to 1e-5), GPT-2's
 tanh-approximated GELU (`gelu_new`) included: it maps onto `activation: gelu_tanh`.
 
-Weights HF does not have (the MLM head of a bare `BertModel`, the pooler of `BertForMaskedLM`) are
-initialised like tfkit's own init from a fixed seed, so an import is a pure function of its input and
-import -> export -> import gives identical tensors (a bare `BertModel`'s pooler excepted: `BertForMaskedLM`,
-the export target, has none). Each one is reported as an `HFInteropWarning`, as is a dropped NSP head.
+Weights HF does not have (the MLM head of a bare `BertModel`, the untied LM head of a bare `LlamaModel`,
+the pooler of `BertForMaskedLM`) are initialised like tfkit's own init from a fixed seed, so an import is
+a pure function of its input and import -> export -> import gives identical tensors (a bare `BertModel`'s
+pooler excepted: `BertForMaskedLM`, the export target, has none). Each one is reported as an
+`HFInteropWarning`, as is a dropped NSP head.
 """
 
 from __future__ import annotations
@@ -28,16 +29,22 @@ from ..errors import CheckpointError, ConfigError, DataError
 from ..tokenization.train import load_tokenizer, write_tokenizer_files
 from . import build_model
 from .config import ModelConfig, type_problem
-from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, read_json,
+from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
                        split_to_tfkit)
-from .io import check_new_folder, publish_folder, save_model
+from .io import TFKIT_MODEL, check_new_folder, publish_folder, save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
     "gpt2": ("GPT2Model", "GPT2LMHeadModel"),
     "llama": ("LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"),
 }
+# Base models of the causal families: an untied lm_head may be missing from these only (BERT's MLM head,
+# group "head" too, is initialised whatever the architecture, as before).
+BARE_MODELS = ("GPT2Model", "LlamaModel", "MistralModel")
 MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama"}
+# The architecture a config.json without `architectures` is taken for, by model_type.
+DEFAULT_ARCHITECTURE = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+                        "mistral": "MistralForCausalLM"}
 # HF activation name -> tfkit's; gelu_new / gelu_pytorch_tanh are GPT-2's tanh approximation.
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 # Buffers some HF versions save next to the weights; derived from the config, never learned.
@@ -74,15 +81,20 @@ def _type_problems(hf: dict) -> list[str]:
             if key in flat and (expected := type_problem(flat[key], hint))]
 
 
-def _family(hf: dict) -> tuple[str, str]:
-    """(family, architecture name) of a config.json, or a ConfigError naming what is unsupported."""
+def _family(hf: dict, source: str | Path) -> tuple[str, str]:
+    """(family, architecture name) of a config.json, or a ConfigError naming the file and what is
+    unsupported; a tfkit checkpoint (its config.json has tfkit_version) is named as one, since it needs
+    no import."""
+    if "tfkit_version" in hf:
+        raise ConfigError(f"{source}: this is already a tfkit checkpoint (its config.json has tfkit_version), "
+                          "not a HuggingFace model; every tfkit command reads it as it is")
     arch = (hf.get("architectures") or [None])[0]
     family = MODEL_TYPES.get(str(hf.get("model_type")))
     supported = ", ".join(a for archs in SUPPORTED.values() for a in archs)
     if family is None or (arch is not None and arch not in SUPPORTED[family]):
         name = arch or f"model_type={hf.get('model_type')!r}"
-        raise ConfigError(f"config.json: {name} is not supported by import-hf (supported: {supported})")
-    return family, arch or SUPPORTED[family][-1]
+        raise ConfigError(f"{source}: {name} is not supported by import-hf (supported: {supported})")
+    return family, arch or DEFAULT_ARCHITECTURE[hf["model_type"]]
 
 
 def _activation(hf: dict, key: str, default: str, problems: list[str]) -> str:
@@ -172,7 +184,7 @@ def config_from_hf(hf_config: dict, source: str | Path = "config.json") -> tuple
     wrong = _type_problems(hf_config)
     if wrong:
         raise ConfigError(f"{source}: " + "; ".join(wrong))
-    family, arch = _family(hf_config)
+    family, arch = _family(hf_config, source)
     problems: list[str] = []
     try:
         fields = {"bert": _bert_config, "gpt2": _gpt2_config, "llama": _llama_config}[family](hf_config, problems)
@@ -253,22 +265,32 @@ def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tenso
         shapes = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
     state: dict[str, Tensor] = {}
     missing: dict[str, list[str]] = {"body": [], "head": [], "pooler": []}
+    misshaped: list[str] = []  # named as in the file: `transformer.h.0.attn.c_attn.weight (64, 64)`
     for rule in RULES[family](cfg):
-        if rule.hf in hf:
-            state.update(split_to_tfkit(rule, hf.pop(rule.hf)))
-        else:
+        if rule.hf not in hf:
             missing[rule.group].append(rule.hf)
+        elif tuple(hf[rule.hf].shape) != (expected := hf_shape(rule, shapes)):
+            misshaped.append(f"{rule.hf} {tuple(hf.pop(rule.hf).shape)} (expected {expected})")
+        else:
+            state.update(split_to_tfkit(rule, hf.pop(rule.hf)))
+    if family != "bert" and arch not in BARE_MODELS:  # a *ForCausalLM without lm_head is a broken file
+        missing["body"], missing["head"] = missing["body"] + missing["head"], []
     if missing["body"]:
         raise CheckpointError(f"{arch} weights are missing: {', '.join(missing['body'])}")
     if hf:
         raise CheckpointError(f"{arch} has weights tfkit has no place for: {', '.join(sorted(hf))}")
+    if misshaped:
+        raise CheckpointError(f"{arch} weights do not match its config.json: {', '.join(misshaped)}")
     dtype = state["embed.tok.weight"].dtype
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     absent = [n for rule in RULES[family](cfg) if rule.hf in missing["head"] + missing["pooler"] for n in rule.tfkit]
     _initialise(cfg, absent, shapes, state, dtype)
-    if missing["head"]:
+    if missing["head"] and family == "bert":
         tied = " (decoder tied to the word embeddings)" if cfg.tie_embeddings else ""
         _warn(f"{arch} has no MLM head: cls.predictions.* initialised{tied}; train it before trusting MLM logits")
+    elif missing["head"]:
+        _warn(f"{arch} has no LM head: lm_head.weight initialised (tie_word_embeddings is false, so it is not the "
+              "word embeddings); train it before trusting its logits")
     if missing["pooler"]:
         _warn(f"{arch} has no pooler: initialised (only used for fine-tuning on the [CLS] summary)")
     if cfg.tie_embeddings:
@@ -387,7 +409,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     src, out = Path(src_dir), Path(out_dir)
     if not (src / "config.json").is_file():
         raise CheckpointError(f"{src}: not a HuggingFace model folder (no config.json)")
-    check_new_folder(out, [src], force)
+    check_new_folder(out, [src], force, replaces=(TFKIT_MODEL,))
     hf_config = read_json(src / "config.json")
     family, arch, cfg = config_from_hf(hf_config, src / "config.json")  # fails before the weights are read
     cfg, state = _convert(family, arch, cfg, read_hf_weights(src))

@@ -5,8 +5,9 @@ round trip HF -> tfkit -> HF is exact by construction. Each `Rule` pairs one Hug
 or more tfkit tensors:
 - `transpose`: GPT-2 stores its linears as `Conv1D` with weights (in, out), tfkit as `nn.Linear` (out, in).
 - several tfkit names: HF fuses them along the output dimension (GPT-2's `c_attn` = q | k | v).
-- `group`: "body" (always required), "head" (BERT's MLM head, absent from a bare `BertModel`) or "pooler"
-  (BERT's [CLS] pooler, absent from `BertForMaskedLM` and never exported, see hf_export.py).
+- `group`: "body" (always required), "head" (BERT's MLM head, absent from a bare `BertModel`; the untied
+  `lm_head`, absent from a bare `GPT2Model` / `LlamaModel`) or "pooler" (BERT's [CLS] pooler, absent from
+  `BertForMaskedLM` and never exported, see hf_export.py).
 
 Names carry the prefix of the model *with* a head (`bert.`, `transformer.`, `model.`); import adds it to
 the keys of a base model (`BertModel`, `GPT2Model`) first. Llama's RoPE needs no q/k permutation: HF
@@ -95,7 +96,7 @@ def gpt2_rules(cfg: ModelConfig) -> list[Rule]:
         rules += _pair(f"{hf}mlp.c_proj", f"{tf}ffn.down", True, transpose=True)
     rules += _pair(f"{p}ln_f", "ln_f", True)
     if not cfg.tie_embeddings:
-        rules += _pair("lm_head", "lm_head", False)
+        rules += _pair("lm_head", "lm_head", False, group="head")
     return rules
 
 
@@ -113,7 +114,7 @@ def llama_rules(cfg: ModelConfig) -> list[Rule]:
         rules += _pair(f"{hf}post_attention_layernorm", f"{tf}norm_ffn", False)
     rules += _pair(f"{p}norm", "ln_f", False)
     if not cfg.tie_embeddings:
-        rules += _pair("lm_head", "lm_head", False)
+        rules += _pair("lm_head", "lm_head", False, group="head")
     return rules
 
 
@@ -130,6 +131,14 @@ def split_to_tfkit(rule: Rule, tensor: Tensor) -> dict[str, Tensor]:
     if len(rule.tfkit) == 1:
         return {rule.tfkit[0]: t.contiguous()}
     return {name: part.clone(memory_format=torch.contiguous_format) for name, part in zip(rule.tfkit, t.chunk(len(rule.tfkit), dim=0))}
+
+
+def hf_shape(rule: Rule, tfkit_shapes: dict[str, torch.Size]) -> tuple[int, ...]:
+    """The shape of a rule's tensor as HF stores it (what join_to_hf makes of tfkit tensors of these shapes),
+    so that a mis-shaped tensor is reported under the name and in the shape the file has."""
+    parts = [tuple(tfkit_shapes[name]) for name in rule.tfkit]
+    shape = (sum(part[0] for part in parts), *parts[0][1:])  # fused along dim 0 of the (out, in) layout
+    return shape[::-1] if rule.transpose else shape
 
 
 def join_to_hf(rule: Rule, tensors: dict[str, Tensor]) -> Tensor:

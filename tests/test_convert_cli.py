@@ -130,6 +130,47 @@ def test_never_overwrites_the_input_or_an_existing_folder(run_folder: Path, tmp_
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
 
 
+def test_force_never_replaces_a_training_checkpoint_or_a_foreign_model(run_folder: Path, tmp_path: Path) -> None:
+    """--force replaces an earlier conversion only: a training checkpoint (trainer_state.pt), a HuggingFace
+    folder and a config.json tfkit did not write are kept, each named for what it is."""
+    source = run_folder / "checkpoints" / "step-9"
+    trained, hf, other = tmp_path / "step-30", tmp_path / "hf", tmp_path / "other"
+    for folder, config in ((trained, None), (hf, {"model_type": "gpt2", "transformers_version": "5.0"}),
+                           (other, {"name": "mine"})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config) if config else (source / "config.json").read_text())
+        (folder / "model.safetensors").write_bytes(b"weights")
+    (trained / "trainer_state.pt").write_bytes(b"optimizer state")
+    for folder, what in ((trained, "a training checkpoint (it has trainer_state.pt)"),
+                         (hf, "a HuggingFace model folder"), (other, "a folder whose config.json tfkit did not write")):
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        assert_user_error(invoke([str(run_folder), "-g", "1", "-o", str(folder), "--force"]),
+                          f"--out {folder}: exists and is {what}", "--force replaces only a tfkit model folder")
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_out_inside_a_runs_checkpoints_folder_is_refused(run_folder: Path, tmp_path: Path) -> None:
+    """A converted model written as <run>/checkpoints/step-999 would become what `tfkit eval <run>` reads
+    as the run's latest checkpoint."""
+    inside = run_folder / "checkpoints" / "step-999"
+    for force in ([], ["--force"]):
+        assert_user_error(invoke([str(run_folder / "checkpoints" / "step-9"), "-g", "1", "-o", str(inside), *force]),
+                          f"--out {inside}: lies in the checkpoints folder of the training run {run_folder.resolve()}")
+    assert not inside.exists()
+    assert sorted(p.name for p in (run_folder / "checkpoints").iterdir()) == ["step-9"]
+
+
+def test_eval_data_too_short_names_no_option_convert_lacks(run_folder: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "short.txt").write_text("All: Speak, speak.\n", encoding="utf-8")
+    out = tmp_path / "never"
+    result = invoke([str(run_folder), "-g", "1", "-o", str(out), "--eval-data", str(tmp_path / "short.txt")])
+    assert_user_error(result, f"--eval-data {tmp_path / 'short.txt'}: too little text to score one sequence of 64 "
+                      "tokens", "give more text")
+    assert "--seq-len" not in result.output and "--batch-size" not in result.output
+    assert not out.exists()
+
+
 def test_impossible_head_counts_are_one_line_errors(run_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "never"
     assert_user_error(invoke([str(run_folder), "-g", "3", "-o", str(out)]), "--kv-heads 3", "4 query heads")

@@ -93,6 +93,63 @@ def test_import_errors_exit_2_with_one_line(tmp_path):
     assert "Traceback" not in result.output and not (tmp_path / "never").exists()
 
 
+def test_import_of_a_tfkit_checkpoint_names_the_folder_and_says_what_it_is(tmp_path):
+    from tfkit.models import ModelConfig, build_model, save_model
+
+    save_model(build_model(ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)),
+               tmp_path / "ckpt")
+    result = run("import-hf", tmp_path / "ckpt", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.startswith(f"error: {tmp_path / 'ckpt' / 'config.json'}: this is already a tfkit checkpoint")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_bare_llama_import_warns_about_the_initialised_head(tmp_path):
+    src = tmp_path / "hf"
+    torch.manual_seed(0)
+    transformers.LlamaModel(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=64)).save_pretrained(src)
+    result = run("import-hf", src, "--out", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    assert "warning: LlamaModel has no LM head: lm_head.weight initialised" in result.stderr
+    assert "imported LlamaModel as gpt" in result.stderr
+
+
+def test_import_force_never_replaces_a_huggingface_source_model(tmp_path):
+    src, other = hf_folder(tmp_path / "gpt2", "gpt2"), hf_folder(tmp_path / "llama", "llama")
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    result = run("import-hf", src, "--out", other, "--force")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "exists and is a HuggingFace model folder that tfkit export-hf did not write" in result.stderr
+    assert "so it is kept" in result.stderr
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_export_force_replaces_only_an_earlier_export(tmp_path):
+    """export-hf --force replaces its own earlier output, never a tfkit checkpoint (a converted model, a
+    training checkpoint) nor a HuggingFace model that transformers saved."""
+    from tfkit.models import ModelConfig, build_model, save_model
+
+    save_model(build_model(ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)),
+               tmp_path / "gpt")
+    assert run("export-hf", tmp_path / "gpt", "--out", tmp_path / "hf").exit_code == 0
+    assert run("export-hf", tmp_path / "gpt", "--out", tmp_path / "hf", "--force").exit_code == 0
+    shutil.copytree(tmp_path / "gpt", tmp_path / "converted")
+    shutil.copytree(tmp_path / "gpt", tmp_path / "trained")
+    (tmp_path / "trained" / "trainer_state.pt").write_bytes(b"optimizer state")
+    transformers_saved = hf_folder(tmp_path / "downloaded", "gpt2")
+    for target, what in ((tmp_path / "converted", "a tfkit model folder"),
+                         (tmp_path / "trained", "a training checkpoint"),
+                         (transformers_saved, "a HuggingFace model folder that tfkit export-hf did not write")):
+        before = {p.name: p.read_bytes() for p in target.iterdir()}
+        result = run("export-hf", tmp_path / "gpt", "--out", target, "--force")
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert f"exists and is {what}" in result.stderr
+        assert "--force replaces only a HuggingFace folder written by tfkit export-hf" in result.stderr
+        assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+
+
 def test_export_exit_codes(tmp_path):
     from tfkit.models import ModelConfig, build_model, save_model
 

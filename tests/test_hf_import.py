@@ -318,8 +318,52 @@ def test_missing_unexpected_and_misshaped_weights_are_named(tmp_path):
         hf_to_tfkit(config, {k: v for k, v in state.items() if k != "transformer.h.1.ln_2.bias"})
     with pytest.raises(CheckpointError, match=r"no place for: transformer\.h\.0\.extra\.weight"):
         hf_to_tfkit(config, {**state, "transformer.h.0.extra.weight": torch.zeros(3)})
-    with pytest.raises(CheckpointError, match=r"embed\.pos\.weight \(32, 64\) \(expected \(64, 64\)\)"):
+    with pytest.raises(CheckpointError, match=r"transformer\.wpe\.weight \(32, 64\) \(expected \(64, 64\)\)"):
         hf_to_tfkit(config, {**state, "transformer.wpe.weight": torch.zeros(32, D)})
+
+
+def test_a_misshaped_fused_weight_is_named_as_the_file_holds_it():
+    """GPT-2's c_attn holds q | k | v as one Conv1D (in, 3 * out): the error names it and its shape in the
+    file, not the tfkit tensors it would be split into."""
+    hf = transformers.GPT2LMHeadModel(gpt2_config())
+    state = {**hf.state_dict(), "transformer.h.0.attn.c_attn.weight": torch.zeros(D, D)}
+    with pytest.raises(CheckpointError) as err:
+        hf_to_tfkit(hf.config.to_dict(), state)
+    assert str(err.value) == ("GPT2LMHeadModel weights do not match its config.json: "
+                              f"transformer.h.0.attn.c_attn.weight ({D}, {D}) (expected ({D}, {3 * D}))")
+
+
+def test_bare_llama_model_imports_with_an_initialised_head_and_a_warning(tmp_path):
+    """A LlamaModel has no lm_head (and unlike GPT-2 does not tie one): its hidden states import exactly
+    and the head is initialised, as a bare BertModel's MLM head is."""
+    hf = transformers.LlamaModel(llama_config())
+    ours, cfg, messages = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert not cfg.tie_embeddings
+    assert any(m.startswith("LlamaModel has no LM head: lm_head.weight initialised") for m in messages)
+    assert read_config(tmp_path / "ckpt")["hf_architecture"] == "LlamaModel"
+    with torch.no_grad():
+        expected = hf(IDS).last_hidden_state @ ours.lm_head.weight.T  # (B, T, V) through the new head
+        torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
+    assert 0 < ours.lm_head.weight.std() < 0.1  # initialised like tfkit's own init, not copied
+
+
+def test_a_causal_lm_without_its_head_is_still_refused():
+    """Only a bare model lacks its head by design; a LlamaForCausalLM without lm_head is a broken file."""
+    hf = transformers.LlamaForCausalLM(llama_config())
+    state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    with pytest.raises(CheckpointError, match=r"^LlamaForCausalLM weights are missing: lm_head\.weight$"):
+        hf_to_tfkit(hf.config.to_dict(), state)
+
+
+def test_importing_a_tfkit_checkpoint_names_its_folder_and_says_what_it_is(tmp_path):
+    from tfkit.models import ModelConfig, build_model, save_model
+
+    save_model(build_model(ModelConfig(vocab_size=V, d_model=D, n_layers=L, n_heads=H, max_seq_len=T_MAX)),
+               tmp_path / "ckpt")
+    with pytest.raises(ConfigError) as err:
+        import_hf(tmp_path / "ckpt", tmp_path / "out")
+    assert str(err.value).startswith(f"{tmp_path / 'ckpt' / 'config.json'}: this is already a tfkit checkpoint")
+    assert not (tmp_path / "out").exists()
 
 
 def test_existing_output_is_never_overwritten_without_force(tmp_path):
@@ -338,3 +382,21 @@ def test_existing_output_is_never_overwritten_without_force(tmp_path):
         (tmp_path / "earlier" / "stale.txt").write_text("from the earlier import")
         import_hf(src, tmp_path / "earlier", force=True)
     assert not (tmp_path / "earlier" / "stale.txt").exists() and (tmp_path / "earlier" / "model.safetensors").is_file()
+
+
+def test_force_never_replaces_a_huggingface_model_or_a_training_checkpoint(tmp_path):
+    """--force replaces what import-hf writes (a tfkit model folder), not the user's HF source models nor a
+    training checkpoint, whatever config.json they hold."""
+    src = save_hf(transformers.GPT2LMHeadModel(gpt2_config()), tmp_path / "gpt2")
+    other = save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path / "llama")
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    with pytest.raises(CheckpointError, match=r"exists and is a HuggingFace model folder that tfkit export-hf did not"):
+        import_hf(src, other, force=True)
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HFInteropWarning)
+        import_hf(src, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "trainer_state.pt").write_bytes(b"optimizer state")
+    with pytest.raises(CheckpointError, match=r"exists and is a training checkpoint \(it has trainer_state\.pt\)"):
+        import_hf(src, tmp_path / "ckpt", force=True)
+    assert (tmp_path / "ckpt" / "trainer_state.pt").read_bytes() == b"optimizer state"

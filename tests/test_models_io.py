@@ -3,6 +3,7 @@ their latest complete step, and anything missing or corrupt is a CheckpointError
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -205,18 +206,65 @@ def test_a_config_that_does_not_match_the_weights_is_one_line(tmp_path):
 def test_out_checks_name_the_option_before_any_work(tmp_path):
     """A file in --out's path, an unwritable parent, and --force on something that is not an earlier output
     are refused up front, naming --out; nothing is deleted."""
-    from tfkit.models.io import check_new_folder
+    from tfkit.models.io import TFKIT_MODEL, check_new_folder
 
     (tmp_path / "afile").write_text("mine")
     with pytest.raises(CheckpointError, match=r"--out .*afile/sub: .*afile is a file, not a folder"):
-        check_new_folder(tmp_path / "afile" / "sub", [], force=False)
+        check_new_folder(tmp_path / "afile" / "sub", [], force=False, replaces=(TFKIT_MODEL,))
     with pytest.raises(CheckpointError, match="is not a model folder"):
-        check_new_folder(tmp_path / "afile", [], force=True)
+        check_new_folder(tmp_path / "afile", [], force=True, replaces=(TFKIT_MODEL,))
     assert (tmp_path / "afile").read_text() == "mine"
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o555)
         with pytest.raises(CheckpointError, match="no permission to write in"):
-            check_new_folder(locked / "out", [], force=False)
+            check_new_folder(locked / "out", [], force=False, replaces=(TFKIT_MODEL,))
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "earlier")
-    check_new_folder(tmp_path / "earlier", [], force=True)  # an earlier output may be replaced
+    check_new_folder(tmp_path / "earlier", [], force=True, replaces=(TFKIT_MODEL,))  # an earlier output
+
+
+def test_force_replaces_only_what_the_command_itself_writes(tmp_path):
+    """Each command's --force replaces its own earlier output: a tfkit model folder (convert, import-hf)
+    or a tfkit export (export-hf); never a training checkpoint, a HuggingFace model transformers saved,
+    nor the other command's output. What is refused is named and kept."""
+    from tfkit.models.io import TFKIT_EXPORT, TFKIT_MODEL, check_new_folder
+
+    save_model(build_model(tiny_cfg("gpt")), tmp_path / "model")
+    save_model(build_model(tiny_cfg("gpt")), tmp_path / "trained")
+    (tmp_path / "trained" / "trainer_state.pt").write_bytes(b"optimizer state")
+    for name, config in (("export", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}),
+                         ("saved", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                    "transformers_version": "5.23.0"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    check_new_folder(tmp_path / "model", [], force=True, replaces=(TFKIT_MODEL,))
+    check_new_folder(tmp_path / "export", [], force=True, replaces=(TFKIT_EXPORT,))
+    refused = [("trained", (TFKIT_MODEL,), "a training checkpoint (it has trainer_state.pt)"),
+               ("trained", (TFKIT_EXPORT,), "a training checkpoint (it has trainer_state.pt)"),
+               ("saved", (TFKIT_MODEL, TFKIT_EXPORT), "a HuggingFace model folder that tfkit export-hf did not write"),
+               ("export", (TFKIT_MODEL,), TFKIT_EXPORT), ("model", (TFKIT_EXPORT,), TFKIT_MODEL)]
+    for name, replaces, what in refused:
+        with pytest.raises(CheckpointError) as err:
+            check_new_folder(tmp_path / name, [], force=True, replaces=replaces)
+        assert str(err.value) == (f"--out {tmp_path / name}: exists and is {what}; --force replaces only "
+                                  f"{' or '.join(replaces)}, so it is kept: remove it yourself if it should go, "
+                                  "or choose another folder")
+    (tmp_path / "export" / "notes.txt").write_text("mine")  # an export holds the files export-hf writes only
+    with pytest.raises(CheckpointError, match="HuggingFace model folder that tfkit export-hf did not write"):
+        check_new_folder(tmp_path / "export", [], force=True, replaces=(TFKIT_EXPORT,))
+
+
+def test_out_in_a_training_runs_checkpoints_folder_is_refused(tmp_path):
+    """`eval RUN` takes the highest checkpoints/step-N for the run's latest: a model written there would be
+    evaluated in its place. A run folder is recognised by a step-N checkpoint or by its recipe.yaml."""
+    from tfkit.models.io import TFKIT_MODEL, check_new_folder
+
+    save_model(build_model(tiny_cfg("gpt")), tmp_path / "run" / "checkpoints" / "step-5")
+    (tmp_path / "fresh" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "fresh" / "recipe.yaml").write_text("# The resolved recipe of this run\n")
+    for out in (tmp_path / "run" / "checkpoints" / "step-999", tmp_path / "fresh" / "checkpoints" / "gqa"):
+        with pytest.raises(CheckpointError, match=re.escape(f"training run {out.parents[1]}, where")):
+            check_new_folder(out, [], force=True, replaces=(TFKIT_MODEL,))
+    (tmp_path / "mine" / "checkpoints").mkdir(parents=True)  # not a run: a folder that happens to be so named
+    check_new_folder(tmp_path / "mine" / "checkpoints" / "gqa", [], force=False, replaces=(TFKIT_MODEL,))
