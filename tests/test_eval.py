@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
+from tfkit.tokenization.corpus import CorpusWarning
 from tfkit.errors import ConfigError, DataError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.models.hf_import import import_tokenizer
@@ -198,6 +199,24 @@ def test_seq2seq_pairs_score_every_target_token_and_eos(tokenizers, tmp_path: Pa
     assert got["objective"] == "seq2seq" and math.isfinite(got["loss"])
     assert got["tokens"] == sum(len(tok.encode(t)) + 1 for _, t in pairs)  # each target + its EOS
     assert got["bytes"] == sum(len(t.encode("utf-8")) for _, t in pairs)  # EOS stands for no text
+
+
+def test_seq2seq_pairs_are_read_with_the_checkpoints_fields_and_cuts_are_reported(tokenizers, tmp_path: Path) -> None:
+    """A model trained on {"en": ..., "fr": ...} records is scored on the same keys (recorded in its
+    config.json), and pairs longer than --seq-len are cut with a warning, not silently."""
+    pairs = [("hear me speak", "speak, speak"), ("first citizen", "all of us"), ("to be", "or not to be"),
+             ("the question", "that is it")] * 2
+    tsv, enfr = tmp_path / "pairs.tsv", tmp_path / "pairs.jsonl"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    enfr.write_text("".join(json.dumps({"en": s, "fr": t}) + "\n" for s, t in pairs), encoding="utf-8")
+    ckpt = make_checkpoint(tmp_path / "t", tokenizers["bpe"], arch="transformer")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "pair_fields": ["en", "fr"]}))
+    expected = score(ckpt, tsv, tmp_path, batch_size=4, seq_len=16)
+    got = score(ckpt, enfr, tmp_path, batch_size=4, seq_len=16)
+    assert (got["tokens"], got["loss"]) == (expected["tokens"], pytest.approx(expected["loss"], rel=1e-6))
+    with pytest.warns(CorpusWarning, match=r"pairs.tsv: --seq-len 4 cuts 8 sources and 8 targets \(of 8 pairs\)"):
+        score(ckpt, tsv, tmp_path, batch_size=4, seq_len=4)
 
 
 def test_bad_options_name_the_flag(tokenizers, valid_file: Path, tmp_path: Path) -> None:

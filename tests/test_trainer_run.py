@@ -150,6 +150,24 @@ def test_resume_keeps_the_checkpoint_tokenizer(reference, tmp_path):
     assert kept.tokenizer == load_recipe(str(recipe)).tokenizer and kept.train.max_steps == 13
 
 
+def test_seq2seq_trains_on_jsonl_pairs_with_jsonl_validation_and_counts_real_tokens(tmp_path):
+    """JSONL pairs for both splits (the tokenizer's held-out report reads pairs, not a `text` field);
+    `tokens` counts the real source and target tokens, not the padding of each row."""
+    lines = [line for line in _corpus(tmp_path)[0].read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = [json.dumps({"en": line, "fr": " ".join(reversed(line.split()))}) + "\n" for line in lines]
+    (tmp_path / "train.jsonl").write_text("".join(records[:-200]), encoding="utf-8")
+    (tmp_path / "valid.jsonl").write_text("".join(records[-200:]), encoding="utf-8")
+    recipe = write_recipe(tmp_path, "transformer", train={"max_steps": 3},
+                          data={"train": str(tmp_path / "train.jsonl"), "valid": str(tmp_path / "valid.jsonl"),
+                                "source_field": "en", "target_field": "fr"})
+    result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
+    assert math.isfinite(result.final.loss)
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert 0 < rows[-1]["tokens"] < 3 * 8 * 2 * 32 * 0.8  # 3 steps of 8 pairs, two sides of 32: mostly padding
+    config = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "config.json").read_text())
+    assert config["pair_fields"] == ["en", "fr"]
+
+
 def test_resume_after_sigkill_is_exact(reference, tmp_path):
     recipe, ref_dir, _ = reference
     run_dir = tmp_path / "killed"

@@ -54,8 +54,7 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
     texts = _first_chars(tokenizer_texts(recipe), limit)
     heldout = None
     if recipe.data.valid:
-        heldout = list(_first_chars(iter_documents(recipe.data.valid, text_field=recipe.data.text_field),
-                                    HELDOUT_CHARS))
+        heldout = list(_first_chars(tokenizer_texts(recipe, recipe.data.valid), HELDOUT_CHARS))
     total = corpus_size(recipe.data.train)
     console.print(f"training a {spec.kind} tokenizer (vocab {spec.vocab_size}) on "
                   f"{min(total, limit or total) / 1e6:.1f} MB of {recipe.data.train}", highlight=False)
@@ -97,6 +96,10 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
             pairs, valid_pairs = split_documents(pairs, d.valid_fraction)
         out = (Seq2SeqDataset.from_pairs(pairs, tokenizer, seed, **lengths),
                Seq2SeqDataset.from_pairs(valid_pairs, tokenizer, seed, **lengths))
+        for what, dataset in zip(("training", "validation"), out):
+            if show and any(dataset.truncated.values()):
+                console.print(f"warning: data.seq_len={d.seq_len} cuts {truncation_note(dataset)} of the {what} "
+                              "data; the cut tokens are never trained on", style="yellow", highlight=False)
     else:
         train = prepare_tokens(d.train, tokenizer, cache, text_field=d.text_field, show_progress=show)
         if d.valid:
@@ -120,6 +123,12 @@ def _dataset(recipe: Recipe, tokenizer: TfkitTokenizer, shards):
     return Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=d.seq_len, max_tgt_len=d.seq_len)
 
 
+def truncation_note(dataset: Seq2SeqDataset) -> str:
+    """'3 sources and 12 targets (of N pairs)': what a length limit cut, which the loss never sees."""
+    cut = dataset.truncated
+    return f"{cut['source']:,} sources and {cut['target']:,} targets (of {dataset.num_examples:,} pairs)"
+
+
 def is_pair_data(spec: str, source_field: str) -> bool:
     """Seq2seq data given as pairs (TSV, or JSONL records with `source_field`) rather than plain text,
     which becomes denoising pairs."""
@@ -139,9 +148,11 @@ def is_pair_data(spec: str, source_field: str) -> bool:
     return False
 
 
-def tokenizer_texts(recipe: Recipe) -> Iterator[str]:
-    """The text a tokenizer is trained on: the training corpus, or both sides of seq2seq pairs."""
+def tokenizer_texts(recipe: Recipe, spec: str | None = None) -> Iterator[str]:
+    """The text of corpus `spec` (default: data.train) as a tokenizer sees it: documents, or both sides of
+    seq2seq pairs (whose JSONL records have no `text` field)."""
     d = recipe.data
-    if recipe.objective.name == "seq2seq" and is_pair_data(d.train, d.source_field):
-        return (f"{s}\n{t}" for s, t in read_pairs(d.train, d.source_field, d.target_field))
-    return iter_documents(d.train, text_field=d.text_field)
+    spec = d.train if spec is None else spec
+    if recipe.objective.name == "seq2seq" and is_pair_data(spec, d.source_field):
+        return (f"{s}\n{t}" for s, t in read_pairs(spec, d.source_field, d.target_field))
+    return iter_documents(spec, text_field=d.text_field)

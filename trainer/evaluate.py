@@ -33,6 +33,7 @@ import math
 import os
 import re
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,9 +45,10 @@ from tqdm.auto import tqdm
 from ..errors import ConfigError, DataError
 from ..models import kv_cache_bytes_per_token, load_model, read_config, resolve_checkpoint
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
+from ..tokenization.corpus import CorpusWarning
 from ..tokenization.shards import TokenShards, prepare_tokens
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
-from .data import is_pair_data
+from .data import is_pair_data, truncation_note
 from .objectives import compute_loss, move_batch
 from .optim import autocast_context
 from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, ObjectiveSection
@@ -162,12 +164,17 @@ def _window_batch(rows: list[tuple[np.ndarray, int]], seq_len: int) -> dict[str,
 
 def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, seq_len: int, batch_size: int,
                  stride: int | None, seed: int, cache_dir: Path, show_progress: bool,
-                 text_field: str = "text") -> Iterator[dict]:
+                 text_field: str = "text", pair_fields: tuple[str, str] = ("source", "target")) -> Iterator[dict]:
     """The batches to score: the tokenization datasets in evaluation order (or sliding windows).
 
-    `text_field` is the JSON/JSONL key holding each document's text (seq2seq pairs use source/target)."""
-    if objective == "seq2seq" and is_pair_data(data_spec, "source"):
-        dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
+    `text_field` is the JSON/JSONL key holding each document's text; seq2seq pairs are read with the
+    (source, target) keys the checkpoint trained with, `pair_fields`."""
+    if objective == "seq2seq" and is_pair_data(data_spec, pair_fields[0]):
+        dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, source_field=pair_fields[0],
+                                           target_field=pair_fields[1], max_src_len=seq_len, max_tgt_len=seq_len)
+        if any(dataset.truncated.values()):
+            warnings.warn(f"{data_spec}: --seq-len {seq_len} cuts {truncation_note(dataset)}; the cut tokens "
+                          "are not scored", CorpusWarning, stacklevel=2)
         return _all_batches(dataset, batch_size, data_spec, seq_len)
     shards = prepare_tokens(data_spec, tokenizer, cache_dir, text_field=text_field, show_progress=show_progress)
     if stride is not None:
@@ -245,9 +252,10 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
     check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
     loss_spec = ObjectiveSection(name=objective, label_smoothing=0.0)
+    pair_fields = tuple(config.get("pair_fields") or ("source", "target"))
     batches = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size, stride=stride,
                            seed=seed, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-                           show_progress=show_progress, text_field=text_field)
+                           show_progress=show_progress, text_field=text_field, pair_fields=pair_fields)
 
     nll, correct, scored, n_bytes, fed, seconds, n_batches = 0.0, 0, 0, 0, 0, 0.0, 0
     digest = hashlib.sha256()

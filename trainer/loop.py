@@ -107,9 +107,11 @@ def micro_batch_size(recipe: Recipe) -> int:
 
 
 def _input_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens the model reads: every position of packed CLM/MLM rows; the real source and target tokens
+    of seq2seq pairs, whose padding (often most of a row) is not text (as `tfkit eval` counts them)."""
     if "input_ids" in batch:
         return batch["input_ids"].numel()
-    return batch["src_ids"].numel() + batch["tgt_ids"].numel()
+    return int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
 
 
 def _finite(x: float) -> bool:

@@ -115,6 +115,8 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
     eval_bs = recipe.eval.batch_size or micro_batch_size(recipe)
     last: list[Path | None] = [resume_from]
     extra = {"objective": recipe.objective.name, "recipe": recipe.name, "train_seq_len": recipe.data.seq_len}
+    if recipe.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
+        extra["pair_fields"] = [recipe.data.source_field, recipe.data.target_field]
 
     def save(s: TrainState) -> Path | None:
         payload = {"state": s.to_dict(), "rng": ckpt.rng_state(), "scaler": scaler.state_dict(),
