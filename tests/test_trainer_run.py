@@ -281,6 +281,7 @@ def test_init_from_starts_a_new_run_from_the_checkpoint_weights(reference, tmp_p
     with pytest.raises(ConfigError, match=r"model\.d_model is 64 but the checkpoint has 32.*model\.n_layers"):
         pretrain(load_recipe(str(recipe), [f"train.init_from={source}", "model.d_model=64", "model.n_layers=3"]),
                  run_dir=tmp_path / "conflict")
+    assert not (tmp_path / "conflict").exists()  # refused before the run folder (and its tokenizer) was made
 
 
 def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

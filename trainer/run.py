@@ -77,6 +77,8 @@ def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None
         ckpt.check_tokenizer_kept(recipe, resume_from)
     init_from = None if resume_from or not recipe.train.init_from else resolve_checkpoint(recipe.train.init_from)
     source = resume_from or init_from  # the checkpoint that supplies model config and tokenizer
+    if source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
+        ckpt.model_config(recipe, None, source)
     if info.is_main:
         ckpt.check_run_dir(run_dir, fresh=resume_from is None)
         run_dir.mkdir(parents=True, exist_ok=True)
