@@ -86,6 +86,21 @@ def test_jsonl_json_and_tsv(tmp_path):
     tsv = tmp_path / "g.tsv"
     tsv.write_text("hello\tbonjour\nbye\tau revoir\n")
     assert list(iter_documents(str(tsv))) == ["hello\nbonjour", "bye\nau revoir"]
+    lines = tmp_path / "h.json"  # JSON lines under a .json name
+    lines.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert list(iter_documents(str(lines))) == ["a", "b"]
+
+
+def test_a_pretty_printed_json_object_is_one_record(tmp_path):
+    """An indented object is read whole, not as broken JSON lines; one without the text field (a
+    dataset_info.json) is named as such, not as invalid JSON at line 1."""
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps({"id": 1, "text": "one document"}, indent=2))
+    assert list(iter_documents(str(doc))) == ["one document"]
+    info = tmp_path / "dataset_info.json"
+    info.write_text(json.dumps({"features": {"text": {"dtype": "string"}}, "splits": {}}, indent=2))
+    with pytest.raises(DataError, match=rf"{info}: no 'text' field"):
+        list(iter_documents(str(info)))
 
 
 def test_invalid_utf8_is_replaced_counted_and_warned_once(tmp_path):

@@ -170,10 +170,11 @@ def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str
 
 
 def _read_json(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
-    """A JSON array of records (read whole: JSON cannot be streamed without a parser) or JSON lines."""
+    """A JSON array of records or one pretty-printed record (read whole: JSON cannot be streamed without a
+    parser), or JSON lines: a file whose first line is a whole JSON value."""
     with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if not head.startswith(b"["):
+        first = f.readline().strip()
+    if not first.startswith(b"[") and _is_json_value(first):
         yield from _read_jsonl(path, text_field, stats)
         return
     data = path.read_bytes()
@@ -182,8 +183,19 @@ def _read_json(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]
         records = json.loads(_decode(data, str(path), stats))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if isinstance(records, dict):  # one record spread over lines (e.g. a dataset_info.json)
+        yield _json_text(records, text_field, str(path))
+        return
     for i, record in enumerate(records):
         yield _json_text(record, text_field, f"{path}: item {i}")
+
+
+def _is_json_value(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def _read_tsv(path: Path, stats: CorpusStats) -> Iterator[str]:
