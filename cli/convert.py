@@ -77,18 +77,14 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
     """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
     text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
     convert does not have."""
-    from ..models import read_config
-    from ..trainer.evaluate import evaluate_checkpoint, trained_seq_len
+    from ..trainer.evaluate import TooLittleText, evaluate_checkpoint
 
     try:
         return evaluate_checkpoint(folder, data, max_tokens=max_tokens, device=device,
                                    show_progress=sys.stderr.isatty())
-    except DataError as err:
-        if "--seq-len" not in str(err):  # only eval's too-little-text errors give that advice
-            raise
-        seq_len = trained_seq_len(read_config(folder))
-        raise DataError(f"--eval-data {data}: too little text to score one sequence of {seq_len} tokens (the "
-                        f"length {folder} was trained at); give more text") from None
+    except TooLittleText as err:
+        raise DataError(f"--eval-data {data}: too little text to score one sequence of {err.seq_len} tokens "
+                        f"(the length {folder} was trained at); give more text") from None
 
 
 def layout(kv_heads: int, n_heads: int) -> str:

@@ -8,28 +8,15 @@ one yellow `warning:` line each on stderr; stdout carries only the output folder
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 Force = Annotated[bool, typer.Option("--force", help="Replace an earlier output of this command (nothing else).")]
-
-
-def _reporting_warnings(convert: Callable[[], Path]) -> Path:
-    """Run a conversion, printing each warning it raised as one line on stderr."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        path = convert()
-    for warning in caught:
-        err.print(f"[bold yellow]warning:[/bold yellow] {escape(str(warning.message))}")
-    return path
 
 
 def import_hf(
@@ -47,7 +34,7 @@ def import_hf(
     from ..models.hf_import import import_hf as convert
     from ..models.io import read_config
 
-    path = _reporting_warnings(lambda: convert(src, out, force=force))
+    path = convert(src, out, force=force)  # its warnings: one line each, by cli.main's showwarning
     config = read_config(path)
     model = config["model"]
     err.print(f"imported {config['hf_architecture']} as {model['arch']} "
@@ -67,7 +54,7 @@ def export_hf(
     """
     from ..models.hf_export import export_hf as convert
 
-    path = _reporting_warnings(lambda: convert(ckpt, out, force=force))
+    path = convert(ckpt, out, force=force)
     architecture = json.loads((path / "config.json").read_text())["architectures"][0]
     err.print(f"exported {ckpt} as {architecture}")
     typer.echo(str(path))

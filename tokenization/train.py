@@ -21,6 +21,7 @@ unless `force=True`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -337,7 +338,7 @@ class TfkitTokenizer:
         """The token that ends every document in a token stream: EOS, or [SEP] for kinds without one."""
         return self.eos_id if self.eos_id is not None else self.sep_id
 
-    @property
+    @functools.cached_property
     def doc_start_id(self) -> int | None:
         """The token every document begins with: the BOS that the tokenizer's own post-processor puts in
         front of a text (Llama and Mistral's `<s>`, tfkit's unigram `<s>`), when it differs from the

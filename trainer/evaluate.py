@@ -49,7 +49,7 @@ from ..tokenization.corpus import CorpusWarning
 from ..tokenization.shards import TokenShards, prepare_tokens
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
 from .data import is_pair_data, truncation_note
-from .objectives import compute_loss, move_batch
+from .objectives import compute_loss, count_inputs, move_batch
 from .optim import autocast_context
 from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, ObjectiveSection
 
@@ -188,20 +188,21 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
     return _all_batches(dataset, batch_size, data_spec, seq_len)
 
 
+class TooLittleText(DataError):
+    """The corpus gives nothing to score at this context length. Its own type, so a command without
+    eval's --seq-len (convert-mqa-to-gqa --eval-data) can say what helps there."""
+
+    def __init__(self, message: str, seq_len: int):
+        super().__init__(message)
+        self.seq_len = seq_len
+
+
 def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> Iterator[dict]:
     """Every example of the dataset in order, the last batch partial; no example names what helps."""
     if dataset.num_examples == 0:
-        raise DataError(f"{data_spec}: the text gives no {dataset.name} at --seq-len {seq_len}; "
-                        "use a smaller --seq-len, or more text")
+        raise TooLittleText(f"{data_spec}: the text gives no {dataset.name} at --seq-len {seq_len}; "
+                            "use a smaller --seq-len, or more text", seq_len)
     return dataset.every_example(batch_size)
-
-
-def _fed_tokens(batch: dict[str, Tensor]) -> int:
-    """Tokens the model reads in a batch: the real source and target tokens of seq2seq pairs; every
-    position of packed CLM/MLM rows (sliding windows count their right padding too)."""
-    if "src_ids" in batch:
-        return int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
-    return int(batch["input_ids"].numel())
 
 
 def trained_seq_len(config: dict) -> int:
@@ -276,13 +277,13 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
         nll += float(out.loss_sum)  # float() syncs, so the forward is inside the timing
         seconds += time.perf_counter() - start
         correct, count = correct + int(out.correct), int(out.count)
-        scored, fed, n_batches = scored + count, fed + _fed_tokens(batch), n_batches + 1
+        scored, fed, n_batches = scored + count, fed + count_inputs(batch), n_batches + 1
         n_bytes += int(byte_table[labels[labels != IGNORE_INDEX]].sum())
         bar.update(count)
     bar.close()
     if scored == 0:
-        raise DataError(f"{data_spec}: no tokens to score with batch size {batch_size} and seq_len {seq_len} "
-                        "(use a smaller --batch-size or --seq-len, or more data)")
+        raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller --seq-len, "
+                            "or more data)", seq_len)
     loss = nll / scored
     return {
         "checkpoint": str(folder),

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..errors import TfkitError
 from .distributed import DistInfo, all_reduce_sum, no_grad_sync
-from .objectives import count_targets, move_batch
+from .objectives import count_inputs, count_targets, move_batch
 from .optim import autocast_context, clip_grad_norm, set_lr
 from .recipe import Recipe
 from .schedules import lr_at
@@ -106,14 +106,6 @@ def micro_batch_size(recipe: Recipe) -> int:
     return recipe.train.batch_size // recipe.train.grad_accum
 
 
-def _input_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens the model reads: every position of packed CLM/MLM rows; the real source and target tokens
-    of seq2seq pairs, whose padding (often most of a row) is not text (as `tfkit eval` counts them)."""
-    if "input_ids" in batch:
-        return batch["input_ids"].numel()
-    return int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
-
-
 def _finite(x: float) -> bool:
     return math.isfinite(x)
 
@@ -135,7 +127,7 @@ def train_step(loop: Loop, stop: StopFlag) -> dict | None:
     # Running sums stay on the device: reading a value (float(x)) waits for the GPU to drain, and one such
     # wait per micro-batch would leave the GPU idle while the next one is prepared and launched.
     stats = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss sum, correct, input tokens
-    stats[2] = sum(_input_tokens(b) for b in micro)  # known on the host already
+    stats[2] = sum(count_inputs(b) for b in micro)  # known on the host already
     for j, batch in enumerate(micro):
         batch = move_batch(batch, info.device)
         with no_grad_sync(loop.train_module, skip=j < accum - 1):

@@ -42,6 +42,15 @@ def count_targets(batch: dict[str, Tensor]) -> int:
     return int((batch["labels"] != IGNORE).sum())
 
 
+def count_inputs(batch: dict[str, Tensor]) -> int:
+    """Tokens the model reads, for tokens/s in training and eval alike: every position of packed CLM/MLM
+    rows (sliding windows count their right padding too); the real source and target tokens of seq2seq
+    pairs, whose padding (often most of a row) is not text."""
+    if "src_ids" in batch:
+        return int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
+    return int(batch["input_ids"].numel())
+
+
 def _token_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> LossOutput:
     """Cross-entropy and accuracy of `logits (N, V)` against `labels (N,)`, skipping -100."""
     loss_sum = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum",
