@@ -29,8 +29,8 @@ def pretrain(
     """Pretrain a model from a recipe: tokenizer, token shards, training, validation, a final report.
 
     The run folder collects the resolved recipe, the tokenizer, metrics.jsonl, loss.png (with the plots
-    extra installed) and checkpoints/step-N/ (each loadable on its own). Ctrl-C or SIGTERM finishes the current step, saves
-    a checkpoint and exits with 130 / 143; `--resume auto` continues exactly where it stopped.
+    extra installed) and checkpoints/step-N/ (each loadable on its own). Ctrl-C or SIGTERM finishes the
+    current step, saves a checkpoint and exits with 130 / 143; `--resume auto` continues exactly where it stopped.
     Multi-GPU or multi-process: `torchrun --nproc_per_node N -m tfkit pretrain RECIPE`.
     """
     from ..trainer.run import pretrain as run_pretrain  # torch import deferred: `--help` stays fast
