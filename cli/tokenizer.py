@@ -73,7 +73,11 @@ def train_tokenizer(
         strip_accents=strip_accents,
     ).validate()
     heldout: list[str] = []  # filled by hold_out_tail once the stream ends, before the report is built
-    texts = hold_out_tail(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)
+
+    def texts():  # a fresh stream per call: wordpiece reads the corpus twice
+        heldout.clear()
+        return hold_out_tail(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)
+
     report = train(spec, texts, out, show_progress=not quiet, heldout=heldout, force=force,
                    progress_total=corpus_size(corpus))
     print_report(report)

@@ -1,7 +1,11 @@
-"""Settings shared by every test."""
+"""Settings and data shared by every test. Tests read nothing outside the repository."""
 
 import pytest
 import torch
+
+from tfkit.tokenization.stdlib_corpus import stdlib_documents
+
+ENGLISH_CHARS = 400_000
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -12,3 +16,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def english_text() -> str:
+    """About 400 kB of real English prose, blank-line separated: the docstrings of the running Python's
+    standard library (tfkit's built-in `stdlib:docs` corpus), so it is present wherever tfkit runs."""
+    text, size = [], 0
+    for doc in stdlib_documents("stdlib:docs:train"):
+        text.append(doc)
+        size += len(doc) + 2
+        if size >= ENGLISH_CHARS:
+            break
+    return "\n\n".join(text)
+
+
+@pytest.fixture(scope="session")
+def english_file(english_text, tmp_path_factory):
+    """`english_text` as a UTF-8 file, for tests that pass a corpus path."""
+    path = tmp_path_factory.mktemp("english") / "english.txt"
+    path.write_text(english_text, encoding="utf-8")
+    return path

@@ -10,9 +10,9 @@ the result is the standard `tokenizer.json` that `tokenizers`, `transformers` an
 | wordpiece | BERT    | `[PAD] [UNK] [CLS] [SEP] [MASK]`        | `[UNK]`                |
 | unigram   | XLM-R   | `<pad> <unk> <s> </s> <mask>`           | `<unk>`                |
 
-bpe training is deterministic (same text and spec: byte-identical tokenizer.json). tokenizers trains
-WordPiece and Unigram in hash-map order, so ties between equally frequent merges (and Unigram's float sums)
-can change a few pieces between runs; a fingerprint (sha256 of the file) identifies a tokenizer, not a spec.
+Training is deterministic for every kind: the same text and spec give a byte-identical tokenizer.json
+in any process. tokenizers trains WordPiece and Unigram in hash-map order; `determinism.py` works around
+it (WordPiece reads the corpus twice for that: `texts` may be a function returning a fresh iterable).
 
 The output folder is written to a temporary sibling and renamed into place, so an interrupted run never
 leaves a half-written tokenizer, and an existing folder holding a different tokenizer is never replaced
@@ -27,7 +27,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
 from ..files import share_like_mkdir
+from .determinism import canonical_unigram, continuing_pieces, count_characters, unpin_continuing_pieces
 from .report import build_report
 
 KINDS = ("bpe", "wordpiece", "unigram")
@@ -186,6 +187,16 @@ def _counted(texts: Iterable[str], bar: tqdm, seen: dict) -> Iterator[str]:
         yield text
 
 
+def _reader(texts: Iterable[str] | Callable[[], Iterable[str]], kind: str) -> Callable[[], Iterable[str]]:
+    """A function giving the corpus once per call: wordpiece reads it twice (see determinism.py)."""
+    if callable(texts):
+        return texts
+    if kind == "wordpiece" and iter(texts) is texts:
+        raise TypeError("wordpiece training reads the texts twice: pass a collection or a function returning "
+                        "a fresh iterable, not a one-shot iterator")
+    return lambda: texts
+
+
 def _check_out_dir(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"tokenizer output {out}: exists and is not a folder")
@@ -209,7 +220,7 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
 
 def train_tokenizer(
     spec: TokenizerSpec,
-    texts: Iterable[str],
+    texts: Iterable[str] | Callable[[], Iterable[str]],
     out_dir: str | Path,
     *,
     show_progress: bool = True,
@@ -217,7 +228,10 @@ def train_tokenizer(
     force: bool = False,
     progress_total: int | None = None,
 ) -> dict:
-    """Train on `texts` (streamed once), save the folder, return the report (also saved as JSON).
+    """Train on `texts`, save the folder, return the report (also saved as JSON).
+
+    `texts` is streamed once, except for wordpiece, which first reads the characters of the corpus: give
+    it a collection or a function that returns a fresh iterable each time it is called.
 
     `heldout` texts (never trained on) give the compression and unknown-rate figures of the report.
     `progress_total` is the approximate corpus size in characters, for the progress bar only.
@@ -228,18 +242,33 @@ def train_tokenizer(
     out = Path(out_dir)
     _check_out_dir(out, force)
     tok, trainer = build_pipeline(spec, show_progress)
+    stream = _reader(texts, spec.kind)
+    start = time.perf_counter()
+    pinned: list[str] = []
+    if spec.kind == "wordpiece":
+        with tqdm(total=progress_total, unit="char", unit_scale=True, desc="read characters",
+                  disable=not show_progress) as bar:
+            raw = count_characters(stream(), bar.update)
+        pinned, alphabet = continuing_pieces(tok, raw, spec.limit_alphabet)
+        trainer.special_tokens = spec.all_special_tokens() + pinned
+        if spec.limit_alphabet is not None:
+            trainer.initial_alphabet = alphabet
+    texts = stream()
     length = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
     with tqdm(total=progress_total, unit="char", unit_scale=True, desc=f"train {spec.kind}",
               disable=not show_progress) as bar:
         seen: dict = {"chars": 0, "alphabet": set()}
-        start = time.perf_counter()
         try:
             tok.train_from_iterator(_counted(texts, bar, seen), trainer, length=length)
         except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exception for user problems
             if "not large enough" in str(e):
                 raise _too_small(spec, tok, seen["alphabet"]) from None
             raise
-        seconds = time.perf_counter() - start
+    if pinned:
+        tok = unpin_continuing_pieces(tok, pinned)
+    elif spec.kind == "unigram":
+        tok = canonical_unigram(tok, len(spec.all_special_tokens()))
+    seconds = time.perf_counter() - start
     if seen["chars"] == 0 or not "".join(seen["alphabet"]).strip():
         raise DataError("tokenizer corpus is empty: no text to train on")
     if tok.get_vocab_size() > spec.vocab_size:

@@ -51,7 +51,10 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
         return
     spec = TokenizerSpec(**{f.name: getattr(recipe.tokenizer, f.name) for f in dataclasses.fields(TokenizerSpec)})
     limit = int(recipe.tokenizer.max_train_mb * 1e6) if recipe.tokenizer.max_train_mb else None
-    texts = _first_chars(tokenizer_texts(recipe), limit)
+
+    def texts() -> Iterator[str]:  # a fresh stream per call: wordpiece reads the corpus twice
+        return _first_chars(tokenizer_texts(recipe), limit)
+
     heldout = None
     if recipe.data.valid:
         heldout = list(_first_chars(tokenizer_texts(recipe, recipe.data.valid), HELDOUT_CHARS))
