@@ -1,7 +1,7 @@
 """The `tfkit` executable and `python -m tfkit`.
 
-Importing the commands pulls in torch, which takes a few seconds; a Ctrl-C in that time would print
-Python's import traceback. Here it ends quietly with 130 (128 + SIGINT), as one during a command does.
+Commands import torch only when they run a model, which takes a few seconds; a Ctrl-C in that time would
+print Python's import traceback. Here it ends quietly with 130 (128 + SIGINT), as one during a command does.
 """
 
 from __future__ import annotations

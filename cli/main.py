@@ -51,6 +51,8 @@ class _Group(TyperGroup):
         except BrokenPipeError:  # `tfkit generate ... | head -1` closed stdout early: not an error to report
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail too
             raise typer.Exit(141) from None  # 128 + SIGPIPE, what `yes | head` reports
+        except KeyboardInterrupt:  # Ctrl-C outside training (which saves and exits 130 itself), e.g. importing torch
+            raise typer.Exit(130) from None
         except (TfkitError, OSError) as exc:
             if ctx.meta.get("tfkit.debug"):
                 raise

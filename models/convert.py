@@ -81,7 +81,7 @@ def _check_state_dict(state_dict: dict[str, Tensor], cfg: ModelConfig) -> None:
     """The K/V tensors must be those of `cfg`: one k_proj and v_proj per attention block of the family
     (with biases when cfg.bias), each (kv_heads*D, d_model) / (kv_heads*D,). Derived from the config rather
     than by building a model, so a check costs nothing even for a large checkpoint."""
-    from . import FAMILIES  # late import: models/__init__ imports this package's modules
+    from . import model_class  # late import: models/__init__ imports this package's modules
 
     rows = cfg.kv_heads * cfg.head_dim
     problems = []
@@ -91,7 +91,7 @@ def _check_state_dict(state_dict: dict[str, Tensor], cfg: ModelConfig) -> None:
             if tuple(tensor.shape) != want:
                 problems.append(f"shape of {key} is {tuple(tensor.shape)}, expected {want}")
     blocks = {k.rsplit(".", 2)[0] for k in state_dict if is_kv_key(k)}
-    n_blocks = cfg.n_layers * FAMILIES[cfg.arch].attention_layers_per_token
+    n_blocks = cfg.n_layers * model_class(cfg.arch).attention_layers_per_token
     if len(blocks) != n_blocks:
         problems.append(f"found K/V projections in {len(blocks)} attention blocks, expected {n_blocks}")
     wanted = ("weight", "bias") if cfg.bias else ("weight",)

@@ -1,0 +1,44 @@
+"""The CLI answers at once: commands that run no model never import torch (seconds on a busy machine)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Runs the CLI as the `tfkit` executable would, then reports which heavy modules got imported.
+DRIVER = """
+import json, sys
+sys.argv = ["tfkit", *json.loads(sys.argv[1])]
+from tfkit.cli.entry import run
+try:
+    run()
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules}), file=sys.stderr)
+"""
+
+
+def imports_of(args: list[str], cwd) -> dict:
+    result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(args)], cwd=cwd, capture_output=True,
+                            text=True, timeout=120)
+    return json.loads(result.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["recipes", "list"], ["recipes", "show", "gpt-tiny"],
+                                  ["pretrain", "--help"], ["eval", "--help"], ["generate", "--help"]])
+def test_commands_that_run_no_model_leave_torch_unimported(args, tmp_path):
+    seen = imports_of(args, tmp_path)
+    assert seen["code"] == 0 and not seen["torch"], seen
+
+
+def test_train_tokenizer_leaves_torch_and_numpy_unimported(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog.\n" * 400, encoding="utf-8")
+    seen = imports_of(["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--vocab-size", "300", "-q"],
+                      tmp_path)
+    assert seen["code"] == 0 and not seen["torch"] and not seen["numpy"], seen
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()
+
