@@ -111,8 +111,13 @@ def truncate_after(path: Path, step: int) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def plot_loss(metrics_path: Path, out: Path) -> Path | None:
-    """Training (and validation, when present) loss against step, as a PNG. None without matplotlib."""
+    """Training (and validation, when present) loss against step, as a PNG. None without matplotlib.
+    Skipped updates (non-finite loss, logged with `loss: null`) are marked along the bottom edge."""
     try:
         import matplotlib
 
@@ -121,8 +126,9 @@ def plot_loss(metrics_path: Path, out: Path) -> Path | None:
     except ImportError:
         return None
     rows = read_metrics(metrics_path)
-    train = [(r["step"], r["loss"]) for r in rows if "loss" in r and math.isfinite(r["loss"])]
-    valid = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    train = [(r["step"], r["loss"]) for r in rows if _finite(r.get("loss")) and not r.get("skipped")]
+    valid = [(r["step"], r["val_loss"]) for r in rows if _finite(r.get("val_loss"))]
+    skipped = [r["step"] for r in rows if r.get("skipped")]  # their loss is null, NaN or inf: no y to plot
     if not train and not valid:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -130,6 +136,9 @@ def plot_loss(metrics_path: Path, out: Path) -> Path | None:
         ax.plot(*zip(*train), label="train", linewidth=1)
     if valid:
         ax.plot(*zip(*valid), "o-", label="validation", linewidth=1.5, markersize=3)
+    if skipped:  # a rug along the bottom edge: x in steps, y in axes fractions
+        ax.plot(skipped, [0.02] * len(skipped), "x", color="tab:red", transform=ax.get_xaxis_transform(),
+                label=f"skipped update ({len(skipped)})")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.grid(alpha=0.3)
