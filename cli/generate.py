@@ -99,6 +99,16 @@ def prompt_header(number: int, prompt: str) -> str:
     return f"==> prompt {number}: {prompt[:60]!r} <=="
 
 
+def stop_reason(prompt_len: int, new: int, max_new_tokens: int, max_seq_len: int) -> str:
+    """Why a row ended, for stderr: a model that ends documents early otherwise prints only a blank line."""
+    if new >= max_new_tokens:
+        return f"--max-new-tokens {max_new_tokens} reached"
+    if prompt_len + new >= max_seq_len:
+        return f"the model's max_seq_len ({max_seq_len} tokens, prompt included) reached after {new} new tokens"
+    return (f"end of text after {new} new token{'s' * (new != 1)} (--min-new-tokens N keeps it from ending "
+            "before N tokens)")
+
+
 def generate(
     checkpoint: Annotated[str, typer.Argument(help="Checkpoint folder, or a run folder (its latest checkpoint).")],
     prompt: Annotated[
@@ -109,6 +119,9 @@ def generate(
         Optional[str], typer.Option("--fill-mask", help="BERT checkpoints: text with [MASK] to fill, e.g. \"The [MASK] sat.\""),
     ] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per prompt at most.")] = 100,
+    min_new_tokens: Annotated[
+        int, typer.Option("--min-new-tokens", help="New tokens per prompt before the end-of-text token may end it.")
+    ] = 0,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy.")] = 0.8,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Sample among the k most likely tokens (fill-mask: fillers shown).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Sample among the smallest set of tokens reaching probability p.")] = None,
@@ -121,8 +134,8 @@ def generate(
 
     Only the generated text goes to stdout, streamed token by token for a single prompt, so the output
     can be piped; information goes to stderr. Several prompts: each continuation follows a line
-    `==> prompt N: 'PROMPT' <==`, with a blank line between them. Stops at the end-of-text token, after
-    --max-new-tokens, or at the model's max_seq_len.
+    `==> prompt N: 'PROMPT' <==`, with a blank line between them. Stops at the end-of-text token (not
+    before --min-new-tokens), after --max-new-tokens, or at the model's max_seq_len; stderr says which.
     """
     from ..models import load_model, resolve_checkpoint
     from ..models.generation import fill_mask, generate as generate_ids
@@ -165,10 +178,14 @@ def generate(
     stream = TextStream(tokenizer, prompts[0]) if len(prompts) == 1 else None
     outputs = generate_ids(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            eos_id=eos, seed=seed, on_token=stream, source_ids=sources,
-                           pad_id=tokenizer.pad_id or 0)
+                           pad_id=tokenizer.pad_id or 0, min_new_tokens=min_new_tokens)
+    reasons = [stop_reason(len(p), len(ids), max_new_tokens, cfg.max_seq_len) for p, ids in zip(prompts, outputs)]
     if stream is not None:
         stream.finish()
+        err.print(f"stopped: {reasons[0]}")
         return
     for number, (text, ids, framed_prompt) in enumerate(zip(prompt, outputs, prompts), start=1):
         typer.echo(("\n" if number > 1 else "") + prompt_header(number, text))
         typer.echo(continuation(tokenizer, framed_prompt, ids))
+    for number, reason in enumerate(reasons, start=1):
+        err.print(f"prompt {number} stopped: {reason}")

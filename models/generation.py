@@ -135,11 +135,13 @@ def encode_source(model: nn.Module, source_ids: list[list[int]], pad_id: int) ->
 def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None, on_token: OnToken | None = None,
-             source_ids: list[list[int]] | None = None, pad_id: int = 0) -> list[list[int]]:
+             source_ids: list[list[int]] | None = None, pad_id: int = 0,
+             min_new_tokens: int = 0) -> list[list[int]]:
     """Continue each prompt by up to max_new_tokens tokens; returns only the new tokens of each row.
 
     A row stops at `eos_id` (which is not included in its output) or when it reaches
-    `model.config.max_seq_len` tokens in total. `on_token(row, token_id)` is called for every new token
+    `model.config.max_seq_len` tokens in total. Until a row has `min_new_tokens` new tokens, `eos_id` is
+    never chosen (a small model often ends a document at once). `on_token(row, token_id)` is called for every new token
     as soon as it is chosen (streaming). For the encoder-decoder pass `source_ids` (one source per row);
     `prompt_ids` are then the decoder prompts, usually `[[bos_id]]` per row, and `pad_id` pads the source.
     """
@@ -158,6 +160,8 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
         raise ConfigError(f"source_ids must be given exactly when the model is an encoder-decoder (arch={cfg.arch})")
     if source_ids is not None and len(source_ids) != len(prompt_ids):
         raise ConfigError(f"{len(source_ids)} sources for {len(prompt_ids)} decoder prompts; give one per row")
+    if not 0 <= min_new_tokens <= max_new_tokens:
+        raise ConfigError(f"--min-new-tokens: got {min_new_tokens}, expected 0 to --max-new-tokens ({max_new_tokens})")
     if max_new_tokens == 0:
         return [[] for _ in prompt_ids]
 
@@ -181,6 +185,9 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
     start = min(lengths)
     logits = prefill(model, tokens[:, :start], cache, memory=memory, src_mask=src_mask)  # (B, V)
     for pos in range(start, total):
+        if min_new_tokens and eos_id is not None:  # rows short of min_new_tokens may not end yet
+            too_early = (pos - lengths_t) < min_new_tokens  # (B,)
+            logits[:, eos_id] = logits[:, eos_id].masked_fill(too_early, float("-inf"))
         chosen = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
         chosen = torch.where(pos < lengths_t, tokens[:, pos], chosen)  # rows still in their prompt
         tokens[:, pos] = chosen
