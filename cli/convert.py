@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError, DataError
+from ..progress import interactive
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
@@ -81,7 +82,7 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
 
     try:
         return evaluate_checkpoint(folder, data, max_tokens=max_tokens, device=device,
-                                   show_progress=sys.stderr.isatty())
+                                   show_progress=interactive())
     except TooLittleText as err:
         raise DataError(f"--eval-data {data}: too little text to score one sequence of {err.seq_len} tokens "
                         f"(the length {folder} was trained at); give more text") from None

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigError
+from ..progress import interactive
 from ..files import write_problem
 from .generate import pick_runtime
 from .options import Device, Dtype
@@ -121,7 +122,7 @@ def evaluate(
     for ckpt in checkpoints:
         rows.append(evaluate_checkpoint(ckpt, data, batch_size=batch_size, max_batches=max_batches,
                                         max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
-                                        dtype=dtype, seed=seed, show_progress=sys.stderr.isatty(),
+                                        dtype=dtype, seed=seed, show_progress=interactive(),
                                         text_field=text_field))
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(results_table(rows, checkpoints, data, dtype))

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..errors import DataError
 from ..files import share_like_mkdir
+from ..progress import progress_bar
 from .corpus import CorpusStats, corpus_fingerprint, iter_pieces
 from .train import TfkitTokenizer
 
@@ -168,7 +168,7 @@ def prepare_tokens(
         start = time.perf_counter()
         texts: list[str] = []
         new_doc: list[bool] = []
-        with tqdm(desc=f"tokenize {spec}", unit="B", unit_scale=True, disable=not show_progress) as bar:
+        with progress_bar(desc=f"tokenize {spec}", unit="B", unit_scale=True, enabled=show_progress) as bar:
             for text, new in iter_pieces(spec, text_field=text_field, stats=stats):
                 subs = _sub_pieces(text)
                 texts += subs

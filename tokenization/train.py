@@ -32,10 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # the type of the bars progress_bar makes
 
 from ..errors import ConfigError, DataError
 from ..files import share_like_mkdir
+from ..progress import progress_bar
 from .determinism import canonical_unigram, continuing_pieces, count_characters, unpin_continuing_pieces
 from .report import build_report
 
@@ -246,8 +247,8 @@ def train_tokenizer(
     start = time.perf_counter()
     pinned: list[str] = []
     if spec.kind == "wordpiece":
-        with tqdm(total=progress_total, unit="char", unit_scale=True, desc="read characters",
-                  disable=not show_progress) as bar:
+        with progress_bar(total=progress_total, unit="char", unit_scale=True, desc="read characters",
+                          enabled=show_progress) as bar:
             raw = count_characters(stream(), bar.update)
         pinned, alphabet = continuing_pieces(tok, raw, spec.limit_alphabet)
         trainer.special_tokens = spec.all_special_tokens() + pinned
@@ -255,8 +256,8 @@ def train_tokenizer(
             trainer.initial_alphabet = alphabet
     texts = stream()
     length = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
-    with tqdm(total=progress_total, unit="char", unit_scale=True, desc=f"train {spec.kind}",
-              disable=not show_progress) as bar:
+    with progress_bar(total=progress_total, unit="char", unit_scale=True, desc=f"train {spec.kind}",
+                      enabled=show_progress) as bar:
         seen: dict = {"chars": 0, "alphabet": set()}
         try:
             tok.train_from_iterator(_counted(texts, bar, seen), trainer, length=length)

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
+from ..progress import progress_bar
 from ..models import kv_cache_bytes_per_token, load_model, read_config, resolve_checkpoint
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.corpus import CorpusWarning
@@ -260,8 +260,8 @@ def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8
 
     nll, correct, scored, n_bytes, fed, seconds, n_batches = 0.0, 0, 0, 0, 0, 0.0, 0
     digest = hashlib.sha256()
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"eval {folder.name}", disable=not show_progress,
-               leave=False)
+    bar = progress_bar(total=max_tokens, unit="tok", unit_scale=True, desc=f"eval {folder.name}", enabled=show_progress,
+                       leave=False)
     for batch in batches:
         if (max_batches is not None and n_batches >= max_batches) or (max_tokens is not None and scored >= max_tokens):
             break

@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # the type of the bars progress_bar makes
+
+from ..progress import progress_bar
 
 from ..errors import TfkitError
 from .distributed import DistInfo, all_reduce_sum, no_grad_sync
@@ -171,8 +173,8 @@ def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -
     r, s, info = loop.recipe, loop.state, loop.info
     loop.train_module.train()
     loop.optimizer.zero_grad(set_to_none=True)
-    bar = tqdm(total=r.train.max_steps, initial=s.step, desc="pretrain", unit="step", dynamic_ncols=True,
-               disable=not (info.is_main and r.log.progress))
+    bar = progress_bar(total=r.train.max_steps, initial=s.step, desc="pretrain", unit="step", dynamic_ncols=True,
+                       enabled=info.is_main and r.log.progress)
     window_tokens, window_start = 0, time.perf_counter()
     with StopFlag() as stop:
         while s.step < r.train.max_steps:

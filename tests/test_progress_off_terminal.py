@@ -1,0 +1,18 @@
+"""Off a terminal (CI, `> log.txt`, nohup) a run writes plain lines, never progress-bar frames."""
+
+from typer.testing import CliRunner
+
+from tfkit.cli.main import app
+
+
+def test_a_logged_run_has_one_plain_line_per_row_and_no_carriage_returns(english_file, tmp_path):
+    sets = [f"data.train={english_file}", "data.valid=null", "train.max_steps=4", "train.batch_size=4",
+            "data.seq_len=32", "train.log_every=2", "train.eval_every=1000", "train.save_every=1000",
+            "eval.batches=1", "tokenizer.vocab_size=400", "tokenizer.max_train_mb=0.1", "log.progress=true",
+            "log.plot=false", "train.device=cpu", "eval.sample_prompt=null"]
+    result = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--run-dir", str(tmp_path / "run"),
+                                      *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    assert "\r" not in result.stdout and "\r" not in result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("step ") and " loss " in line]
+    assert [row.split()[1] for row in rows] == ["2/4", "4/4"]
