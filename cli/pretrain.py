@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..trainer.recipe import load_recipe
 from .options import Overrides
 
 
@@ -33,7 +32,8 @@ def pretrain(
     current step, saves a checkpoint and exits with 130 / 143; `--resume auto` continues exactly where it stopped.
     Multi-GPU or multi-process: `torchrun --nproc_per_node N -m tfkit pretrain RECIPE`.
     """
-    from ..trainer.run import pretrain as run_pretrain  # torch import deferred: `--help` stays fast
+    from ..trainer.recipe import load_recipe  # imports deferred: `--help` stays fast
+    from ..trainer.run import pretrain as run_pretrain
 
     result = run_pretrain(load_recipe(recipe, overrides), run_dir=run_dir, resume=resume)
     if result.interrupted:

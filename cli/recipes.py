@@ -11,8 +11,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError
-from ..trainer.recipe import bundled_recipes, find_recipe, load_recipe
-from ..trainer.schedules import lr_at
 from .options import Overrides
 
 app = typer.Typer(help="List, show and validate pretraining recipes.", no_args_is_help=True)
@@ -31,6 +29,8 @@ def _summary(path: Path) -> str:
 @app.command("list")
 def list_recipes() -> None:
     """List the recipes bundled with tfkit."""
+    from ..trainer.recipe import bundled_recipes, load_recipe  # imports deferred: `--help` stays fast
+
     table = Table("name", "arch", "objective", "steps", "description")
     for name, path in sorted(bundled_recipes().items()):
         recipe = load_recipe(str(path))
@@ -45,6 +45,9 @@ def show(
     lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print (0: none).")] = 11,
 ) -> None:
     """Print the resolved recipe (sizes and overrides applied) on stdout, its learning-rate curve on stderr."""
+    from ..trainer.recipe import find_recipe, load_recipe
+    from ..trainer.schedules import lr_at
+
     resolved = load_recipe(recipe, overrides)
     for warning in resolved.warnings():
         err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
@@ -68,6 +71,8 @@ def validate(
 ) -> None:
     """Check recipes without running them: each file gets "ok" or one line with all of its problems, and
     the exit code is 2 when any file failed."""
+    from ..trainer.recipe import load_recipe
+
     failed = False
     for item in files:
         try:

@@ -14,9 +14,6 @@ import typer
 
 from ..errors import ConfigError
 from ..files import write_problem
-from ..tokenization.corpus import check_text_field, corpus_size, hold_out_tail, iter_documents
-from ..tokenization.report import print_report
-from ..tokenization.train import TokenizerSpec, train_tokenizer as train
 
 
 def check_out_folder(out: Path) -> None:
@@ -59,6 +56,10 @@ def train_tokenizer(
     The last --heldout-chars of the corpus are not trained on; the report measures bytes per token,
     tokens per word and the unknown-token rate on them.
     """
+    from ..tokenization.corpus import check_text_field, corpus_size, hold_out_tail, iter_documents
+    from ..tokenization.report import print_report  # imports deferred: `--help` stays fast
+    from ..tokenization.train import TokenizerSpec, train_tokenizer as train
+
     if heldout_chars < 0:
         raise ConfigError(f"--heldout-chars must be >= 0 (0 = no held-out report), got {heldout_chars}")
     check_out_folder(out)

@@ -1,25 +1,31 @@
 """Tokenization and data pipeline: corpus -> trained tokenizer -> token shards -> batches.
 
 - `corpus`: read a corpus spec (file, glob, folder, JSONL, `stdlib:docs`) as a stream of text.
-- `train`: train / load tokenizers (`TokenizerSpec`, `train_tokenizer`, `load_tokenizer`).
+- `spec`, `train`: what a tokenizer is to be (`TokenizerSpec`); train / load tokenizers.
+- `determinism`: the same corpus gives the same tokenizer.json (WordPiece and Unigram included).
 - `shards`: tokenize a corpus once into a memory-mapped token file (cached by fingerprints).
 - `batches`, `masking`: CLM / MLM / seq2seq datasets whose batch `i` is a pure function of (seed, i).
 
-Only the torch-free parts are re-exported here so that `import tfkit.tokenization` (and the CLI) stay
-fast; import datasets from `tfkit.tokenization.batches`.
+Names are imported on first use (PEP 562), so that `tfkit.tokenization.spec` (read by every recipe)
+costs neither the `tokenizers` library nor torch.
 """
 
-from .corpus import corpus_fingerprint, iter_documents, iter_pieces, split_documents
-from .train import TfkitTokenizer, TokenizerSpec, check_vocab_fits, load_tokenizer, train_tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "TfkitTokenizer",
-    "TokenizerSpec",
-    "check_vocab_fits",
-    "corpus_fingerprint",
-    "iter_documents",
-    "iter_pieces",
-    "load_tokenizer",
-    "split_documents",
-    "train_tokenizer",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "corpus_fingerprint": "corpus", "iter_documents": "corpus", "iter_pieces": "corpus", "split_documents": "corpus",
+    "TokenizerSpec": "spec", "TfkitTokenizer": "train", "check_vocab_fits": "train", "load_tokenizer": "train",
+    "train_tokenizer": "train",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_EXPORTS)

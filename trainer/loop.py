@@ -24,19 +24,21 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm  # the type of the bars progress_bar makes
-
-from ..progress import progress_bar
 
 from ..errors import TfkitError
+from ..progress import progress_bar
 from .distributed import DistInfo, all_reduce_sum, no_grad_sync
 from .objectives import count_inputs, count_targets, move_batch
 from .optim import autocast_context, clip_grad_norm, set_lr
 from .recipe import Recipe
 from .schedules import lr_at
+
+if TYPE_CHECKING:
+    from tqdm import tqdm  # the type of the bars progress_bar makes
 
 
 class TrainingDiverged(TfkitError):
