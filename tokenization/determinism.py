@@ -5,10 +5,11 @@
 - **WordPiece.** The trainer creates each continuing piece (`##e`) the first time it meets one while
   walking the word counts, a hash map, so those pieces get ids in a different order in every process.
   Merges of equal count are then ranked by those ids, so two runs learn different vocabularies (2 of
-  4,096 tokens and 537 ids moved on a 1 MB corpus). Fix: read the corpus's characters first and hand
-  the trainer every `##c` up front, in sorted order, so none is created in hash order
-  (`pin_continuing_pieces`); they leave the special-token list again after training
-  (`unpin_continuing_pieces`).
+  4,096 tokens and 537 ids moved on a 1 MB corpus). Fix: a first pass over the corpus finds exactly the
+  `##c` the trainer will create (`count_words`, `continuing_pieces`), which are handed to it up front in
+  sorted order as special tokens, so none is created in hash order; afterwards they go back to being
+  ordinary vocabulary (`unpin_continuing_pieces`). The vocabulary is the raw trainer's where it has no
+  ties.
 - **Unigram.** The EM sums run over sentences in hash order (scores differ by up to 4e-11), and rare
   characters that EM dropped are put back with scores `min + k * 1e-4`, k in hash order. Fix
   (`canonical_unigram`): give those characters the ladder in character order, round every score to
@@ -29,36 +30,40 @@ UNIGRAM_SCORE_STEP = 1e-4  # nats; the EM noise is ~1e-11, a segmentation-releva
 UNIGRAM_PENALTY_STEP = 1e-4  # what tokenizers adds per re-inserted required character
 
 
-def count_characters(texts: Iterable[str], progress: Callable[[int], object] = len) -> Counter:
-    """How often each raw character occurs: the first pass over a WordPiece corpus. `progress` is
+def count_words(texts: Iterable[str], progress: Callable[[int], object] = lambda n: None) -> Counter:
+    """How often each whitespace-separated raw token occurs: the first pass over a WordPiece corpus (C-speed
+    splitting and counting; the per-token work below then runs once per distinct token). `progress` is
     called with each text's length (a progress bar's `update`)."""
     counts: Counter = Counter()
     for text in texts:
-        counts.update(text)
+        counts.update(text.split())
         progress(len(text))
     return counts
 
 
-def continuing_pieces(tok: Tokenizer, raw_counts: Counter, limit_alphabet: int | None) -> tuple[list[str], list[str]]:
-    """(every `##c` the trainer could create, the alphabet it will keep), both sorted.
+def continuing_pieces(tok: Tokenizer, words: Counter, limit_alphabet: int | None) -> tuple[list[str], list[str]]:
+    """(exactly the `##c` the trainer will create, the alphabet it will keep), both sorted.
 
-    A character `c` can continue a word when, normalized after an `a`, it stays in the same
-    pre-tokenized word (accents stripped to a letter, a digit: yes; punctuation, CJK, spaces: no).
-    With `limit_alphabet`, the kept alphabet is the most frequent normalized characters, ties broken by
-    the character (tokenizers' own cut breaks ties in hash order too), passed as the initial alphabet.
+    A word is a run of characters that are neither whitespace nor punctuation (BERT's pre-tokenizer), so
+    `c` continues a word where it follows such a character inside a normalized token and is one itself.
+    With `limit_alphabet`, the alphabet is the most frequent normalized characters, counted over words as
+    the trainer counts them, ties broken by the character (tokenizers breaks them in hash order too); it
+    is passed as the initial alphabet.
     """
     normalize = tok.normalizer.normalize_str if tok.normalizer is not None else (lambda s: s)
-    split = tok.pre_tokenizer.pre_tokenize_str
+    text = normalize(" ".join(words))  # every distinct token once; normalizing may insert spaces (CJK)
+    pairs = set(zip(text, text[1:]))  # pairs across a space are dropped below: a space is in no word
+    chars = set(text)
+    in_words = {c for c in chars if not c.isspace() and len(tok.pre_tokenizer.pre_tokenize_str("a" + c)) == 1}
+    joining = {b for a, b in pairs if a in in_words and b in in_words}
+    if not limit_alphabet:
+        return sorted(CONTINUING_PREFIX + c for c in joining), sorted(c for c in chars if not c.isspace())
     counts: Counter = Counter()
-    joining: set[str] = set()
-    for raw, n in raw_counts.items():
-        for char in normalize(raw):
+    for raw, n in words.items():
+        for char, k in Counter(normalize(raw)).items():
             if not char.isspace():
-                counts[char] += n
-        for text in (normalize(raw), normalize("a" + raw)):
-            for word, _ in split(text):
-                joining.update(word[1:])
-    alphabet = sorted(counts, key=lambda c: (-counts[c], c))[:limit_alphabet] if limit_alphabet else list(counts)
+                counts[char] += k * n
+    alphabet = sorted(counts, key=lambda c: (-counts[c], c))[:limit_alphabet]
     return sorted(CONTINUING_PREFIX + c for c in joining & set(alphabet)), sorted(alphabet)
 
 

@@ -36,7 +36,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from ..errors import ConfigError, DataError
 from ..files import share_like_mkdir
 from ..progress import progress_bar
-from .determinism import canonical_unigram, continuing_pieces, count_characters, unpin_continuing_pieces
+from .determinism import canonical_unigram, continuing_pieces, count_words, unpin_continuing_pieces
 from .report import build_report
 from .spec import KIND_SPECIALS, KINDS, TokenizerSpec  # noqa: F401 - re-exported: tfkit.tokenization.train.TokenizerSpec
 
@@ -192,10 +192,10 @@ def train_tokenizer(
     start = time.perf_counter()
     pinned: list[str] = []
     if spec.kind == "wordpiece":
-        with progress_bar(total=progress_total, unit="char", unit_scale=True, desc="read characters",
+        with progress_bar(total=progress_total, unit="char", unit_scale=True, desc="read words",
                           enabled=show_progress) as bar:
-            raw = count_characters(stream(), bar.update)
-        pinned, alphabet = continuing_pieces(tok, raw, spec.limit_alphabet)
+            words = count_words(stream(), bar.update)
+        pinned, alphabet = continuing_pieces(tok, words, spec.limit_alphabet)
         trainer.special_tokens = spec.all_special_tokens() + pinned
         if spec.limit_alphabet is not None:
             trainer.initial_alphabet = alphabet
