@@ -32,6 +32,7 @@ class Context:
     compile: bool  # also measure torch.compile'd models
     device: torch.device
     clock: str = "wall"  # wall | cpu (process CPU time: steadier than wall time on a busy shared host)
+    corpus: Path | None = None  # text file for the tokenizer section; None = the built-in corpus
     notes: list[str] = field(default_factory=list)  # skipped or failed pieces, printed under the table
     started: float = field(default_factory=time.perf_counter)
 

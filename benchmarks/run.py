@@ -102,10 +102,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="CPU suite: wall time, or this process's CPU time (steadier on a busy shared host; "
                              "pair with --threads 1). GPU timings and decode are always wall time")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="text file for the tokenizer section (default: about 1 MB of the built-in stdlib:docs)")
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if args.corpus is not None and not args.corpus.is_file():
+        parser.error(f"--corpus: {args.corpus} is not a file")
     unknown = sorted(set(args.only) - set(SECTIONS))
     if unknown:
         parser.error(f"--only: unknown section(s) {', '.join(unknown)}; expected some of {', '.join(SECTIONS)}")
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for suite in suites:
         compile_ = compiled[suite] = args.compile if args.compile is not None else suite == "gpu"
         device = torch.device("cuda" if suite == "gpu" else "cpu")
-        ctx = Context(suite, args.quick, compile_, device, clock=args.clock)
+        ctx = Context(suite, args.quick, compile_, device, clock=args.clock, corpus=args.corpus)
         for section in args.only:
             if suite == "gpu" and section in CPU_ONLY:
                 ctx.notes.append(f"{section}: CPU-only work, measured by --suite cpu")

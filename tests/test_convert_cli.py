@@ -14,13 +14,6 @@ from tfkit.errors import TfkitError
 from tfkit.models import ModelConfig, build_model, load_model, save_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-FALLBACK = "First Citizen: Before we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 300
-
-
-def corpus_text() -> str:
-    return SHAKESPEARE.read_text(encoding="utf-8")[:60_000] if SHAKESPEARE.exists() else FALLBACK
-
 
 def invoke(args: list[str]):
     return CliRunner().invoke(app, ["convert-mqa-to-gqa", *args])
@@ -39,11 +32,13 @@ def assert_user_error(result, *needles: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def run_folder(tmp_path_factory) -> Path:
-    """A run folder holding checkpoints/step-9/: a GPT with 4 query and 2 key/value heads, non-zero biases."""
+def run_folder(english_text: str, tmp_path_factory) -> Path:
+    """A run folder holding checkpoints/step-9/: a GPT with 4 query and 2 key/value heads, non-zero biases.
+    Its tokenizer is trained on 60 kB of English, also written beside the run as corpus.txt for --eval-data."""
     tmp = tmp_path_factory.mktemp("convert")
-    (tmp / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
-    train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), [corpus_text()], tmp / "tok", show_progress=False)
+    text = english_text[:60_000]
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), [text], tmp / "tok", show_progress=False)
     tok = load_tokenizer(tmp / "tok")
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,

@@ -24,28 +24,28 @@ from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.shards import TokenShards
 from tfkit.trainer.evaluate import evaluate_checkpoint, sliding_windows, token_byte_lengths
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-FALLBACK = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 300
 
-
-def text() -> str:
-    return SHAKESPEARE.read_text(encoding="utf-8")[:60_000] if SHAKESPEARE.exists() else FALLBACK
+@pytest.fixture(scope="module")
+def text(english_text: str) -> str:
+    """60 kB of English the tokenizers are trained on."""
+    return english_text[:60_000]
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> dict[str, Path]:
+def tokenizers(text: str, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for kind in ("bpe", "wordpiece"):
         folder = tmp_path_factory.mktemp(kind)
-        train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), [text()], folder, show_progress=False)
+        train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), [text], folder, show_progress=False)
         out[kind] = folder
     return out
 
 
 @pytest.fixture(scope="module")
-def valid_file(tmp_path_factory) -> Path:
+def valid_file(english_text: str, tmp_path_factory) -> Path:
+    """6 kB of English the tokenizers never saw, as a held-out text file."""
     path = tmp_path_factory.mktemp("data") / "valid.txt"
-    path.write_text(text()[-6_000:], encoding="utf-8")
+    path.write_text(english_text[-6_000:], encoding="utf-8")
     return path
 
 
@@ -111,13 +111,13 @@ def test_byte_table_bpe_is_exact_and_specials_are_free(tokenizers) -> None:
     assert all(table[i] == 0 for i in tok.special_ids)
 
 
-def llama_style_tokenizer(folder: Path) -> Path:
+def llama_style_tokenizer(folder: Path, text: str) -> Path:
     """A small SentencePiece-style BPE laid out as HF Llama/Mistral ship it (tokenizer.json with byte
     fallback, `<0x00>`..`<0xFF>` in the vocabulary, Metaspace "▁"), imported the way `import-hf` does.
     Trained without newlines or non-ASCII, so those only encode as byte tokens."""
     base = Tokenizer(models.BPE())
     base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
-    base.train_from_iterator([text().replace("\n", " ")], trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    base.train_from_iterator([text.replace("\n", " ")], trainers.BpeTrainer(vocab_size=300, show_progress=False))
     trained = json.loads(base.to_str())["model"]
     specials = ["<unk>", "<s>", "</s>"]
     vocab = {t: i for i, t in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)])}
@@ -139,12 +139,13 @@ def llama_style_tokenizer(folder: Path) -> Path:
     return dst
 
 
-def test_byte_table_sentencepiece_bpe_counts_byte_tokens_once_and_the_marker_as_a_space(tmp_path: Path) -> None:
+def test_byte_table_sentencepiece_bpe_counts_byte_tokens_once_and_the_marker_as_a_space(text: str,
+                                                                                         tmp_path: Path) -> None:
     """Llama-style byte fallback: `<0x0A>` is one byte and "▁the" is " the" (4 bytes), so the table adds up to
     the text's UTF-8 bytes plus the one space Metaspace prepends to the first word."""
-    tok = load_tokenizer(llama_style_tokenizer(tmp_path))
+    tok = load_tokenizer(llama_style_tokenizer(tmp_path, text))
     table = token_byte_lengths(tok)
-    sample = text()[:2000] + "Speak, speak! ünïcödé ☃\n\nAll:\n"
+    sample = text[:2000] + "Speak, speak! ünïcödé ☃\n\nAll:\n"
     ids = tok.encode(sample)
     assert tok.decode(ids) == sample and tok.token_to_id("<0x0A>") in ids  # byte fallback really used
     assert table[tok.token_to_id("<0x0A>")] == 1 and table[tok.token_to_id("\u2581the")] == 4

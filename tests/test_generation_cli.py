@@ -15,14 +15,11 @@ from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.models.generation import fill_mask, generate as generate_ids
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-FALLBACK = ["First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak."] * 200
 
-
-def corpus() -> list[str]:
-    if SHAKESPEARE.exists():
-        return [SHAKESPEARE.read_text(encoding="utf-8")[:100_000]]
-    return FALLBACK
+@pytest.fixture(scope="module")
+def corpus(english_text: str) -> list[str]:
+    """100 kB of English the tokenizers are trained on (a list: WordPiece training reads its texts twice)."""
+    return [english_text[:100_000]]
 
 
 def invoke(args: list[str]):
@@ -38,9 +35,9 @@ def assert_user_error(result, option: str) -> None:
         assert option in result.stderr and result.stdout == ""
 
 
-def checkpoint(tmp: Path, kind: str, **model) -> Path:
+def checkpoint(tmp: Path, kind: str, corpus: list[str], **model) -> Path:
     tok_dir = tmp / f"tok-{kind}"
-    train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus(), tok_dir, show_progress=False)
+    train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus, tok_dir, show_progress=False)
     tok = load_tokenizer(tok_dir)
     torch.manual_seed(0)
     cfg = dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64,
@@ -52,13 +49,13 @@ def checkpoint(tmp: Path, kind: str, **model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpt_ckpt(tmp_path_factory) -> Path:
-    return checkpoint(tmp_path_factory.mktemp("gpt"), "bpe", arch="gpt", positions="rope")
+def gpt_ckpt(corpus: list[str], tmp_path_factory) -> Path:
+    return checkpoint(tmp_path_factory.mktemp("gpt"), "bpe", corpus, arch="gpt", positions="rope")
 
 
 @pytest.fixture(scope="module")
-def bert_ckpt(tmp_path_factory) -> Path:
-    return checkpoint(tmp_path_factory.mktemp("bert"), "wordpiece", arch="bert")
+def bert_ckpt(corpus: list[str], tmp_path_factory) -> Path:
+    return checkpoint(tmp_path_factory.mktemp("bert"), "wordpiece", corpus, arch="bert")
 
 
 def expected_text(folder: Path, prompt: str, n: int) -> str:
@@ -134,8 +131,8 @@ def test_fill_mask_lists_top_k_fillers_per_mask(bert_ckpt: Path) -> None:
     assert float(rows[0][1]) == pytest.approx(guesses[0][0][1], abs=1e-4)
 
 
-def test_encoder_decoder_checkpoint_generates(tmp_path: Path) -> None:
-    folder = checkpoint(tmp_path, "bpe", arch="transformer")
+def test_encoder_decoder_checkpoint_generates(corpus: list[str], tmp_path: Path) -> None:
+    folder = checkpoint(tmp_path, "bpe", corpus, arch="transformer")
     result = invoke([str(folder), "-p", "Hear me speak.", "-n", "5", "--temperature", "0"])
     assert result.exit_code == 0, result.output
     assert result.stdout.endswith("\n")
@@ -166,12 +163,12 @@ def test_stream_prints_text_as_it_grows_and_never_half_a_character(gpt_ckpt: Pat
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
-def test_a_continuation_keeps_the_space_after_its_prompt(tmp_path: Path, kind: str) -> None:
+def test_a_continuation_keeps_the_space_after_its_prompt(corpus: list[str], tmp_path: Path, kind: str) -> None:
     """WordPiece and Metaspace decoders drop the space before a text's first word; a continuation is not
     a text of its own ("ROMEO: I" + "in" must read " in")."""
     from tfkit.cli.generate import continuation
 
-    train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus(), tmp_path / kind, show_progress=False)
+    train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus, tmp_path / kind, show_progress=False)
     tok = load_tokenizer(tmp_path / kind)
     prompt, new = tok.encode("ROMEO: I"), tok.encode("in the house")
     assert tok.decode(new) == "in the house"  # what printing the new tokens alone gave

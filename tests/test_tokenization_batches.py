@@ -1,7 +1,6 @@
 """Datasets: batch i is a pure function of (seed, i); CLM packing, MLM masking, seq2seq pairs/denoising."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,23 +11,19 @@ from tfkit.tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset, r
 from tfkit.tokenization.shards import prepare_tokens
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """bpe and wordpiece tokenizers and shards of a JSONL corpus of speeches (one document each)."""
-    if not SHAKESPEARE.exists():
-        pytest.skip(f"corpus {SHAKESPEARE} not present")
-    text = SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
+def setup(english_text, tmp_path_factory):
+    """bpe and wordpiece tokenizers and shards of a JSONL corpus of paragraphs (one document each)."""
+    text = english_text[:200_000]
     root = tmp_path_factory.mktemp("data")
     docs = [d for d in text.split("\n\n") if d.strip()]
-    (root / "speeches.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (root / "paragraphs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     out = {"docs": docs}
     for kind in ("bpe", "wordpiece"):
         train_tokenizer(TokenizerSpec(kind=kind, vocab_size=600), [text], root / kind, show_progress=False)
         tok = load_tokenizer(root / kind)
-        out[kind] = (tok, prepare_tokens(str(root / "speeches.jsonl"), tok, root / "cache", show_progress=False))
+        out[kind] = (tok, prepare_tokens(str(root / "paragraphs.jsonl"), tok, root / "cache", show_progress=False))
     return out
 
 

@@ -1,7 +1,6 @@
 """`train-tokenizer` through Typer's CliRunner on a throwaway app (cli/main.py registers it for real)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import typer
@@ -11,18 +10,15 @@ from tfkit.cli.tokenizer import train_tokenizer
 from tfkit.errors import DataError
 from tfkit.tokenization.train import load_tokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-
 app = typer.Typer()
 app.command()(train_tokenizer)
 
 
 @pytest.fixture
-def corpus(tmp_path):
-    if not SHAKESPEARE.exists():
-        pytest.skip(f"corpus {SHAKESPEARE} not present")
-    path = tmp_path / "shakespeare.txt"
-    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:150_000])
+def corpus(english_text, tmp_path):
+    """150 kB of English prose as a text file."""
+    path = tmp_path / "english.txt"
+    path.write_text(english_text[:150_000], encoding="utf-8")
     return path
 
 

@@ -2,7 +2,6 @@
 
 import functools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +12,10 @@ from tfkit.tokenization.corpus import iter_pieces
 from tfkit.tokenization.shards import prepare_tokens, token_dtype
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-
 
 @pytest.fixture(scope="module")
-def text():
-    if not SHAKESPEARE.exists():
-        pytest.skip(f"corpus {SHAKESPEARE} not present")
-    return SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
+def text(english_text):
+    return english_text[:200_000]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +27,9 @@ def bpe(text, tmp_path_factory):
 
 @pytest.fixture
 def docs_corpus(text, tmp_path):
-    """The slice as a JSONL corpus: one document per speech (blank-line separated)."""
+    """The slice as a JSONL corpus: one document per paragraph (blank-line separated)."""
     docs = [d for d in text.split("\n\n") if d.strip()][:300]
-    path = tmp_path / "speeches.jsonl"
+    path = tmp_path / "paragraphs.jsonl"
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     return path, docs
 

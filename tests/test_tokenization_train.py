@@ -10,8 +10,6 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tfkit.errors import ConfigError, DataError
 from tfkit.tokenization.train import TokenizerSpec, check_vocab_fits, load_tokenizer, train_tokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"corpus {SHAKESPEARE} not present")
 # Every word is two letters and occurs a distinct (prime) number of times: no two pairs ever tie, so even
 # WordPiece/Unigram training (hash-map order in tokenizers) learns the same vocabulary on every run.
 TIE_FREE = [" ".join([w] * n)
@@ -20,17 +18,15 @@ TINY = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the 
 
 
 @pytest.fixture(scope="module")
-def shakespeare():
-    if not SHAKESPEARE.exists():
-        pytest.skip(f"corpus {SHAKESPEARE} not present")
-    text = SHAKESPEARE.read_text(encoding="utf-8")
-    return text[:200_000], text[-20_000:]
+def english(english_text):
+    """200 kB of English to train on and 20 kB held out (disjoint: the head and the tail of the text)."""
+    return english_text[:200_000], english_text[-20_000:]
 
 
 @pytest.fixture(scope="module")
-def trained(shakespeare, tmp_path_factory):
+def trained(english, tmp_path_factory):
     """One folder per kind, trained once for the whole module."""
-    train, held = shakespeare
+    train, held = english
     out = {}
     for kind in ("bpe", "wordpiece", "unigram"):
         folder = tmp_path_factory.mktemp(kind)
@@ -40,7 +36,6 @@ def trained(shakespeare, tmp_path_factory):
     return out
 
 
-@needs_shakespeare
 def test_bpe_round_trips_exactly_with_gpt2_specials(trained):
     tok = load_tokenizer(trained["bpe"][0])
     text = "First Citizen:\nBefore we proceed any further, hear me speak. ünïcödé 😀\t tabs"
@@ -51,7 +46,6 @@ def test_bpe_round_trips_exactly_with_gpt2_specials(trained):
     assert tok.encode("hi", add_special_tokens=True) == tok.encode("hi")  # GPT-2 adds nothing
 
 
-@needs_shakespeare
 def test_wordpiece_round_trips_modulo_spacing_and_has_bert_layout(trained):
     tok = load_tokenizer(trained["wordpiece"][0])
     assert [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id] == [0, 1, 2, 3, 4]
@@ -65,7 +59,6 @@ def test_wordpiece_round_trips_modulo_spacing_and_has_bert_layout(trained):
     assert enc.ids == [2, a, 3, b, 3] and enc.type_ids == [0, 0, 0, 1, 1]
 
 
-@needs_shakespeare
 def test_unigram_round_trips_and_has_xlmr_layout(trained):
     tok = load_tokenizer(trained["unigram"][0])
     assert [tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id, tok.mask_id] == [0, 1, 2, 3, 4]
@@ -75,7 +68,6 @@ def test_unigram_round_trips_and_has_xlmr_layout(trained):
     assert tok.encode(text, add_special_tokens=True) == [2] + tok.encode(text) + [3]
 
 
-@needs_shakespeare
 @pytest.mark.parametrize("kind, pad, mask", [("bpe", 1, None), ("wordpiece", 0, 4), ("unigram", 0, 4)])
 def test_transformers_loads_the_folder_with_the_right_specials(trained, kind, pad, mask):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -91,7 +83,6 @@ def test_transformers_loads_the_folder_with_the_right_specials(trained, kind, pa
     assert fast(text).input_ids == auto(text).input_ids == tok.encode(text, add_special_tokens=True)
 
 
-@needs_shakespeare
 def test_report_is_saved_and_plausible(trained):
     folder, report = trained["bpe"]
     saved = json.loads((folder / "tokenizer_report.json").read_text())
@@ -148,10 +139,10 @@ def test_same_vocabulary_as_the_raw_tokenizers_pipeline(tmp_path, kind, vocab):
     assert [ours.id_to_token(i) for i in range(specials)] == spec.all_special_tokens()
 
 
-def test_bpe_training_is_reproducible_byte_for_byte(shakespeare, tmp_path):
+def test_bpe_training_is_reproducible_byte_for_byte(english, tmp_path):
     spec = TokenizerSpec(kind="bpe", vocab_size=600)
     for name in ("a", "b"):
-        train_tokenizer(spec, [shakespeare[0]], tmp_path / name, show_progress=False)
+        train_tokenizer(spec, [english[0]], tmp_path / name, show_progress=False)
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
 
 

@@ -1,7 +1,8 @@
 """`tfkit pretrain` through the real app: the bundled tiny recipes clearly lower the validation loss on
-Shakespeare in CI-sized runs, Ctrl-C semantics are reported by exit code, and user errors are one line."""
+English prose in CI-sized runs, Ctrl-C semantics are reported by exit code, and user errors are one line."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,6 @@ from typer.testing import CliRunner
 from tfkit.cli.main import app
 from tfkit.trainer.metrics import read_metrics
 
-
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 CI_SIZED = ["train.max_steps=60", "train.batch_size=8", "data.seq_len=64", "schedule.warmup_steps=10",
             "train.eval_every=1000", "train.save_every=1000", "train.log_every=20", "eval.batches=4",
             "tokenizer.vocab_size=1024", "data.valid=null", "data.valid_fraction=0.1", "log.progress=false",
@@ -23,19 +22,22 @@ def _args(*sets: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def shakespeare(tmp_path_factory) -> Path:
-    if not SHAKESPEARE.is_file():
-        pytest.skip(f"{SHAKESPEARE} is not present (the shared tiny Shakespeare corpus)")
-    path = tmp_path_factory.mktemp("corpus") / "shakespeare.txt"
-    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:300_000], encoding="utf-8")
+def english(english_text: str, tmp_path_factory) -> Path:
+    """300 kB of English prose as the training file, its paragraphs in a seeded random order. The docstrings
+    come sorted by module, so the tail that data.valid_fraction holds out would otherwise be other modules'
+    prose (distutils), unlike the first 90%: a shift the loss is not meant to measure."""
+    paragraphs = english_text.split("\n\n")
+    random.Random(0).shuffle(paragraphs)
+    path = tmp_path_factory.mktemp("corpus") / "english.txt"
+    path.write_text("\n\n".join(paragraphs)[:300_000], encoding="utf-8")
     return path
 
 
 @pytest.mark.parametrize("recipe", ["gpt-tiny", "bert-tiny"])
-def test_tiny_recipes_lower_the_validation_loss_on_shakespeare(recipe, shakespeare, tmp_path):
+def test_tiny_recipes_lower_the_validation_loss_on_english(recipe, english, tmp_path):
     run_dir = tmp_path / recipe
     result = CliRunner().invoke(app, ["pretrain", recipe, "--run-dir", str(run_dir),
-                                      *_args(*CI_SIZED, f"data.train={shakespeare}")])
+                                      *_args(*CI_SIZED, f"data.train={english}")])
     assert result.exit_code == 0, result.output + repr(result.exception)
     valid = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
     first, last = valid[0], valid[-1]

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("arch", ["gpt", "bert", "transformer"])
-def test_bf16_compiled_training_on_cuda_learns_and_reports_mfu(arch, tmp_path):
-    recipe = write_recipe(tmp_path, arch, train={"device": "cuda", "precision": "bf16", "compile": True,
+def test_bf16_compiled_training_on_cuda_learns_and_reports_mfu(arch, english_text, tmp_path):
+    recipe = write_recipe(tmp_path, english_text, arch, train={"device": "cuda", "precision": "bf16", "compile": True,
                                                  "max_steps": 40, "eval_every": 20})
     result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -37,8 +37,8 @@ def test_bf16_compiled_training_on_cuda_learns_and_reports_mfu(arch, tmp_path):
     assert all(w.dtype == torch.float32 for w in weights.values())  # autocast: fp32 master weights
 
 
-def test_fp16_with_loss_scaling_on_cuda_learns(tmp_path):
-    recipe = write_recipe(tmp_path, "gpt", train={"device": "cuda", "precision": "fp16", "max_steps": 40,
+def test_fp16_with_loss_scaling_on_cuda_learns(english_text, tmp_path):
+    recipe = write_recipe(tmp_path, english_text, "gpt", train={"device": "cuda", "precision": "fp16", "max_steps": 40,
                                                   "eval_every": 20})
     pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")

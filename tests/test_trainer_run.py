@@ -25,27 +25,21 @@ from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 MAX_STEPS = 24
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # subprocesses compute exactly as this process does
 
 
-def _corpus(folder: Path) -> tuple[Path, Path]:
-    """~60 kB of training text and ~8 kB of validation text: Shakespeare when present, else generated."""
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text(encoding="utf-8")[:70_000]
-    else:
-        words = "the of and to a in that is was he for it with as his on be at by".split()
-        text = "\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12)) for i in range(6000))
+def _corpus(folder: Path, text: str) -> tuple[Path, Path]:
+    """62 kB of training text and the next 8 kB as validation text, from `text` (the English fixture)."""
     train, valid = folder / "train.txt", folder / "valid.txt"
     train.write_text(text[:62_000], encoding="utf-8")
-    valid.write_text(text[62_000:], encoding="utf-8")
+    valid.write_text(text[62_000:70_000], encoding="utf-8")
     return train, valid
 
 
-def write_recipe(folder: Path, arch: str = "gpt", **sections) -> Path:
+def write_recipe(folder: Path, text: str, arch: str = "gpt", **sections) -> Path:
     """A recipe small enough for CI: 2 layers of width 32, 8 sequences of 32 tokens, one CPU."""
-    train, valid = _corpus(folder)
+    train, valid = _corpus(folder, text)
     objective = {"gpt": "clm", "bert": "mlm", "transformer": "seq2seq"}[arch]
     recipe = {
         "model": {"arch": arch, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 64, "dropout": 0.1},
@@ -78,10 +72,10 @@ def weights(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(english_text, tmp_path_factory):
     """One uninterrupted run every resume is compared with."""
     folder = tmp_path_factory.mktemp("reference")
-    recipe = write_recipe(folder)
+    recipe = write_recipe(folder, english_text)
     result = pretrain(load_recipe(str(recipe)), run_dir=folder / "run")
     return recipe, folder / "run", result
 
@@ -150,14 +144,15 @@ def test_resume_keeps_the_checkpoint_tokenizer(reference, tmp_path):
     assert kept.tokenizer == load_recipe(str(recipe)).tokenizer and kept.train.max_steps == 13
 
 
-def test_seq2seq_trains_on_jsonl_pairs_with_jsonl_validation_and_counts_real_tokens(tmp_path):
+def test_seq2seq_trains_on_jsonl_pairs_with_jsonl_validation_and_counts_real_tokens(english_text, tmp_path):
     """JSONL pairs for both splits (the tokenizer's held-out report reads pairs, not a `text` field);
     `tokens` counts the real source and target tokens, not the padding of each row."""
-    lines = [line for line in _corpus(tmp_path)[0].read_text(encoding="utf-8").splitlines() if line.strip()]
+    train, _ = _corpus(tmp_path, english_text)
+    lines = [line for line in train.read_text(encoding="utf-8").splitlines() if line.strip()]
     records = [json.dumps({"en": line, "fr": " ".join(reversed(line.split()))}) + "\n" for line in lines]
     (tmp_path / "train.jsonl").write_text("".join(records[:-200]), encoding="utf-8")
     (tmp_path / "valid.jsonl").write_text("".join(records[-200:]), encoding="utf-8")
-    recipe = write_recipe(tmp_path, "transformer", train={"max_steps": 3},
+    recipe = write_recipe(tmp_path, english_text, "transformer", train={"max_steps": 3},
                           data={"train": str(tmp_path / "train.jsonl"), "valid": str(tmp_path / "valid.jsonl"),
                                 "source_field": "en", "target_field": "fr"})
     result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
@@ -284,8 +279,8 @@ def test_init_from_starts_a_new_run_from_the_checkpoint_weights(reference, tmp_p
     assert not (tmp_path / "conflict").exists()  # refused before the run folder (and its tokenizer) was made
 
 
-def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    recipe = write_recipe(tmp_path, train={"max_steps": 20, "max_bad_steps": 3, "eval_every": 100})
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(english_text, tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path, english_text, train={"max_steps": 20, "max_bad_steps": 3, "eval_every": 100})
     original, calls = objectives.compute_loss, [0]
 
     def nan_after_six(model, batch, objective):
@@ -328,8 +323,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(reference, tmp_path, mon
 
 
 @pytest.mark.parametrize("arch", ["bert", "transformer"])
-def test_other_objectives_train_and_checkpoint(arch, tmp_path):
-    recipe = write_recipe(tmp_path, arch, train={"max_steps": 3, "eval_every": 100},
+def test_other_objectives_train_and_checkpoint(arch, english_text, tmp_path):
+    recipe = write_recipe(tmp_path, english_text, arch, train={"max_steps": 3, "eval_every": 100},
                           objective={"label_smoothing": 0.1} if arch == "transformer" else {})
     result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -339,12 +334,12 @@ def test_other_objectives_train_and_checkpoint(arch, tmp_path):
     assert cfg.arch == arch
 
 
-def test_a_given_tokenizer_without_a_mask_token_is_named_for_mlm(tmp_path):
+def test_a_given_tokenizer_without_a_mask_token_is_named_for_mlm(english_text, tmp_path):
     from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
 
     train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), ["plain text " * 200], tmp_path / "bpe",
                     show_progress=False)
-    recipe = write_recipe(tmp_path, "bert", tokenizer={"path": str(tmp_path / "bpe")})
+    recipe = write_recipe(tmp_path, english_text, "bert", tokenizer={"path": str(tmp_path / "bpe")})
     with pytest.raises(ConfigError, match=r"tokenizer.path .*bpe: a bpe tokenizer without a mask token, which "
                                           r"objective mlm needs; train one with .*--special-token '<\|mask\|>'"):
         pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
