@@ -1,0 +1,18 @@
+"""The names of the files and folders tfkit writes, in one place for every layer that reads them.
+
+A checkpoint folder holds the weights and config.json (+ the tokenizer files, + trainer_state.pt when a
+training run wrote it). A run folder holds recipe.yaml, tokenizer/, metrics.jsonl and
+checkpoints/step-<N>/. Output-folder checks (files.py) must recognise both without importing the trainer.
+"""
+
+from __future__ import annotations
+
+import re
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TRAINER_STATE = "trainer_state.pt"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+RECIPE_FILE = "recipe.yaml"
+CHECKPOINTS = "checkpoints"
+STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".step-5.tmp"
