@@ -14,7 +14,7 @@ import functools
 import os
 import re
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,168 +22,12 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..models.config import ModelConfig, type_problem
+from ..models.config import type_problem
 from ..models.sizes import sized_config
-from ..tokenization.spec import TokenizerSpec
-from ..ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
-
-OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
-SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-@dataclass
-class ModelSection(ModelConfig):
-    size: str | None = None  # named size (tiny, small) whose values fill every key not given here
-    vocab_size: int | None = None  # null = the tokenizer's vocabulary size
-
-    def problems(self, prefix: str = "model") -> list[str]:
-        """ModelConfig's checks; an unset vocab_size (the tokenizer's, known only later) passes as 1."""
-        return dataclasses.replace(self, vocab_size=self.vocab_size or 1).config().problems(prefix)
-
-    def config(self, vocab_size: int | None = None) -> ModelConfig:
-        """The plain ModelConfig, with the vocabulary size taken from the tokenizer when unset."""
-        values = {f.name: getattr(self, f.name) for f in fields(ModelConfig)}
-        values["vocab_size"] = self.vocab_size or vocab_size or 1
-        return ModelConfig(**values)
-
-
-@dataclass
-class TokenizerSection(TokenizerSpec):
-    path: str | None = None  # an existing tokenizer folder or tokenizer.json; null = train one
-    max_train_mb: float | None = None  # train the tokenizer on at most this many MB of the corpus
-
-    def problems(self, prefix: str = "tokenizer") -> list[str]:
-        out = [] if self.path else super().problems(prefix)
-        return out + float_problems(self, prefix, max_train_mb=POSITIVE)
-
-
-@dataclass
-class DataSection:
-    train: str = "stdlib:docs:train"  # file, glob, directory, .jsonl, or stdlib:docs / stdlib:code
-    valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of the training documents
-    valid_fraction: float = 0.05
-    text_field: str = "text"  # JSONL field holding the text
-    source_field: str = "source"  # seq2seq JSONL: field of the source text
-    target_field: str = "target"  # seq2seq JSONL: field of the target text
-    seq_len: int = 256  # tokens per training sequence (<= model.max_seq_len)
-    cache_dir: str | None = None  # token-shard cache; null = <run folder>/data
-
-    def problems(self, prefix: str = "data") -> list[str]:
-        out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
-        if self.seq_len < 2:
-            out.append(f"{prefix}.seq_len: got {self.seq_len}, expected an integer >= 2")
-        return out
-
-
-@dataclass
-class ObjectiveSection:
-    name: str = "clm"  # mlm (bert) | clm (gpt) | seq2seq (transformer)
-    mask_prob: float = 0.15  # mlm: fraction of non-special tokens chosen for prediction
-    whole_word_mask: bool = False  # mlm: mask every piece of a chosen word together
-    label_smoothing: float = 0.0  # 0.1 in the original Transformer
-
-    def problems(self, prefix: str = "objective") -> list[str]:
-        out = float_problems(self, prefix, mask_prob=OPEN_FRACTION, label_smoothing=FRACTION)
-        if self.name not in OBJECTIVE_FOR_ARCH.values():
-            out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq")
-        return out
-
-
-@dataclass
-class OptimSection:
-    lr: float = 3e-4  # peak learning rate (the noam schedule scales it as a multiplier)
-    weight_decay: float = 0.1  # decoupled (AdamW); never applied to norms, biases, embeddings
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0  # max global gradient norm; null = no clipping
-
-    def problems(self, prefix: str = "optim") -> list[str]:
-        return float_problems(self, prefix, lr=POSITIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION,
-                              beta2=FRACTION, eps=POSITIVE, grad_clip=POSITIVE)
-
-
-@dataclass
-class ScheduleSection:
-    name: str = "cosine"  # constant | linear | cosine | noam | wsd
-    warmup_steps: int = 100  # linear warmup from 0 to optim.lr
-    min_lr: float = 0.0  # floor of the cosine / linear / wsd decay
-    decay_fraction: float = 0.2  # wsd: final fraction of the steps spent decaying
-
-    def problems(self, prefix: str = "schedule") -> list[str]:
-        out = float_problems(self, prefix, min_lr=NON_NEGATIVE, decay_fraction=UP_TO_ONE)
-        if self.name not in SCHEDULES:
-            out.append(f"{prefix}.name: got {self.name!r}, expected one of {', '.join(SCHEDULES)}")
-        if self.warmup_steps < 0:
-            out.append(f"{prefix}.warmup_steps: got {self.warmup_steps}, expected >= 0")
-        if self.name == "noam" and self.warmup_steps < 1:
-            out.append(f"{prefix}.warmup_steps: noam needs warmup_steps >= 1")
-        return out
-
-
-@dataclass
-class TrainSection:
-    max_steps: int = 1000  # optimizer steps
-    batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
-    grad_accum: int = 1  # micro-batches per optimizer step
-    seed: int = 1337
-    log_every: int = 10  # steps between log lines / metrics.jsonl rows
-    eval_every: int = 200  # steps between validations
-    save_every: int = 500  # steps between checkpoints (one is always written at the end)
-    keep_last: int = 3  # checkpoints kept in the run folder
-    precision: str = "fp32"  # fp32 (TF32 matmuls on CUDA) | bf16 (autocast) | fp16 (autocast + grad scaler)
-    compile: bool = False  # torch.compile the model
-    activation_checkpointing: bool = False  # recompute block activations in backward to save memory
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    max_bad_steps: int = 10  # consecutive NaN/inf steps (skipped) before the run stops
-    init_from: str | None = None  # checkpoint or run folder whose weights start this run
-    distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
-
-    def problems(self, prefix: str = "train") -> list[str]:
-        out = []
-        for name in ("max_steps", "batch_size", "grad_accum", "log_every", "eval_every", "save_every",
-                     "keep_last", "max_bad_steps"):
-            if getattr(self, name) < 1:
-                out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected a positive integer")
-        if self.grad_accum >= 1 and self.batch_size % self.grad_accum:
-            out.append(f"{prefix}.batch_size: {self.batch_size} is not divisible by "
-                       f"{prefix}.grad_accum={self.grad_accum}")
-        if self.precision not in PRECISIONS:
-            out.append(f"{prefix}.precision: got {self.precision!r}, expected one of {', '.join(PRECISIONS)}")
-        if self.distributed not in ("ddp", "fsdp"):
-            out.append(f"{prefix}.distributed: got {self.distributed!r}, expected ddp or fsdp")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            out.append(f"{prefix}.device: got {self.device!r}, expected auto, cpu, cuda or cuda:N")
-        return out
-
-
-@dataclass
-class EvalSection:
-    batches: int = 20  # validation batches per evaluation (the same batches every time)
-    batch_size: int | None = None  # null = train.batch_size
-    sample_prompt: str | None = None  # causal models: text to continue after training; null = no sample
-    sample_tokens: int = 64
-
-    def problems(self, prefix: str = "eval") -> list[str]:
-        out = []
-        if self.batches < 1:
-            out.append(f"{prefix}.batches: got {self.batches}, expected a positive integer")
-        if self.batch_size is not None and self.batch_size < 1:
-            out.append(f"{prefix}.batch_size: got {self.batch_size}, expected a positive integer or null")
-        return out
-
-
-@dataclass
-class LogSection:
-    run_dir: str | None = None  # null = runs/<recipe>-<timestamp>
-    tensorboard: bool = True  # write event files when tensorboard is installed
-    plot: bool = True  # write loss.png at the end when matplotlib is installed
-    progress: bool = True  # progress bars
-
-    def problems(self, prefix: str = "log") -> list[str]:
-        return []  # every value is valid: any path, any booleans
-
+from ..ranges import POSITIVE
+from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, DataSection, EvalSection,  # noqa: F401 - re-exported
+                       LogSection, ModelSection, ObjectiveSection, OptimSection, ScheduleSection, TokenizerSection,
+                       TrainSection)
 
 @dataclass
 class Recipe:
