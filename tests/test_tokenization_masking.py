@@ -3,12 +3,13 @@
 import numpy as np
 import torch
 
-from tfkit.tokenization.masking import mask_tokens, word_start_table
+from tfkit.tokenization.masking import mask_tokens, replacement_ids, row_keys, uniform, word_start_table
 
 
 def _run(seed, ids, special, **kw):
-    args = dict(mask_id=4, vocab_size=1000, mask_prob=0.15, special_ids=[0, 1, 2, 3, 4])
-    return mask_tokens(ids, special, generator=torch.Generator().manual_seed(seed), **{**args, **kw})
+    args = dict(mask_id=4, replacements=replacement_ids(1000, [0, 1, 2, 3, 4]), mask_prob=0.15)
+    keys = row_keys([(seed, row) for row in range(ids.shape[0])])
+    return mask_tokens(ids, special, keys=keys, **{**args, **kw})
 
 
 def test_statistics_determinism_and_purity():
@@ -57,3 +58,20 @@ def test_word_start_tables():
     assert bpe.tolist() == [True, False, True, True]
     uni = word_start_table({"▁play": 0, "ing": 1, "<s>": 2}, "unigram")
     assert uni.tolist() == [True, False, True] and uni.dtype == np.bool_
+
+
+def test_a_rows_randomness_depends_on_its_key_alone():
+    """Counter-based: row b's numbers are the same whatever rows share its batch (ranks, batch sizes)."""
+    keys = row_keys([(0, 7, r) for r in range(8)])
+    batch = uniform(keys, 64, stream=0)
+    assert torch.equal(uniform(keys[3:4], 64, stream=0)[0], batch[3])
+    assert not torch.equal(batch[0], batch[1]) and not torch.equal(batch, uniform(keys, 64, stream=1))
+    assert 0.0 <= batch.min() and batch.max() < 1.0
+
+
+def test_uniform_numbers_are_uniform_and_uncorrelated_across_neighbours():
+    u = uniform(row_keys([(1, r) for r in range(512)]), 512, stream=0).flatten()  # 262,144 numbers
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    histogram = torch.histc(u.float(), bins=16, min=0.0, max=1.0) / len(u)
+    assert (histogram - 1 / 16).abs().max() < 0.003
+    assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.01

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import ConfigError, DataError
 from .corpus import resolve_files
-from .masking import IGNORE_INDEX, mask_tokens, word_start_table
+from .masking import IGNORE_INDEX, mask_tokens, replacement_ids, row_keys, word_start_table
 from .shards import TokenShards
 from .train import TfkitTokenizer
 
@@ -185,6 +185,9 @@ class MlmDataset(_PureDataset):
         self.mask_id = _require(tok.mask_id, "mask token (add '<|mask|>' to tokenizer.special_tokens)", tok)
         self.tokens, self.max_len, self.seed, self.mask_prob = tokens, max_len, seed, mask_prob
         self.vocab_size, self.special_ids = tok.vocab_size, tok.special_ids
+        self.is_special = torch.zeros(self.vocab_size, dtype=torch.bool)  # a lookup table: faster than isin
+        self.is_special[self.special_ids] = True
+        self.replacements = replacement_ids(self.vocab_size, self.special_ids)  # once, not per batch
         self.word_starts = word_start_table(tok.tokenizer.get_vocab(), tok.kind) if whole_word else None
         self.body_len = max_len - 2  # stream tokens per row, between [CLS] and [SEP]
         self.num_examples = len(tokens) // self.body_len
@@ -202,20 +205,11 @@ class MlmDataset(_PureDataset):
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
         ids = self.originals(idx)  # (B, L)
-        special = torch.isin(ids, torch.tensor(self.special_ids))  # (B, L): [CLS], [SEP], separators
+        special = self.is_special[ids]  # (B, L): [CLS], [SEP], separators
         starts = None if self.word_starts is None else torch.from_numpy(self.word_starts[ids.numpy()])
-        masked, labels = [], []
-        for b, key in enumerate(keys):  # one generator per row: a row is the same on whichever rank
-            row_starts = None if starts is None else starts[b : b + 1]
-            m, lab = mask_tokens(
-                ids[b : b + 1], special[b : b + 1], mask_id=self.mask_id, vocab_size=self.vocab_size,
-                mask_prob=self.mask_prob, generator=torch.Generator().manual_seed(_seed(*key)),
-                word_starts=row_starts, special_ids=self.special_ids,
-            )
-            masked.append(m)
-            labels.append(lab)
-        input_ids = torch.cat(masked)  # (B, L)
-        return {"input_ids": input_ids, "labels": torch.cat(labels), "token_type_ids": torch.zeros_like(input_ids)}
+        input_ids, labels = mask_tokens(ids, special, mask_id=self.mask_id, replacements=self.replacements,
+                                        mask_prob=self.mask_prob, keys=row_keys(keys), word_starts=starts)
+        return {"input_ids": input_ids, "labels": labels, "token_type_ids": torch.zeros_like(input_ids)}
 
 
 def read_pairs(spec: str, source_field: str = "source", target_field: str = "target") -> list[tuple[str, str]]:
