@@ -72,7 +72,7 @@ class Row:
     baseline/tfkit for costs (ms, MB, seconds). A baseline of None (skipped, out of memory) has no ratio.
     """
 
-    section: str  # train | attention | tokenizer | decode | cli
+    section: str  # train | attention | tokenizer | batches | decode | cli
     case: str  # what ran, including the baseline's name and the shape
     unit: str  # tok/s, ms, MB, s
     tfkit: float

@@ -4,7 +4,8 @@
 
 Sections (each row a ratio against a baseline measured in the same run; > 1 = tfkit better):
 train (tokens/s vs HuggingFace), attention (vs bare SDPA and the naive path), tokenizer (vs raw
-`tokenizers`), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli (start-up and
+`tokenizers`), batches (MLM batch preparation vs HuggingFace's masking), decode (GQA/MQA vs MHA, from
+benchmarks/decode.py), cli (start-up and
 `train-tokenizer` as whole processes, from benchmarks/cli.py). `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
@@ -23,11 +24,11 @@ import torch
 
 from tfkit.models import build_model
 
-from . import attention, cli, tokenizer, train_throughput
+from . import attention, batches, cli, tokenizer, train_throughput
 from .common import Context, Row, machine, table, write_json
 
-SECTIONS = ("train", "attention", "tokenizer", "decode", "cli")
-CPU_ONLY = ("tokenizer", "cli")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+SECTIONS = ("train", "attention", "tokenizer", "batches", "decode", "cli")
+CPU_ONLY = ("tokenizer", "batches", "cli")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
 HERE = Path(__file__).resolve().parent
 
 
@@ -85,7 +86,7 @@ def decode_rows(ctx: Context) -> list[Row]:
 
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
-           "decode": decode_rows, "cli": cli.run}
+           "batches": batches.run, "decode": decode_rows, "cli": cli.run}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -34,7 +34,7 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["suite"] == "cpu" and result["quick"] is True and result["machine"]["torch"] == torch.__version__
     sections = {row["section"] for row in result["rows"]}
-    expected = {"train", "attention", "tokenizer", "decode", "cli"}
+    expected = {"train", "attention", "tokenizer", "batches", "decode", "cli"}
     assert expected <= sections, (sections, result["notes"])
     for row in result["rows"]:
         assert row["tfkit"] > 0 and math.isfinite(row["tfkit"]), row
