@@ -9,17 +9,27 @@ disk sees the old file or folder or the complete new one, never a mix.
 What is published gets the permissions of a plain mkdir or open (`share_like_mkdir`): `tempfile.mkdtemp`
 makes folders 0700 and safetensors writes files 0600, which would leave a model on a shared machine
 unreadable to everyone but its author.
+
+What an output folder may replace is decided here too, before any work (`check_new_folder`): never an
+input, never a folder inside a training run's checkpoints/, and with --force only the earlier output of
+the same command. The folders are recognised by the names in layout.py, so this module imports no
+subpackage.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from .errors import CheckpointError
+from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES,
+                     TRAINER_STATE, WEIGHTS)
 
 
 def share_like_mkdir(root: Path) -> None:
@@ -35,14 +45,15 @@ def write_problem(path: Path) -> str | None:
     """Why `path` cannot be written, checked before the work that would write it; None when it can.
 
     A regular file where a folder of its path should be (`notes.txt/out`), or no permission to write
-    where it goes: in the folder that will hold it, or the existing file itself."""
+    where it goes: the existing file itself, or the folder that will hold it (an existing file or folder
+    is replaced by a rename there too: `atomic_file`, `staged_folder`)."""
     target = path.absolute()
     existing = next(p for p in (target, *target.parents) if p.exists())  # the nearest thing already there
     if existing != target and not existing.is_dir():
         return f"{existing} is a file, not a folder"
-    if existing == target and not target.is_dir():
-        return None if os.access(target, os.W_OK) else f"no permission to write {target}"
-    where = target.parent if existing == target else existing  # new entries are made in this folder
+    if existing == target and not target.is_dir() and not os.access(target, os.W_OK):
+        return f"no permission to write {target}"
+    where = target.parent if existing == target else existing  # new entries and renames are made in this folder
     return None if os.access(where, os.W_OK | os.X_OK) else f"no permission to write in {where}"
 
 
@@ -96,8 +107,9 @@ def staged_folder(out: Path, *, keep_existing: bool = False, durable: bool = Fal
 
     An existing `out` is set aside first and deleted only once the new folder stands (the caller decided
     it may be replaced), or, with `keep_existing`, left as it is and the new folder dropped: another
-    process published the same content first (a shared cache). `durable` flushes the files to the disk
-    before the rename (checkpoints)."""
+    process published the same content first, even while this one was being written (a shared cache; an
+    empty folder holds nothing to keep and is replaced). `durable` flushes the files to the disk before
+    the rename (checkpoints)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -105,9 +117,15 @@ def staged_folder(out: Path, *, keep_existing: bool = False, durable: bool = Fal
         share_like_mkdir(tmp)
         if durable:
             fsync_tree(tmp)
-        if not out.exists():
+        if keep_existing:
+            try:
+                tmp.rename(out)  # replaces at most an empty folder
+            except OSError:
+                if not out.exists():
+                    raise  # anything but "another process published it first"
+        elif not out.exists():
             tmp.rename(out)
-        elif not keep_existing:
+        else:
             trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
             out.rename(trash)
             tmp.rename(out)
@@ -119,3 +137,97 @@ def staged_folder(out: Path, *, keep_existing: bool = False, durable: bool = Fal
             fsync_dir(out.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# What `--force` may replace, by the command that writes it (see `_existing_kind`): each command replaces
+# only its own earlier output, never a training checkpoint, a user's HuggingFace model or other files.
+TFKIT_MODEL = "a tfkit model folder (what convert-mqa-to-gqa and import-hf write)"
+TFKIT_EXPORT = "a HuggingFace folder written by tfkit export-hf"
+EXPORT_FILES = {CONFIG, WEIGHTS, *TOKENIZER_FILES}
+
+
+def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: tuple[str, ...]) -> None:
+    """Before any work, every reason `--out` could fail or destroy something, as one line:
+    - it may never be, contain or lie inside an input checkpoint (even --force would then destroy the
+      model being read);
+    - nor lie in a training run's `checkpoints/`, where `eval RUN` would take it for the run's own latest;
+    - a regular file in its path, or a folder there that cannot be written, fails now, not after the work;
+    - an existing non-empty `out` needs --force, and even --force replaces only the earlier output of the
+      calling command (`replaces`: TFKIT_MODEL and/or TFKIT_EXPORT), never a file or a folder of other things."""
+    target = out.resolve()
+    for source in (Path(s).resolve() for s in sources):
+        inside = source.is_dir() and source in target.parents and (source / WEIGHTS).is_file()
+        if target == source or target in source.parents or inside:
+            raise CheckpointError(f"--out {out}: is or contains the input {source}, or lies inside it; "
+                                  "the input is never modified, choose another folder")
+    run = _run_of(target)
+    if run is not None:
+        raise CheckpointError(f"--out {out}: lies in the checkpoints folder of the training run {run}, where "
+                              f"`tfkit eval {run}` would take it for the run's latest checkpoint; choose a "
+                              "folder outside it")
+    problem = write_problem(out)
+    if problem:
+        raise CheckpointError(f"--out {out}: {problem}")
+    if _is_taken(target) and not force:
+        raise CheckpointError(f"--out {out}: already exists; use --force to replace it")
+    check_replaceable(out, replaces)
+
+
+def check_replaceable(out: Path, replaces: tuple[str, ...]) -> None:
+    """What --force may replace: an existing non-empty `out` must be one of `replaces` (TFKIT_MODEL,
+    TFKIT_EXPORT), the earlier output of the command; anything else is kept, with a CheckpointError."""
+    target = out.resolve()
+    if not _is_taken(target):
+        return
+    kind = _existing_kind(target)
+    if kind not in replaces:
+        raise CheckpointError(f"--out {out}: exists and is {kind}; --force replaces only {' or '.join(replaces)}, "
+                              "so it is kept: remove it yourself if it should go, or choose another folder")
+
+
+def _is_taken(target: Path) -> bool:
+    """Whether writing `target` would replace something: a file, or a folder that is not empty."""
+    return target.exists() and (not target.is_dir() or any(target.iterdir()))
+
+
+def _run_of(target: Path) -> Path | None:
+    """The training run whose `checkpoints/` folder `target` would be written into, else None. A run folder
+    is recognised as the trainer leaves it: its recipe.yaml, or a `step-<N>` folder in checkpoints/."""
+    holder = target.parent
+    if holder.name != CHECKPOINTS or not holder.is_dir():
+        return None
+    steps = any(STEP_FOLDER.match(child.name) and child.is_dir() for child in holder.iterdir())
+    return holder.parent if steps or (holder.parent / RECIPE_FILE).is_file() else None
+
+
+def _existing_kind(folder: Path) -> str:
+    """What an existing non-empty `--out` is, in the words of the error that refuses to replace it;
+    TFKIT_MODEL / TFKIT_EXPORT for the outputs of tfkit's own commands."""
+    if not folder.is_dir():
+        return "not a model folder (it is a file)"
+    if not (folder / CONFIG).is_file():
+        return f"not a model folder (no {CONFIG})"
+    if (folder / TRAINER_STATE).is_file():
+        return f"a training checkpoint (it has {TRAINER_STATE})"
+    try:
+        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = None
+    if not isinstance(config, dict):
+        return f"a folder whose {CONFIG} is not a JSON object"
+    if "tfkit_version" in config:
+        return TFKIT_MODEL
+    if _is_tfkit_export(folder, config):
+        return TFKIT_EXPORT
+    if "model_type" in config or "architectures" in config:
+        return "a HuggingFace model folder that tfkit export-hf did not write"
+    return f"a folder whose {CONFIG} tfkit did not write"
+
+
+def _is_tfkit_export(folder: Path, config: dict) -> bool:
+    """Whether `folder` is what export-hf writes: its files only, and a config.json naming an export
+    architecture without the `transformers_version` that every transformers `save_pretrained` adds (so
+    a model saved or downloaded with transformers is never taken for an export)."""
+    files = {p.name for p in folder.iterdir()}
+    return (WEIGHTS in files and files <= EXPORT_FILES and "transformers_version" not in config
+            and config.get("architectures") in [[name] for name in EXPORT_ARCHITECTURES.values()])

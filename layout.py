@@ -2,7 +2,8 @@
 
 A checkpoint folder holds the weights and config.json (+ the tokenizer files, + trainer_state.pt when a
 training run wrote it). A run folder holds recipe.yaml, tokenizer/, metrics.jsonl and
-checkpoints/step-<N>/. Output-folder checks (files.py) must recognise both without importing the trainer.
+checkpoints/step-<N>/. Output-folder checks (files.py) must recognise both without importing the trainer,
+and an export-hf folder without importing the models.
 """
 
 from __future__ import annotations
@@ -16,3 +17,5 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 RECIPE_FILE = "recipe.yaml"
 CHECKPOINTS = "checkpoints"
 STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".step-5.tmp"
+# The HuggingFace class each family is exported as (models/hf_names.py), named in an export's config.json.
+EXPORT_ARCHITECTURES = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from tfkit.cli.convert import convert_checkpoint, uptrain_overrides
-from tfkit.models.io import check_new_folder
+from tfkit.files import TFKIT_MODEL, check_new_folder
 from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
 from tfkit.models.convert import attention_params
 from tfkit.models.generation import decode_one_token, prefill
@@ -154,7 +154,7 @@ def run(setup: Setup, work: Path) -> dict:
         for method in METHODS:
             name = ("MQA" if groups == 1 else f"GQA-{groups}") + f" {method}"
             out = work / f"conv-{groups}-{method}"
-            check_new_folder(out, [mha], force=False)
+            check_new_folder(out, [mha], force=False, replaces=(TFKIT_MODEL,))
             _, converted = convert_checkpoint(mha, out, groups, method, seed=0)
             loss = val_loss(out, setup, work)
             log(f"{name}: loss right after conversion {loss:.4f}; uptraining {up_steps} steps", start)

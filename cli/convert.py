@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -22,6 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError, DataError
+from ..files import TFKIT_MODEL, check_new_folder, staged_folder
+from ..layout import TOKENIZER_FILES
 from ..progress import interactive
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -32,26 +33,18 @@ def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
     """Save model + config.json (+ extra) + the source's tokenizer files into a temporary sibling of `out`,
     then swap it in, so `out` is either the old folder or a complete new one, never half written."""
     from ..models import save_model
-    from ..models.io import publish_folder
-    from ..trainer.checkpoint import TOKENIZER_FILES
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:  # the caller ran check_new_folder: replacing `out` needed --force
         save_model(model, tmp, extra=extra)
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
-        publish_folder(tmp, out)  # the caller ran check_new_folder: replacing `out` needed --force
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0):
     """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
 
-    The caller has checked `out` (models.io.check_new_folder). config.json keeps the source's own keys
+    The caller has checked `out` (files.check_new_folder). config.json keeps the source's own keys
     (objective, recipe) except its training step, and records where the weights came from and how."""
     import torch
 
@@ -130,7 +123,6 @@ def convert_mqa_to_gqa(
 
     from ..models import kv_cache_bytes_per_token, resolve_checkpoint
     from ..models.convert import attention_params
-    from ..models.io import TFKIT_MODEL, check_new_folder
 
     folder = resolve_checkpoint(checkpoint)
     check_new_folder(out, [Path(checkpoint), folder], force, replaces=(TFKIT_MODEL,))

@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigError
+from ..files import write_atomic, write_problem
 from ..progress import interactive
-from ..files import write_problem
 from .generate import pick_runtime
 from .options import Device, Dtype
 
@@ -128,5 +128,5 @@ def evaluate(
     console.print(results_table(rows, checkpoints, data, dtype))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps([json_safe(r) for r in rows], indent=2) + "\n", encoding="utf-8")
+        write_atomic(json_out, json.dumps([json_safe(r) for r in rows], indent=2) + "\n")  # all or nothing
         err.print(f"wrote {json_out}")

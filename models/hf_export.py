@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -27,10 +26,11 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..files import TFKIT_EXPORT, check_new_folder, staged_folder
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
 from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
-from .io import TFKIT_EXPORT, check_new_folder, load_model, publish_folder, resolve_checkpoint
+from .io import load_model, resolve_checkpoint
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 REQUIREMENTS = {
@@ -147,9 +147,7 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
     model, cfg = load_model(folder)
     family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
     hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:  # check_new_folder decided whether an existing `out` may be replaced
         if (folder / "tokenizer.json").is_file():
             ids = _export_tokenizer(folder, tmp, family, cfg)
             hf_config.update({k: v for k, v in ids.items() if k in hf_config and hf_config[k] is None})
@@ -157,7 +155,4 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
             warnings.warn(f"{folder} has no tokenizer: the export has none either", HFInteropWarning, stacklevel=2)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        publish_folder(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

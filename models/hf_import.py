@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -26,12 +25,13 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
+from ..files import TFKIT_MODEL, check_new_folder, staged_folder
 from ..tokenization.train import load_tokenizer, write_tokenizer_files
 from . import build_model
 from .config import ModelConfig, type_problem
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
                        split_to_tfkit)
-from .io import TFKIT_MODEL, check_new_folder, publish_folder, save_model
+from .io import save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
@@ -416,15 +416,10 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     with torch.device("meta"):
         model = build_model(cfg)
     model.load_state_dict(state, strict=True, assign=True)  # no random init of a full-size model
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:  # check_new_folder decided whether an existing `out` may be replaced
         save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": arch})
         try:
             import_tokenizer(src, tmp)
         except (DataError, CheckpointError) as err:
             _warn(f"tokenizer not imported: {err}")
-        publish_folder(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -13,7 +13,8 @@ Names carry the prefix of the model *with* a head (`bert.`, `transformer.`, `mod
 the keys of a base model (`BertModel`, `GPT2Model`) first. Llama's RoPE needs no q/k permutation: HF
 stores q/k in the rotate-half layout, which is the layout tfkit's `apply_rope` uses.
 
-The few folder helpers both directions share (JSON reading, never-overwrite output folders) live here too.
+The folder helper both directions share (JSON reading) lives here too; what `--out` may replace is
+decided in files.py.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckpointError
-
+from ..layout import EXPORT_ARCHITECTURES
 from .config import ModelConfig
 
 FAMILIES = ("bert", "gpt2", "llama")
-# The HF model class each family is exported as, and the `model_type` transformers dispatches on.
-EXPORT_ARCHITECTURE = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+# The HF model class each family is exported as (layout.py: files.py recognises an export by it).
+EXPORT_ARCHITECTURE = EXPORT_ARCHITECTURES
 # What a base model's keys are prefixed with inside the model with a head.
 BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}
 

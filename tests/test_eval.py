@@ -3,6 +3,7 @@ sliding windows, and `tfkit eval` printing the same numbers it writes to JSON.""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 from pathlib import Path
@@ -376,6 +377,33 @@ def test_json_out_replaces_earlier_results_but_no_other_file(tokenizers, valid_f
         assert result.exit_code == 2, result.output
         assert f"--json {precious}: the file exists and does not hold earlier `tfkit eval` results" in result.stderr
         assert precious.read_bytes() == before
+
+
+def test_a_full_disk_while_writing_json_keeps_the_earlier_results_whole(tokenizers, valid_file: Path,
+                                                                        tmp_path: Path, monkeypatch) -> None:
+    """The results file is replaced atomically: a write that fails half way (a full disk) leaves the
+    earlier results as they were, not truncated, and no temporary file beside them."""
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
+    app, prefix = cli_app()
+    out = tmp_path / "results.json"
+    args = [*prefix, str(ckpt), "--data", str(valid_file), "--max-batches", "1", "--json", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    before = out.read_bytes()
+    for method in ("write_bytes", "write_text"):  # however the file is written, half of it reaches the disk
+        write = getattr(Path, method)
+
+        def disk_full(path: Path, data, *args, write=write, **kwargs) -> int:
+            if path.parent != tmp_path:
+                return write(path, data, *args, **kwargs)
+            write(path, data[:10], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        monkeypatch.setattr(Path, method, disk_full)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "No space left on device" in result.stderr, result.output
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "gpt", "results.json"]
 
 
 def test_json_out_writes_a_diverged_loss_as_null() -> None:

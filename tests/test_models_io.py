@@ -177,16 +177,14 @@ def umask_022():
 def test_published_models_are_readable_by_others_as_the_umask_allows(tmp_path, umask_022):
     """safetensors writes 0600 files and mkdtemp makes 0700 folders; what tfkit publishes gets 0644/0755."""
     import stat
-    import tempfile
 
-    from tfkit.models.io import publish_folder
+    from tfkit.files import staged_folder
 
     model = build_model(tiny_cfg("gpt"))
     folder = save_model(model, tmp_path / "saved")
     assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o644
-    tmp = Path(tempfile.mkdtemp(dir=tmp_path))
-    save_model(model, tmp / "inner")
-    publish_folder(tmp, tmp_path / "published")
+    with staged_folder(tmp_path / "published") as tmp:
+        save_model(model, tmp / "inner")
     modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode)
              for p in [tmp_path / "published", *(tmp_path / "published").rglob("*")]}
     assert modes == {"published": 0o755, "published/inner": 0o755, "published/inner/model.safetensors": 0o644,
@@ -206,7 +204,7 @@ def test_a_config_that_does_not_match_the_weights_is_one_line(tmp_path):
 def test_out_checks_name_the_option_before_any_work(tmp_path):
     """A file in --out's path, an unwritable parent, and --force on something that is not an earlier output
     are refused up front, naming --out; nothing is deleted."""
-    from tfkit.models.io import TFKIT_MODEL, check_new_folder
+    from tfkit.files import TFKIT_MODEL, check_new_folder
 
     (tmp_path / "afile").write_text("mine")
     with pytest.raises(CheckpointError, match=r"--out .*afile/sub: .*afile is a file, not a folder"):
@@ -227,7 +225,7 @@ def test_force_replaces_only_what_the_command_itself_writes(tmp_path):
     """Each command's --force replaces its own earlier output: a tfkit model folder (convert, import-hf)
     or a tfkit export (export-hf); never a training checkpoint, a HuggingFace model transformers saved,
     nor the other command's output. What is refused is named and kept."""
-    from tfkit.models.io import TFKIT_EXPORT, TFKIT_MODEL, check_new_folder
+    from tfkit.files import TFKIT_EXPORT, TFKIT_MODEL, check_new_folder
 
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "model")
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "trained")
@@ -258,7 +256,7 @@ def test_force_replaces_only_what_the_command_itself_writes(tmp_path):
 def test_out_in_a_training_runs_checkpoints_folder_is_refused(tmp_path):
     """`eval RUN` takes the highest checkpoints/step-N for the run's latest: a model written there would be
     evaluated in its place. A run folder is recognised by a step-N checkpoint or by its recipe.yaml."""
-    from tfkit.models.io import TFKIT_MODEL, check_new_folder
+    from tfkit.files import TFKIT_MODEL, check_new_folder
 
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "run" / "checkpoints" / "step-5")
     (tmp_path / "fresh" / "checkpoints").mkdir(parents=True)

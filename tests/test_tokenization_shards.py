@@ -93,6 +93,19 @@ def test_killed_run_leaves_no_loadable_cache(bpe, docs_corpus, tmp_path, monkeyp
     assert not prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False).from_cache
 
 
+def test_a_damaged_cache_folder_is_rebuilt(bpe, docs_corpus, tmp_path):
+    """A cache folder without meta.json (not published by tfkit, which publishes whole folders) is replaced."""
+    path, _ = docs_corpus
+    good = np.array(prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False).tokens)  # a copy
+    folder = next((tmp_path / "cache").iterdir())
+    (folder / "meta.json").unlink()
+    (folder / "tokens.bin").write_bytes(b"junk")
+    again = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
+    assert not again.from_cache
+    np.testing.assert_array_equal(again.tokens, good)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
+
+
 def test_dtype_is_uint16_while_ids_fit_then_uint32(tmp_path):
     assert token_dtype(600) == np.uint16 and token_dtype(65_536) == np.uint16
     assert token_dtype(65_537) == np.uint32

@@ -13,8 +13,9 @@ Layout of a cache folder `<cache_dir>/tokens-<key>/`:
 
 `key` hashes the tokenizer fingerprint (sha256 of tokenizer.json) and the corpus fingerprint (paths,
 sizes, mtimes), so a changed corpus or tokenizer gets a new cache and a second call is just a memmap.
-Everything is written under a temporary name and renamed, so a killed run never leaves a cache that
-loads. Pieces of one large text file are concatenated without separators (they are one document).
+The folder is filled under a temporary name and renamed into place whole (`files.staged_folder`), so a
+killed run never leaves a cache that loads. Pieces of one large text file are concatenated without
+separators (they are one document).
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..files import share_like_mkdir
+from ..files import staged_folder
 from ..progress import progress_bar
 from .corpus import CorpusStats, corpus_fingerprint, iter_pieces
 from .train import TfkitTokenizer
@@ -159,9 +157,10 @@ def prepare_tokens(
     folder = Path(cache_dir) / f"tokens-{key}"
     if (folder / "meta.json").is_file():
         return _open(folder, from_cache=True)
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tokens-{key}.tmp-", dir=cache_dir))
-    try:
+    # Another process may publish the same cache first: theirs is then kept, and read below. A folder
+    # already there without meta.json was not written by tfkit's staging (which publishes whole
+    # folders only): damaged, so it is replaced.
+    with staged_folder(folder, keep_existing=not folder.exists()) as tmp:
         separator, doc_start = tokenizer.separator_id, tokenizer.doc_start_id
         dtype = token_dtype(tokenizer.vocab_size)
         writer, stats = _Writer(tmp, dtype, separator, doc_start), CorpusStats()
@@ -204,14 +203,6 @@ def prepare_tokens(
             "replaced_bytes": stats.replaced_bytes,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        share_like_mkdir(tmp)
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another process finished the same cache first: use theirs
-            if not (folder / "meta.json").is_file():
-                raise
-        log.info("tokenized %s: %s tokens, %s documents, %.1f MB/s", spec, f"{writer.count:,}",
-                 f"{len(writer.starts):,}", meta["mb_per_s"])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("tokenized %s: %s tokens, %s documents, %.1f MB/s", spec, f"{writer.count:,}",
+             f"{len(writer.starts):,}", meta["mb_per_s"])
     return _open(folder, from_cache=False)

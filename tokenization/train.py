@@ -14,9 +14,9 @@ Training is deterministic for every kind: the same text and spec give a byte-ide
 in any process. tokenizers trains WordPiece and Unigram in hash-map order; `determinism.py` works around
 it (WordPiece reads the corpus twice for that: `texts` may be a function returning a fresh iterable).
 
-The output folder is written to a temporary sibling and renamed into place, so an interrupted run never
-leaves a half-written tokenizer, and an existing folder holding a different tokenizer is never replaced
-unless `force=True`.
+A new output folder is written to a temporary sibling and renamed into place; in an existing one each of
+the tokenizer's files is replaced atomically (files.py), so an interrupted run never leaves a half-written
+tokenizer, and an existing folder holding a different tokenizer is never replaced unless `force=True`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ..errors import ConfigError, DataError
-from ..files import share_like_mkdir
+from ..files import staged_folder, write_atomic
 from ..progress import progress_bar
 from .determinism import canonical_unigram, continuing_pieces, count_words, unpin_continuing_pieces
 from .report import build_report
@@ -150,18 +148,21 @@ def _check_out_dir(out: Path, force: bool) -> None:
         raise DataError(f"tokenizer output {out}: folder is not empty and holds no tokenizer (use --force)")
 
 
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished files into `out`. Only the tokenizer's own files are ever replaced: anything else
-    in the folder (a model's weights beside its tokenizer, the user's notes) stays, with --force too.
+def _publish(files: dict[str, bytes], out: Path, force: bool) -> None:
+    """Write the finished files into `out`: a new folder is staged and renamed into place whole. In an
+    existing one only the tokenizer's own files are ever replaced, each atomically: anything else in the
+    folder (a model's weights beside its tokenizer, the user's notes) stays, with --force too.
     A different tokenizer already there is replaced only with `force`; the same one is refreshed."""
     if not out.exists():
-        tmp.rename(out)
+        with staged_folder(out) as tmp:
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
         return
     old = out / "tokenizer.json"
-    if old.exists() and old.read_bytes() != (tmp / "tokenizer.json").read_bytes() and not force:
+    if old.exists() and old.read_bytes() != files["tokenizer.json"] and not force:
         raise DataError(f"tokenizer output {out}: holds a different tokenizer; use --force to replace it")
-    for f in sorted(tmp.iterdir()):
-        f.replace(out / f.name)
+    for name in sorted(files):
+        write_atomic(out / name, files[name])
 
 
 def train_tokenizer(
@@ -219,19 +220,12 @@ def train_tokenizer(
         raise DataError("tokenizer corpus is empty: no text to train on")
     if tok.get_vocab_size() > spec.vocab_size:
         raise _too_small(spec, tok, seen["alphabet"], minimum=tok.get_vocab_size())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Beside a new folder (renamed into place whole), inside an existing one (`--out .` included).
-    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=out if out.is_dir() else out.parent))
-    try:
-        roles = roles_for(spec.kind, spec.special_tokens)
-        write_tokenizer_files(tok, tmp, spec.kind, roles, spec.special_tokens, spec.to_dict())
-        trained = load_tokenizer(tmp)
-        report = build_report(trained, spec, heldout, seconds, seen["chars"])
-        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-        share_like_mkdir(tmp)
-        _publish(tmp, out, force)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    files = tokenizer_files(tok, spec.kind, roles_for(spec.kind, spec.special_tokens), spec.special_tokens,
+                            spec.to_dict())
+    trained = _parse_tokenizer(files["tokenizer.json"], files["tokenizer_config.json"], out / "tokenizer.json")
+    report = build_report(trained, spec, heldout, seconds, seen["chars"])
+    files[REPORT_FILE] = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode()
+    _publish(files, out, force)
     return report
 
 
@@ -266,17 +260,27 @@ def roles_for(kind: str, extra_specials: Iterable[str] = ()) -> dict[str, str]:
     return roles
 
 
-def write_tokenizer_files(
-    tok: Tokenizer | bytes, folder: Path, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None
-) -> None:
-    """`tokenizer.json` + the two small files transformers' AutoTokenizer reads to find its specials."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tokenizer.json").write_bytes(tok if isinstance(tok, bytes) else tok.to_str(pretty=True).encode())
+def tokenizer_files(
+    tok: Tokenizer | bytes, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None
+) -> dict[str, bytes]:
+    """`tokenizer.json` + the two small files transformers' AutoTokenizer reads to find its specials, by name."""
     special_map = {**roles, "additional_special_tokens": [t for t in extra if t not in roles.values()]}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_map, "clean_up_tokenization_spaces": False,
               "tfkit_kind": kind, "tfkit_spec": spec}
-    (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2, ensure_ascii=False) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return {
+        "tokenizer.json": tok if isinstance(tok, bytes) else tok.to_str(pretty=True).encode(),
+        "special_tokens_map.json": (json.dumps(special_map, indent=2, ensure_ascii=False) + "\n").encode(),
+        "tokenizer_config.json": (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode(),
+    }
+
+
+def write_tokenizer_files(
+    tok: Tokenizer | bytes, folder: Path, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None
+) -> None:
+    """Write `tokenizer_files` into `folder` (created if needed), each file replaced atomically."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in tokenizer_files(tok, kind, roles, extra, spec).items():
+        write_atomic(folder / name, data)
 
 
 class TfkitTokenizer:
@@ -372,18 +376,23 @@ def load_tokenizer(path: str | Path) -> TfkitTokenizer:
     if not file.is_file():
         raise DataError(f"tokenizer {file}: file not found (train one with `tfkit train-tokenizer`)")
     raw = file.read_bytes()
+    config_file = file.parent / "tokenizer_config.json"
+    return _parse_tokenizer(raw, config_file.read_bytes() if config_file.is_file() else None, file)
+
+
+def _parse_tokenizer(raw: bytes, config_raw: bytes | None, file: Path) -> TfkitTokenizer:
+    """The tokenizer of the bytes of `file` (tokenizer.json) and of its tokenizer_config.json (None: absent)."""
     try:
         data = json.loads(raw)
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as e:  # noqa: BLE001 - JSON, UTF-8 and tokenizers' own parse errors alike
         raise DataError(f"tokenizer {file}: not a valid tokenizer.json ({str(e).splitlines()[0][:120]})") from None
-    config_file = file.parent / "tokenizer_config.json"
     config: dict = {}
-    if config_file.is_file():
+    if config_raw is not None:
         try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
+            config = json.loads(config_raw.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"tokenizer config {config_file}: invalid JSON ({e})") from None
+            raise DataError(f"tokenizer config {file.parent / 'tokenizer_config.json'}: invalid JSON ({e})") from None
     model = str((data.get("model") or {}).get("type", "unknown"))  # foreign files: infer from the model
     kind = config.get("tfkit_kind") or {"BPE": "bpe", "WordPiece": "wordpiece"}.get(model, model.lower())
     roles = {k: v for k, v in config.items() if k.endswith("_token") and k[:-6] in ROLES and isinstance(v, str)}
