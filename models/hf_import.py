@@ -31,7 +31,7 @@ from . import build_model
 from .config import ModelConfig, type_problem
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
                        split_to_tfkit)
-from .io import save_model
+from .io import assign_weights, parameters_on_meta, save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
@@ -413,9 +413,9 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     hf_config = read_json(src / "config.json")
     family, arch, cfg = config_from_hf(hf_config, src / "config.json")  # fails before the weights are read
     cfg, state = _convert(family, arch, cfg, read_hf_weights(src))
-    with torch.device("meta"):
+    with parameters_on_meta():  # no random init of a full-size model
         model = build_model(cfg)
-    model.load_state_dict(state, strict=True, assign=True)  # no random init of a full-size model
+    assign_weights(model, state, src, f"the {cfg.arch} model mapped from {arch}")
     with staged_folder(out) as tmp:  # check_new_folder decided whether an existing `out` may be replaced
         save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": arch})
         try:

@@ -44,6 +44,27 @@ def test_tied_weights_are_the_same_tensor_after_load(tmp_path):
     assert model.lm_head.weight is model.src_embed.tok.weight is model.tgt_embed.tok.weight
 
 
+@pytest.mark.parametrize("arch", ["gpt", "bert", "transformer"])
+def test_loading_allocates_the_weights_once_with_no_random_init(tmp_path, arch, monkeypatch):
+    """The model is built with its parameters on the meta device and the file's tensors become them: no
+    initialiser ever writes real memory (a 7B checkpoint would otherwise spend 28 GB on random values)."""
+    model = build_model(tiny_cfg(arch, positions="sinusoidal")).eval()
+    save_model(model, tmp_path)
+    written = []
+    for name in ("normal_", "uniform_", "xavier_uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_"):
+        def spy(tensor, *args, _original=getattr(torch.nn.init, name), _name=name, **kwargs):
+            if tensor.device.type != "meta":
+                written.append(_name)
+            return _original(tensor, *args, **kwargs)
+        monkeypatch.setattr(torch.nn.init, name, spy)
+    loaded, _ = load_model(tmp_path)
+    assert written == []
+    assert all(t.device.type == "cpu" for t in [*loaded.parameters(), *loaded.buffers()])  # the sinusoid table too
+    torch.testing.assert_close(logits(loaded, arch), logits(model, arch), atol=0, rtol=0)
+    build_model(tiny_cfg(arch))
+    assert written  # the spy sees an ordinary build's initialisers
+
+
 def test_config_json_holds_version_model_and_extra(tmp_path):
     save_model(build_model(tiny_cfg("bert")), tmp_path, extra={"recipe": {"lr": 1e-3}})
     config = json.loads((tmp_path / "config.json").read_text())
