@@ -159,9 +159,34 @@ def test_optimizer_state_round_trips_by_parameter_name():
         assert torch.equal(a["state"][i]["exp_avg_sq"], b["state"][i]["exp_avg_sq"])
 
 
+def test_ranks_build_the_same_weights_then_draw_their_own_dropout_masks():
+    """Every rank builds its model from train.seed, then `seed_rank` gives each rank r > 0 its own dropout
+    stream; rank 0 keeps its stream, so one process trains (and resumes) exactly as it did before ranks."""
+    def masks():
+        return torch.stack([F.dropout(torch.ones(256), 0.5) > 0 for _ in range(3)])
+
+    def start(rank, step=0, seed_ranks=True):  # what Trainer does on this rank: build, then seed_rank
+        model = _model("gpt", dropout=0.5)  # torch.manual_seed(0), then the initialisation
+        if seed_ranks:
+            ckpt.seed_rank(0, rank, step)
+        return model, masks()
+
+    (model0, rank0), (model1, rank1) = start(0), start(1)
+    assert all(torch.equal(a, b) for a, b in zip(model0.state_dict().values(), model1.state_dict().values()))
+    assert not torch.equal(rank0, rank1)
+    assert torch.equal(rank0, start(0, seed_ranks=False)[1])  # one process: the masks it always drew
+    assert torch.equal(rank1, start(1)[1])  # a pure function of (seed, rank, step)
+    assert not torch.equal(rank1, start(1, step=12)[1])  # a resumed rank does not replay its first masks
+    saved = ckpt.rng_state()  # exact resume on one process: the restored state is rank 0's own stream
+    expected = masks()
+    ckpt.set_rng_state(saved)
+    ckpt.seed_rank(0, 0, step=12)
+    assert torch.equal(masks(), expected)
+
+
 @pytest.mark.parametrize("arch", ["gpt", "transformer"])
 def test_activation_checkpointing_gives_the_same_gradients(arch):
-    from tfkit.trainer.distributed import apply_activation_checkpointing
+    from tfkit.trainer.parallel import apply_activation_checkpointing
 
     batch = {"input_ids": torch.randint(0, 97, (2, 12)), "labels": torch.randint(0, 97, (2, 12))}
     if arch == "transformer":

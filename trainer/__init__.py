@@ -1,6 +1,6 @@
 """Pretraining: recipes, schedules, objectives, optimizer, checkpoints, the loop, validation, metrics.
 
-`tfkit.trainer.run.pretrain(recipe, run_dir=None, resume=None)` runs a recipe end to end (see run.py);
+`tfkit.trainer.run.pretrain(recipe, run_dir=None, resume=None)` runs a recipe end to end (run.py's `Trainer`);
 the pieces are usable on their own:
 
 | module          | what                                                                           |
@@ -9,10 +9,12 @@ the pieces are usable on their own:
 | `schedules`     | `lr_at(step, ...)`: learning rate as a pure function of the step               |
 | `objectives`    | `compute_loss(model, batch, objective) -> LossOutput(loss_sum, correct, count)` |
 | `optim`         | AdamW parameter groups (no decay on norms, biases, embeddings), precision      |
-| `checkpoint`    | atomic `checkpoints/step-N/`, weights-only trainer state, resume / init_from   |
+| `checkpoint`    | atomic `checkpoints/step-N/`, weights-only trainer state, RNG per rank         |
+| `run_folder`    | run folder, recipe.yaml, the checkpoint a run starts from, its model config    |
 | `loop`          | one update per global batch: accumulation, clipping, NaN skipping, signals    |
 | `validate`      | the same fixed validation batches every time                                   |
-| `distributed`   | torchrun process groups, DDP / FSDP2 wrapping, activation checkpointing       |
+| `distributed`   | torchrun process groups, devices, collectives                                  |
+| `parallel`      | `Parallel`: DDP / FSDP2 wrapping and full state; activation checkpointing      |
 | `metrics`       | metrics.jsonl, TensorBoard, loss.png, MFU                                      |
 | `data`          | the run's tokenizer and datasets                                               |
 

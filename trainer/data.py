@@ -17,11 +17,11 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import CheckpointError, ConfigError
+from ..layout import TOKENIZER_FILES
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset, read_pairs
 from ..tokenization.corpus import corpus_size, iter_documents, resolve_files, split_documents
 from ..tokenization.shards import prepare_tokens
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
-from .checkpoint import TOKENIZER_FILES
 from .distributed import DistInfo, barrier
 from .recipe import Recipe
 

@@ -1,22 +1,20 @@
-"""Process groups, devices and model wrapping for data-parallel training under `torchrun`.
+"""Process groups, devices and collectives for data-parallel training under `torchrun`.
 
 `torchrun --nproc_per_node N -m tfkit pretrain ...` sets RANK / WORLD_SIZE / LOCAL_RANK; without them
 tfkit trains in one process and every helper here degrades to a no-op, so the training loop has a
 single code path. Every rank runs the same loop on its slice of the same global batch (the datasets
 hand out slices by rank), gradients are averaged by DDP (or reduce-scattered by FSDP2), and only rank 0
-writes files.
+writes files. How the model is wrapped for that is `parallel`'s concern.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..errors import ConfigError
 
@@ -97,90 +95,3 @@ def broadcast_object(obj, info: DistInfo):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    """Every transformer block of a tfkit model (GPT/BERT blocks, encoder and decoder layers)."""
-    from ..models.transformer import Block
-
-    return [m for m in model.modules() if isinstance(m, Block)]
-
-
-def apply_activation_checkpointing(model: nn.Module) -> int:
-    """Recompute each block's activations during backward instead of storing them.
-
-    Memory for activations drops from O(layers x tokens x width x ~10) to one block's worth plus the block
-    inputs, for ~1/3 more compute. The block's `forward` is replaced on the instance, so parameter names
-    and checkpoints are unchanged. Non-reentrant checkpointing replays dropout with the saved RNG state,
-    so the gradients equal those of the plain forward. Returns the number of blocks wrapped."""
-    from torch.utils.checkpoint import checkpoint
-
-    blocks = transformer_blocks(model)
-    for block in blocks:
-        original = block.forward
-
-        def checkpointed(*args, _forward=original, **kwargs):
-            if not torch.is_grad_enabled():  # evaluation / generation: nothing to save memory for
-                return _forward(*args, **kwargs)
-            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-
-        block.forward = checkpointed
-    return len(blocks)
-
-
-def wrap(loss_module: nn.Module, mode: str, info: DistInfo) -> nn.Module:
-    """The module the loop calls: the LossModule itself in one process; DDP around it (replicated weights,
-    all-reduced gradients); or, for FSDP2, the LossModule around a model whose blocks and root are
-    `fully_shard`ed (parameters sharded across ranks, all-gathered block by block).
-
-    FSDP2 hooks the forward of each sharded module; the MLM objective calls BERT's `encode` and `mlm_logits`
-    instead, so those are registered as forward methods of the root (otherwise its parameters would stay
-    sharded). Only those: registering a method that the model's own forward calls (the encoder-decoder's
-    `encode`/`decode`) reshards the root when it returns, and the fused loss then meets a sharded LM head."""
-    if not info.enabled:
-        return loss_module
-    if mode == "fsdp":
-        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-
-        model = loss_module.model
-        for block in transformer_blocks(model):
-            fully_shard(block)
-        fully_shard(model)
-        if model.config.arch == "bert":  # mlm_loss calls these instead of forward
-            for name in ("encode", "mlm_logits"):
-                register_fsdp_forward_method(model, name)
-        return loss_module
-    device_ids = [info.device.index] if info.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(loss_module, device_ids=device_ids)
-
-
-def no_grad_sync(module: nn.Module, skip: bool) -> contextlib.AbstractContextManager:
-    """Skip the gradient all-reduce on every micro-batch but the last of an accumulation window."""
-    if not skip:
-        return contextlib.nullcontext()
-    if isinstance(module, nn.parallel.DistributedDataParallel):
-        return module.no_sync()
-    model = getattr(module, "model", module)
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 root
-        return _fsdp_no_sync(model)
-    return contextlib.nullcontext()
-
-
-def reshard(module: nn.Module) -> None:
-    """After a forward without backward (evaluation), put FSDP2's sharded parameters back in place.
-
-    The FSDP2 root keeps its parameters unsharded after forward (they would be needed again right away
-    by backward); with no backward they stay registered as plain unsharded tensors, and the optimizer,
-    which holds the sharded ones, would no longer find them (e.g. when its state is saved)."""
-    model = getattr(module, "model", module)
-    if hasattr(model, "reshard") and hasattr(model, "set_requires_gradient_sync"):
-        model.reshard()
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(module: nn.Module):
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)

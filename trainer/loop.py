@@ -31,9 +31,10 @@ from torch import nn
 
 from ..errors import TfkitError
 from ..progress import progress_bar
-from .distributed import DistInfo, all_reduce_sum, no_grad_sync
+from .distributed import DistInfo, all_reduce_sum
 from .objectives import count_inputs, count_targets, move_batch
 from .optim import autocast_context, clip_grad_norm, set_lr
+from .parallel import no_grad_sync
 from .recipe import Recipe
 from .schedules import lr_at
 

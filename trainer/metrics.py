@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..files import write_atomic
+
 # Dense bf16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity), matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names come first.
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
@@ -104,11 +106,11 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def truncate_after(path: Path, step: int) -> None:
     """Keep only rows with `step <= step`: the rows a killed run wrote after its last checkpoint are
-    about to be produced again by the resumed run."""
+    about to be produced again by the resumed run. The file is replaced atomically: a kill leaves the old one."""
     if not path.exists():
         return
     kept = [row for row in read_metrics(path) if row.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    write_atomic(path, "".join(json.dumps(row) + "\n" for row in kept))
 
 
 def _finite(value: Any) -> bool:

@@ -1,9 +1,13 @@
 """`tfkit pretrain`: recipe → run folder → tokenizer → token shards → model → training → final report.
 
-This module only orchestrates; each step lives in its own component (tokenization, models, optim,
-objectives, checkpoint, loop, validate, metrics). Rank 0 does everything that writes files (run folder,
-tokenizer training, token-shard cache) while the other ranks wait at a barrier, then every rank builds
-the same model from the same seed and trains its slice of each batch.
+`Trainer` runs one recipe in three stages, each one method: `build` (run folder, tokenizer, datasets,
+model, optimizer, resume state), `train` (the baseline validation or the restored RNG, the loop, the last
+checkpoint) and `finish` (final validation, sample, plot, report); `save` and `validate` are what the loop
+calls back. Each piece of work lives in its own component (tokenization, models, optim, objectives,
+parallel, checkpoint, run_folder, loop, validate, metrics); this module only orders them. Rank 0 does
+everything that writes files (run folder, tokenizer training, token-shard cache) while the other ranks wait
+at a barrier, then every rank builds the same model from the same seed and trains its slice of each batch
+with its own dropout masks (`checkpoint.seed_rank`).
 
 Where a run starts from:
 - fresh: weights from `train.seed`, tokenizer trained (or copied from `tokenizer.path`);
@@ -26,13 +30,14 @@ from ..models import build_model
 from ..models.io import resolve_checkpoint
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import checkpoint as ckpt
+from . import run_folder
 from .data import build_datasets, prepare_tokenizer
-from .distributed import (DistInfo, apply_activation_checkpointing, barrier, broadcast_object, init_distributed,
-                          shutdown, wrap)
+from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainState, micro_batch_size, run_loop
 from .metrics import MetricsWriter, peak_flops, plot_loss
 from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
+from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
 from .validate import EvalResult, evaluate
 
@@ -57,129 +62,196 @@ class RunResult:
 def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | None = None) -> RunResult:
     """Run a recipe end to end; see the module docstring. Works alone or under torchrun."""
     info = init_distributed(recipe.train.device)
+    trainer = Trainer(recipe, info)
     try:
-        result = _pretrain(recipe, run_dir, resume, info)
+        trainer.build(run_dir, resume)
+        trainer.train()
+        result = trainer.finish()
         # Leave together: rank 0 still writes the report and the plot after the last collective, and a
         # rank that tears its connections down meanwhile can abort in gloo's threads.
         barrier(info)
         return result
     finally:
+        trainer.close()
         shutdown(info)
 
 
-def _pretrain(recipe: Recipe, run_dir_arg: str | Path | None, resume: str | None, info: DistInfo) -> RunResult:
-    start = time.perf_counter()
-    if info.device.type == "cuda":  # fp32 matmuls on the tensor cores (TF32), as nanoGPT and litgpt train
-        torch.set_float32_matmul_precision("high")
-    run_dir = Path(broadcast_object(str(ckpt.choose_run_dir(recipe, run_dir_arg, resume)) if info.is_main else None, info))
-    resume_from = ckpt.find_resume(run_dir, resume)
-    if resume_from is not None:
-        ckpt.check_tokenizer_kept(recipe, resume_from)
-    init_from = None if resume_from or not recipe.train.init_from else resolve_checkpoint(recipe.train.init_from)
-    source = resume_from or init_from  # the checkpoint that supplies model config and tokenizer
-    if source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
-        ckpt.model_config(recipe, None, source)
-    if info.is_main:
-        ckpt.check_run_dir(run_dir, fresh=resume_from is None)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        prepare_tokenizer(recipe, run_dir / "tokenizer", source, console)
-    barrier(info)
-    tokenizer = load_tokenizer(run_dir / "tokenizer")
-    cfg = ckpt.model_config(recipe, tokenizer, source)
-    check_vocab_fits(tokenizer, cfg.vocab_size)
-    train_data, valid_data = build_datasets(recipe, tokenizer, run_dir, info, console)
+class Trainer:
+    """One run of a recipe on this process's rank: `build()`, `train()`, `finish()`, in that order."""
 
-    torch.manual_seed(recipe.train.seed)
-    model = build_model(cfg)
-    if source is not None:
-        ckpt.load_weights(model, source)
-    model.to(info.device)
-    for param in unreached_parameters(model, recipe.objective.name):
-        param.requires_grad_(False)
-    if recipe.train.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    loss_module = LossModule(model, recipe.objective)
-    if recipe.train.compile:
-        compile_loss_module(loss_module)
-    train_module = wrap(loss_module, recipe.train.distributed, info)
-    optimizer = build_optimizer(model, recipe.optim, info.device)
-    scaler = grad_scaler(recipe.train.precision, info.device)
-    state = TrainState()
-    trainer_state = ckpt.load_trainer_state(resume_from) if resume_from else None
-    if trainer_state is not None:
-        ckpt.load_optimizer(model, optimizer, trainer_state["optimizer"], recipe.train.distributed, info.enabled)
-        if trainer_state["scaler"]:  # empty when the checkpoint was not fp16: keep the fresh scaler
-            scaler.load_state_dict(trainer_state["scaler"])
-        state = TrainState.from_dict(trainer_state["state"])
-        state.interrupted = 0
+    def __init__(self, recipe: Recipe, info: DistInfo) -> None:
+        self.recipe, self.info = recipe, info
+        self.parallel = Parallel(recipe.train.distributed, info)
+        self.started = time.perf_counter()
+        self.metrics: MetricsWriter | None = None
+        self.checkpoint: Path | None = None  # the last checkpoint written (or resumed from)
 
-    metrics = MetricsWriter(run_dir, info.is_main, recipe.log.tensorboard, state.step if resume_from else None)
-    eval_bs = recipe.eval.batch_size or micro_batch_size(recipe)
-    last: list[Path | None] = [resume_from]
-    extra = {"objective": recipe.objective.name, "recipe": recipe.name, "train_seq_len": recipe.data.seq_len}
-    if recipe.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
-        extra["pair_fields"] = [recipe.data.source_field, recipe.data.target_field]
+    # --- build: everything before the first step ----------------------------------------------------------
 
-    def save(s: TrainState) -> Path | None:
-        payload = {"state": s.to_dict(), "rng": ckpt.rng_state(), "scaler": scaler.state_dict(),
-                   "optimizer": ckpt.optimizer_state(model, optimizer, recipe.train.distributed, info.enabled)}
-        weights = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
+    def build(self, run_dir: str | Path | None = None, resume: str | None = None) -> None:
+        """Run folder, tokenizer, datasets, model, optimizer and, on resume, the saved trainer state.
+        The run folder and the source checkpoint are checked before rank 0 writes anything; recipe.yaml is
+        written last, once the whole setup has succeeded."""
+        recipe, info = self.recipe, self.info
+        if info.device.type == "cuda":  # fp32 matmuls on the tensor cores (TF32), as nanoGPT and litgpt train
+            torch.set_float32_matmul_precision("high")
+        self._prepare_run_folder(run_dir, resume)
+        self._build_model()
+        self._restore()
+        self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
+                                     self.state.step if self.resume_from else None)
+        per_token = self.model.flops_per_token(recipe.data.seq_len)
+        if recipe.objective.name == "seq2seq":
+            per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens
+        self.loop = Loop(recipe, self.model, self.train_module, self.optimizer, self.scaler, self.train_data, info,
+                         self.metrics.log, self.save, self.validate, flops_per_token=per_token,
+                         peak_flops=(peak_flops(torch.cuda.get_device_name(info.device), recipe.train.precision)
+                                     if info.device.type == "cuda" else None),
+                         state=self.state)
+        if info.is_main:  # only now that the whole setup succeeded: a refused run leaves recipe.yaml as it was
+            resumed_step, changes = run_folder.write_recipe(self.run_dir, recipe, self.resume_from)
+            if changes:
+                console.print(f"warning: the recipe changed since step {resumed_step} (the one that trained up to "
+                              f"it is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
+                              style="yellow", markup=False, highlight=False)
+            _describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from)
+
+    def _prepare_run_folder(self, run_dir: str | Path | None, resume: str | None) -> None:
+        """The run folder and the checkpoint the run starts from (checked on every rank, before rank 0
+        writes anything), the tokenizer (rank 0 prepares it), the model config and the datasets."""
+        recipe, info = self.recipe, self.info
+        chosen = str(run_folder.choose_run_dir(recipe, run_dir, resume)) if info.is_main else None
+        self.run_dir = Path(broadcast_object(chosen, info))
+        self.resume_from = run_folder.find_resume(self.run_dir, resume)
+        if self.resume_from is not None:
+            run_folder.check_tokenizer_kept(recipe, self.resume_from)
+        self.init_from = (None if self.resume_from or not recipe.train.init_from
+                          else resolve_checkpoint(recipe.train.init_from))
+        self.source = self.resume_from or self.init_from  # the checkpoint that supplies model config and tokenizer
+        if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
+            run_folder.model_config(recipe, None, self.source)
         if info.is_main:
-            last[0] = ckpt.save_checkpoint(run_dir, s.step, weights, payload, run_dir / "tokenizer", extra,
-                                           recipe.train.keep_last)
+            run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, console)
         barrier(info)
-        return last[0]
+        self.tokenizer = load_tokenizer(self.run_dir / "tokenizer")
+        self.cfg = run_folder.model_config(recipe, self.tokenizer, self.source)
+        check_vocab_fits(self.tokenizer, self.cfg.vocab_size)
+        self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info, console)
 
-    def validate(step: int) -> dict:
-        row = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info, recipe.train.precision).row(step)
-        metrics.log(row)
+    def _build_model(self) -> None:
+        """The same initial weights on every rank (from `train.seed`, or the source checkpoint's), wrapped
+        for the run's layout, and its optimizer and loss scaler."""
+        recipe, info = self.recipe, self.info
+        torch.manual_seed(recipe.train.seed)
+        self.model = build_model(self.cfg)
+        if self.source is not None:
+            ckpt.load_weights(self.model, self.source)
+        self.model.to(info.device)
+        for param in unreached_parameters(self.model, recipe.objective.name):
+            param.requires_grad_(False)
+        if recipe.train.activation_checkpointing:
+            apply_activation_checkpointing(self.model)
+        loss_module = LossModule(self.model, recipe.objective)
+        if recipe.train.compile:
+            compile_loss_module(loss_module)
+        self.train_module = self.parallel.wrap(loss_module)
+        self.optimizer = build_optimizer(self.model, recipe.optim, info.device)
+        self.scaler = grad_scaler(recipe.train.precision, info.device)
+
+    def _restore(self) -> None:
+        """On resume: the optimizer, loss scaler and step of the checkpoint (its RNG is restored by `train`)."""
+        self.state, self.saved = TrainState(), None
+        self.checkpoint = self.resume_from
+        if self.resume_from is None:
+            return
+        self.saved = ckpt.load_trainer_state(self.resume_from)
+        self.parallel.load_optimizer(self.model, self.optimizer, self.saved["optimizer"])
+        if self.saved["scaler"]:  # empty when the checkpoint was not fp16: keep the fresh scaler
+            self.scaler.load_state_dict(self.saved["scaler"])
+        self.state = TrainState.from_dict(self.saved["state"])
+        self.state.interrupted = 0
+
+    # --- what the loop calls back -----------------------------------------------------------------------
+
+    def save(self, state: TrainState) -> Path | None:
+        """Checkpoint `state` (a collective under FSDP: every rank calls it; rank 0 writes)."""
+        recipe, info = self.recipe, self.info
+        payload = {"state": state.to_dict(), "rng": ckpt.rng_state(), "scaler": self.scaler.state_dict(),
+                   "optimizer": self.parallel.optimizer_state(self.model, self.optimizer)}
+        weights = self.parallel.full_weights(self.model, self.cfg)
+        if info.is_main:
+            self.checkpoint = ckpt.save_checkpoint(self.run_dir, state.step, weights, payload,
+                                                   self.run_dir / "tokenizer", self._config_extra(),
+                                                   recipe.train.keep_last)
+        barrier(info)
+        return self.checkpoint
+
+    def validate(self, step: int) -> dict:
+        """Validation loss at `step`, logged; the row is returned to the loop."""
+        row = self._evaluate().row(step)
+        self.metrics.log(row)
         return row
 
-    per_token = model.flops_per_token(recipe.data.seq_len)
-    if recipe.objective.name == "seq2seq":
-        per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens
-    loop = Loop(recipe, model, train_module, optimizer, scaler, train_data, info, metrics.log, save, validate,
-                flops_per_token=per_token,
-                peak_flops=(peak_flops(torch.cuda.get_device_name(info.device), recipe.train.precision)
-                            if info.device.type == "cuda" else None),
-                state=state)
-    if info.is_main:  # only now that the whole setup succeeded: a refused run leaves recipe.yaml as it was
-        resumed_step, changes = ckpt.write_recipe(run_dir, recipe, resume_from)
-        if changes:
-            console.print(f"warning: the recipe changed since step {resumed_step} (the one that trained up to it "
-                          f"is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
-                          style="yellow", markup=False, highlight=False)
-        _describe(recipe, model, cfg, info, run_dir, resume_from, init_from)
-    result = RunResult(run_dir, state, None, resume_from, 0.0)
-    try:
-        if trainer_state is not None:
-            ckpt.set_rng_state(trainer_state["rng"])  # last: everything above may draw random numbers
+    def _evaluate(self) -> EvalResult:
+        r = self.recipe
+        return evaluate(self.train_module, self.valid_data, r.eval.batches, r.eval.batch_size or micro_batch_size(r),
+                        self.info, r.train.precision)
+
+    def _config_extra(self) -> dict:
+        """What a checkpoint's config.json records about the training run, beside the model."""
+        r = self.recipe
+        extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len}
+        if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
+            extra["pair_fields"] = [r.data.source_field, r.data.target_field]
+        return extra
+
+    # --- train and finish ---------------------------------------------------------------------------------
+
+    def train(self) -> TrainState:
+        """The untrained baseline (fresh) or the checkpoint's RNG (resume), this rank's dropout stream, the
+        loop until `train.max_steps` (or a signal), and the last checkpoint."""
+        state = self.state
+        if self.saved is not None:
+            ckpt.set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
         else:
-            validate(0)  # the untrained baseline every curve starts from
-        steps_before, tokens_before, train_start = state.step, state.tokens, time.perf_counter()
-        run_loop(loop, last_checkpoint=lambda: last[0])
-        train_time = time.perf_counter() - train_start
-        if state.step > steps_before or state.interrupted or not last[0]:
-            save(state)
-        result.checkpoint = last[0]
+            self.validate(0)  # the untrained baseline every curve starts from
+        ckpt.seed_rank(self.recipe.train.seed, self.info.rank, state.step)
+        self.steps_before, self.tokens_before, started = state.step, state.tokens, time.perf_counter()
+        run_loop(self.loop, last_checkpoint=lambda: self.checkpoint)
+        self.train_time = time.perf_counter() - started
+        if state.step > self.steps_before or state.interrupted or not self.checkpoint:
+            self.save(state)
+        return state
+
+    def finish(self) -> RunResult:
+        """Final validation (logged when this run trained, or is fresh), a sample from a causal model, then
+        loss.png and the report on rank 0. An interrupted run skips the validation and the sample."""
+        recipe, info, state = self.recipe, self.info, self.state
+        result = RunResult(self.run_dir, state, None, self.checkpoint, 0.0)
         if not state.interrupted:
-            result.final = evaluate(train_module, valid_data, recipe.eval.batches, eval_bs, info,
-                                    recipe.train.precision)
-            if state.step > steps_before or trainer_state is None:  # a finished run's final row is logged
-                metrics.log(result.final.row(state.step))
+            result.final = self._evaluate()
+            if state.step > self.steps_before or self.saved is None:  # a finished run's final row is logged
+                self.metrics.log(result.final.row(state.step))
             if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:
-                whole = ckpt.full_weights_model(model, cfg, recipe.train.distributed, info.enabled, info.is_main)
+                whole = self.parallel.full_weights(self.model, self.cfg)
                 if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
-                    result.sample = _sample(whole.to(info.device), tokenizer, recipe)
-    finally:
-        metrics.close()
-    result.wall_time = time.perf_counter() - start
-    if info.is_main:
-        if recipe.log.plot and plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png"):
-            console.print(f"loss curve: {run_dir / 'loss.png'}", highlight=False)
-        trained = state.tokens - tokens_before
-        _report(result, model, trained / max(train_time, 1e-9) if trained else None)
-    return result
+                    result.sample = _sample(whole.to(info.device), self.tokenizer, recipe)
+        self.close()
+        result.wall_time = time.perf_counter() - self.started
+        if info.is_main:
+            if recipe.log.plot and plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png"):
+                console.print(f"loss curve: {self.run_dir / 'loss.png'}", highlight=False)
+            trained = state.tokens - self.tokens_before
+            _report(result, self.model, trained / max(self.train_time, 1e-9) if trained else None)
+        return result
+
+    def close(self) -> None:
+        """Close metrics.jsonl and TensorBoard, however the run ended (a second call does nothing)."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
 
 
 def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from, init_from) -> None:

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from ..errors import DataError
-from .distributed import DistInfo, all_reduce_sum, reshard
+from .distributed import DistInfo, all_reduce_sum
 from .objectives import move_batch
 from .optim import autocast_context
+from .parallel import reshard
 
 
 @dataclass

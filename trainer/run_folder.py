@@ -1,0 +1,180 @@
+"""Where a run starts from: its run folder, the checkpoint it resumes or starts from, its model config.
+
+A run folder holds `recipe.yaml` (the resolved recipe, rewritten on resume), `tokenizer/`, `data/`,
+`checkpoints/step-<N>/`, `metrics.jsonl` and, when a resume changed the recipe,
+`recipe-before-step-<N>.yaml`. The checks here run before anything is written: a folder tfkit did not
+make is never overwritten, and checkpoints of two runs (or of two branches of one) are never mixed.
+
+The model config of a resumed or `init_from` run is the checkpoint's: a recipe key that contradicts it
+is an error, except the MAY_DIFFER keys that do not change the weights' shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import yaml
+
+from ..errors import CheckpointError, ConfigError
+from ..files import write_atomic
+from ..layout import CHECKPOINTS, RECIPE_FILE, STEP_FOLDER
+from ..models.config import ModelConfig
+from ..models.io import read_config
+from .checkpoint import latest_checkpoint, list_checkpoints, resolve_resume
+
+MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
+RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
+RUN_ENTRIES = {RECIPE_FILE, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard"}
+
+
+def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Path:
+    """`--run-dir`, else `log.run_dir`, else the run folder of `--resume PATH`, else (with `--resume auto`)
+    the newest `runs/<recipe>-*` holding a checkpoint, else a new `runs/<recipe>-<YYYYmmdd-HHMMSS>`."""
+    if run_dir:
+        return Path(run_dir).expanduser()
+    if recipe.log.run_dir:
+        return Path(recipe.log.run_dir).expanduser()
+    if resume and resume != "auto":
+        folder = resolve_resume(resume)
+        return folder.parent.parent  # <run>/checkpoints/step-N
+    if resume == "auto":
+        previous = [p for p in sorted(Path("runs").glob(f"{recipe.name}-*")) if latest_checkpoint(p)]
+        if previous:
+            return previous[-1]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = Path("runs") / f"{recipe.name}-{stamp}", 1
+    while candidate.exists():  # two runs started in the same second
+        candidate, n = Path("runs") / f"{recipe.name}-{stamp}-{n}", n + 1
+    return candidate
+
+
+def check_run_dir(run_dir: Path, fresh: bool) -> None:
+    """Refuse a run folder whose files tfkit would overwrite without having written them, before anything
+    is written: a hand-made recipe.yaml (e.g. the folder of the recipe being run, passed as --run-dir),
+    or, for a fresh start (which replaces metrics.jsonl, tokenizer/, ...), any folder holding files
+    that a run does not make. A run that crashed before its first checkpoint can be started again."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir}: exists and is not a folder; choose another --run-dir")
+    if not run_dir.is_dir():
+        return
+    recipe = run_dir / RECIPE_FILE
+    if recipe.is_file() and not recipe.read_text(encoding="utf-8", errors="replace").startswith(RECIPE_HEADER):
+        raise CheckpointError(f"run folder {run_dir}: its {RECIPE_FILE} was not written by tfkit pretrain and "
+                              "would be overwritten; choose another --run-dir")
+    foreign = sorted(p.name for p in run_dir.iterdir()
+                     if p.name not in RUN_ENTRIES and not p.name.startswith("recipe-before-step-"))
+    if fresh and foreign:
+        raise CheckpointError(f"run folder {run_dir}: holds files a tfkit run does not make ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); choose another --run-dir")
+
+
+def find_resume(run_dir: Path, resume: str | None) -> Path | None:
+    """The checkpoint to resume from, None for a fresh start.
+
+    Refused, because checkpoints would be overwritten or mixed (pruning keeps the newest steps): a fresh
+    start into a folder that holds checkpoints; resuming into a folder that holds checkpoints of another
+    run, or later checkpoints of this one (resuming step-10 of a run that reached step-20 would replace
+    step-20). Branching from an older step goes to a new --run-dir."""
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    if not resume:
+        if latest_checkpoint(run_dir):
+            raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume auto to continue "
+                                  "it, or choose another --run-dir")
+        return None
+    source = resolve_resume(resume)
+    same_run = source.parent.parent.resolve() == run_dir.resolve()
+    named = STEP_FOLDER.match(source.name)
+    source_step = int(named.group(1)) if named else -1
+    clash = [path.name for step, path in list_checkpoints(run_dir) if not same_run or step > source_step]
+    if clash:
+        whose = "later checkpoints" if same_run else "checkpoints of another run"
+        raise CheckpointError(f"--resume {resume}: run folder {run_dir} holds {whose} ({', '.join(clash)}) that "
+                              "this run would overwrite or mix with; resume into a new folder with --run-dir")
+    return source
+
+
+def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
+    """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. The
+    tokenizer section is moot then (recipe.yaml keeps the one that trained the run, see `write_recipe`),
+    but a `tokenizer.path` naming a different tokenizer would be silently ignored: that is an error."""
+    from ..tokenization.train import load_tokenizer
+
+    path = recipe.tokenizer.path
+    if not path or not (resumed_from / "tokenizer.json").is_file():
+        return
+    if load_tokenizer(path).fingerprint() != load_tokenizer(resumed_from).fingerprint():
+        raise ConfigError(f"tokenizer.path {path}: differs from the tokenizer of {resumed_from}, which a resumed "
+                          "run keeps (its weights were trained on those token ids); leave tokenizer.path out, "
+                          "or start a new run")
+
+
+def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int | None, list[str]]:
+    """Save the resolved recipe as run_dir/recipe.yaml; return the step resumed from and what changed.
+
+    A resumed run may legitimately change keys (more steps, a lower learning rate), but then recipe.yaml
+    no longer describes how the earlier checkpoints were trained: the recipe they were trained with (the
+    run folder's, or for a branch into a new folder the source run's) is kept as
+    recipe-before-step-<N>.yaml and the caller reports the changes. If that file exists already, an
+    earlier resume from the same step N changed the recipe too; nothing it trained survives (resuming
+    from N again means no later checkpoint exists), so the first file, the recipe that trained up to N,
+    is the one to keep."""
+    step, changes = None, []
+    if resumed_from is not None:
+        step = int(read_config(resumed_from).get("step", 0))
+        previous = _previous_recipe(run_dir, resumed_from)
+        if previous is not None:
+            kept = previous.read_bytes()  # copied byte for byte below
+            earlier = yaml.safe_load(kept.decode("utf-8")) or {}
+            if isinstance(earlier.get("tokenizer"), dict):  # the run keeps its tokenizer (check_tokenizer_kept)
+                recipe = dataclasses.replace(recipe, tokenizer=type(recipe.tokenizer)(**earlier["tokenizer"]))
+            changes = recipe_changes(earlier, recipe.to_dict())
+            before = run_dir / f"recipe-before-step-{step}.yaml"
+            if changes and not before.exists():
+                write_atomic(before, kept)
+    write_atomic(run_dir / RECIPE_FILE, RECIPE_HEADER + recipe.to_yaml())
+    return step, changes
+
+
+def _previous_recipe(run_dir: Path, resumed_from: Path) -> Path | None:
+    """The recipe that trained up to `resumed_from`: the run folder's, or for a branch into a new folder
+    the source run's; None for a checkpoint outside a run folder."""
+    for path in (run_dir / RECIPE_FILE, resumed_from.parent.parent / RECIPE_FILE):
+        if path.is_file():
+            return path
+    return None
+
+
+def recipe_changes(before: dict, after: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two recipe dicts (nested sections)."""
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += recipe_changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return changes
+
+
+def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
+    """The model config of this run: the recipe's (vocabulary from the tokenizer) for a fresh start, the
+    checkpoint's when resuming or initialising from one. A recipe key that contradicts the checkpoint is an
+    error naming every such key; only MAY_DIFFER keys (dropout, attention kernel) follow the recipe."""
+    if source is None:
+        cfg = recipe.model.config(tokenizer.vocab_size)
+        if cfg.pad_token_id is None and tokenizer.pad_id is not None:
+            cfg = dataclasses.replace(cfg, pad_token_id=tokenizer.pad_id)
+        return cfg.validate()
+    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
+    wanted = recipe.model.config(saved.vocab_size)
+    skip = set(MAY_DIFFER) | {"pad_token_id"}
+    conflicts = [f"model.{f.name} is {getattr(wanted, f.name)!r} but the checkpoint has {getattr(saved, f.name)!r}"
+                 for f in dataclasses.fields(ModelConfig)
+                 if f.name not in skip and getattr(wanted, f.name) != getattr(saved, f.name)]
+    if conflicts:
+        raise ConfigError(f"{source}: the recipe's model does not match the checkpoint's: " + "; ".join(conflicts)
+                          + " (set these keys to the checkpoint's values)")
+    return dataclasses.replace(saved, **{k: getattr(wanted, k) for k in MAY_DIFFER}).validate()
