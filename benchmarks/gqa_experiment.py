@@ -8,7 +8,7 @@ tfkit's own pieces, end to end:
 
 1. pretrain an MHA GPT (gpt-tiny recipe with 8 heads) for N steps on the stdlib docs (`tfkit pretrain`);
 2. convert it to GQA-2 and MQA with mean, first and random (`tfkit convert-mqa-to-gqa`'s code);
-3. score each right after conversion (`tfkit eval`'s `evaluate_checkpoint`, identical batches for all);
+3. score each right after conversion (`tfkit eval`'s `evaluate`, identical batches for all);
 4. uptrain each for α·N steps with the bundled `gqa-uptrain` recipe, and the MHA model itself for the same
    steps as the control (extra steps help MHA too, so "GQA close to MHA" is judged against that control);
 5. time greedy decoding (tfkit.models.generation's prefill / decode_one_token) of MHA, GQA-2 and MQA,
@@ -40,7 +40,7 @@ from tfkit.files import TFKIT_MODEL, check_new_folder
 from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
 from tfkit.models.convert import attention_params
 from tfkit.models.generation import decode_one_token, prefill
-from tfkit.trainer.evaluate import evaluate_checkpoint
+from tfkit.trainer.evaluate import evaluate
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 VALID = "stdlib:docs:valid"
 METHODS = ("mean", "first", "random")
 # The trainer's own end-of-run validation is kept minimal (eval.batches=2): every number reported here
-# comes from evaluate_checkpoint on the same validation batches, not from the runs' reports.
+# comes from evaluate on the same validation batches, not from the runs' reports.
 QUIET = ["log.progress=false", "log.tensorboard=false", "log.plot=false", "eval.sample_prompt=null",
          "eval.batches=2"]
 
@@ -79,7 +79,7 @@ def log(message: str, start: float) -> None:
 
 def val_loss(checkpoint: Path, setup: Setup, work: Path) -> float:
     """Mean next-token loss on the first `eval_tokens` validation tokens (identical batches every call)."""
-    return evaluate_checkpoint(checkpoint, VALID, batch_size=16, seq_len=128, max_tokens=setup.eval_tokens,
+    return evaluate(checkpoint, VALID, batch_size=16, seq_len=128, max_tokens=setup.eval_tokens,
                                cache_dir=work / "eval-tokens", show_progress=False)["loss"]
 
 

@@ -71,10 +71,10 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
     """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
     text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
     convert does not have."""
-    from ..trainer.evaluate import TooLittleText, evaluate_checkpoint
+    from ..trainer.evaluate import TooLittleText, evaluate
 
     try:
-        return evaluate_checkpoint(folder, data, max_tokens=max_tokens, device=device,
+        return evaluate(folder, data, max_tokens=max_tokens, device=device,
                                    show_progress=interactive())
     except TooLittleText as err:
         raise DataError(f"--eval-data {data}: too little text to score one sequence of {err.seq_len} tokens "

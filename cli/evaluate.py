@@ -98,7 +98,7 @@ def evaluate(
     """
     from ..models import read_config
     from ..tokenization.corpus import check_text_field
-    from ..trainer.evaluate import evaluate_checkpoint, trained_seq_len
+    from ..trainer import evaluate as evaluation
 
     torch_device, _ = pick_runtime(device, dtype)
     if json_out is not None:
@@ -107,7 +107,7 @@ def evaluate(
     configs = [read_config(c) for c in checkpoints]
     max_len = min(config["model"]["max_seq_len"] for config in configs)
     if seq_len is None:  # one context length for every row, or the numbers would not compare
-        seq_len = min(trained_seq_len(config) for config in configs)
+        seq_len = min(evaluation.trained_seq_len(config) for config in configs)
         if seq_len < max_len:
             err.print(f"scoring at seq_len {seq_len}, the length the checkpoints trained at "
                       f"(--seq-len takes up to {max_len})")
@@ -120,7 +120,7 @@ def evaluate(
         raise ConfigError(f"--max-batches must be >= 1, got {max_batches}")
     rows = []
     for ckpt in checkpoints:
-        rows.append(evaluate_checkpoint(ckpt, data, batch_size=batch_size, max_batches=max_batches,
+        rows.append(evaluation.evaluate(ckpt, data, batch_size=batch_size, max_batches=max_batches,
                                         max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
                                         dtype=dtype, seed=seed, show_progress=interactive(),
                                         text_field=text_field))

@@ -23,7 +23,7 @@ from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.models.hf_import import import_tokenizer
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.shards import TokenShards
-from tfkit.trainer.evaluate import evaluate_checkpoint, sliding_windows, token_byte_lengths
+from tfkit.trainer.evaluate import evaluate, sliding_windows, token_byte_lengths
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embed
 
 
 def score(path: Path, data: Path, tmp_path: Path, **kw) -> dict:
-    return evaluate_checkpoint(path, str(data), cache_dir=tmp_path / "cache", show_progress=False, **kw)
+    return evaluate(path, str(data), cache_dir=tmp_path / "cache", show_progress=False, **kw)
 
 
 def test_bits_per_byte_is_nll_over_ln2_over_the_scored_bytes(tokenizers, tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_json_out_is_checked_before_anything_is_scored(tokenizers, valid_file: P
     def must_not_run(*args, **kwargs):
         raise AssertionError("evaluated although --json could never be written")
 
-    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", must_not_run)
+    monkeypatch.setattr(evaluate_module, "evaluate", must_not_run)
     ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
     afile = tmp_path / "afile"
     afile.write_text("mine")

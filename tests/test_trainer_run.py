@@ -302,10 +302,10 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(english_tex
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_is_exact(reference, tmp_path, monkeypatch):
-    from tfkit.trainer import run as run_module
+    from tfkit.trainer import validation
 
     recipe, ref_dir, _ = reference
-    original, calls = run_module.evaluate, [0]
+    original, calls = validation.validate, [0]
 
     def terminate_at_step_8(*args, **kwargs):
         calls[0] += 1
@@ -313,7 +313,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(reference, tmp_path, mon
             os.kill(os.getpid(), signal.SIGTERM)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(run_module, "evaluate", terminate_at_step_8)
+    monkeypatch.setattr(validation, "validate", terminate_at_step_8)
     result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
     assert result.interrupted == signal.SIGTERM and result.final is None
     assert result.state.step == 8 and ckpt.latest_checkpoint(tmp_path / "run").name == "step-8"

@@ -5,18 +5,19 @@ the pieces are usable on their own:
 
 | module          | what                                                                           |
 | --------------- | ------------------------------------------------------------------------------ |
-| `recipe`        | YAML recipes → typed sections, every problem reported at once                  |
+| `recipe`        | YAML recipes → typed sections (`sections`), every problem reported at once     |
 | `schedules`     | `lr_at(step, ...)`: learning rate as a pure function of the step               |
 | `objectives`    | `compute_loss(model, batch, objective) -> LossOutput(loss_sum, correct, count)` |
 | `optim`         | AdamW parameter groups (no decay on norms, biases, embeddings), precision      |
 | `checkpoint`    | atomic `checkpoints/step-N/`, weights-only trainer state, RNG per rank         |
 | `run_folder`    | run folder, recipe.yaml, the checkpoint a run starts from, its model config    |
 | `loop`          | one update per global batch: accumulation, clipping, NaN skipping, signals    |
-| `validate`      | the same fixed validation batches every time                                   |
+| `validation`    | `validate`: the same fixed validation batches every time                       |
 | `distributed`   | torchrun process groups, devices, collectives                                  |
 | `parallel`      | `Parallel`: DDP / FSDP2 wrapping and full state; activation checkpointing      |
 | `metrics`       | metrics.jsonl, TensorBoard, loss.png, MFU                                      |
 | `data`          | the run's tokenizer and datasets                                               |
+| `evaluate`      | `evaluate`: `tfkit eval`, a finished checkpoint scored on a corpus             |
 
 Submodules are imported on use (`from tfkit.trainer.run import pretrain`) so `import tfkit.trainer` stays
 cheap for the CLI.

@@ -1,6 +1,6 @@
 """Checkpoint evaluation: the numbers that compare models, beyond the trainer's validation loss.
 
-`evaluate_checkpoint` scores a checkpoint on a corpus with the trainer's own objective code
+`evaluate` scores a checkpoint on a corpus with the trainer's own objective code
 (`objectives.compute_loss`, label smoothing off, so the loss is the true NLL) over the tokenization
 datasets' `eval_batches`, and adds what a comparison table needs:
 
@@ -227,7 +227,7 @@ def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective:
 
 
 @torch.no_grad()
-def evaluate_checkpoint(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
+def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
                         max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
                         device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
                         cache_dir: str | Path | None = None, show_progress: bool = True,

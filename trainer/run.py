@@ -39,7 +39,8 @@ from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
-from .validate import EvalResult, evaluate
+from . import validation
+from .validation import ValidationResult
 
 console = Console()
 
@@ -48,7 +49,7 @@ console = Console()
 class RunResult:
     run_dir: Path
     state: TrainState
-    final: EvalResult | None  # None when the run was interrupted
+    final: ValidationResult | None  # None when the run was interrupted
     checkpoint: Path | None  # the last checkpoint written
     wall_time: float
     sample: str | None = None
@@ -190,13 +191,13 @@ class Trainer:
 
     def validate(self, step: int) -> dict:
         """Validation loss at `step`, logged; the row is returned to the loop."""
-        row = self._evaluate().row(step)
+        row = self._validation().row(step)
         self.metrics.log(row)
         return row
 
-    def _evaluate(self) -> EvalResult:
+    def _validation(self) -> ValidationResult:
         r = self.recipe
-        return evaluate(self.train_module, self.valid_data, r.eval.batches, r.eval.batch_size or micro_batch_size(r),
+        return validation.validate(self.train_module, self.valid_data, r.eval.batches, r.eval.batch_size or micro_batch_size(r),
                         self.info, r.train.precision)
 
     def _config_extra(self) -> dict:
@@ -231,7 +232,7 @@ class Trainer:
         recipe, info, state = self.recipe, self.info, self.state
         result = RunResult(self.run_dir, state, None, self.checkpoint, 0.0)
         if not state.interrupted:
-            result.final = self._evaluate()
+            result.final = self._validation()
             if state.step > self.steps_before or self.saved is None:  # a finished run's final row is logged
                 self.metrics.log(result.final.row(state.step))
             if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:

@@ -1,4 +1,6 @@
-"""Validation: the same fixed batches every time, so successive numbers are comparable.
+"""Validation during training (`validate`): the same fixed batches every time, so successive numbers compare.
+
+Scoring a finished checkpoint on a corpus is `tfkit eval`, in `evaluate.py`.
 
 `dataset.eval_batches(n, ...)` walks the first n batches of validation examples in order with fixed
 seeds, so every evaluation measures the model on identical tokens (and an MLM model on identical masks). Under data
@@ -22,7 +24,7 @@ from .parallel import reshard
 
 
 @dataclass
-class EvalResult:
+class ValidationResult:
     loss: float  # mean cross-entropy per predicted token (nats)
     accuracy: float  # fraction of predicted tokens whose argmax is right
     tokens: int  # predicted tokens evaluated
@@ -37,8 +39,8 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, info: DistInfo,
-             precision: str) -> EvalResult:
+def validate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, info: DistInfo,
+             precision: str) -> ValidationResult:
     """Loss and accuracy of `loss_module` (see objectives.LossModule) over the first n validation batches."""
     was_training = loss_module.training
     loss_module.eval()
@@ -56,4 +58,4 @@ def evaluate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, i
     if not count:
         raise DataError(f"the validation data gives no batch of {batch_size} (eval.batch_size); use more "
                         "validation text (data.valid / data.valid_fraction) or a smaller eval.batch_size")
-    return EvalResult(loss=loss_sum / count, accuracy=correct / count, tokens=int(count))
+    return ValidationResult(loss=loss_sum / count, accuracy=correct / count, tokens=int(count))
