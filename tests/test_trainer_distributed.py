@@ -14,6 +14,8 @@ from tfkit.trainer.run import pretrain
 
 from test_trainer_run import ONE_THREAD, write_recipe
 
+pytestmark = pytest.mark.slow  # two torchrun processes per test: CI's second step (`pytest -m slow`) runs them
+
 SCRIPT = """
 import sys
 from tfkit.trainer.recipe import load_recipe
