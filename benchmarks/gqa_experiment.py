@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from tfkit.cli.convert import convert_checkpoint, uptrain_overrides
+from tfkit.cli.convert import uptrain_overrides
+from tfkit.models.convert import convert_checkpoint
 from tfkit.files import TFKIT_MODEL, check_new_folder
 from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
 from tfkit.models.convert import attention_params

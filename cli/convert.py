@@ -1,8 +1,8 @@
 """`tfkit convert-mqa-to-gqa CKPT --kv-heads G --out DIR`: regroup a checkpoint's key/value heads.
 
-The conversion itself is the pure `tfkit.models.convert.regroup_kv_heads`; this module only does what a
-command must: resolve the input, refuse to write over it or over an existing folder, write a complete
-checkpoint folder atomically (weights, config with provenance, tokenizer), and report what changed. A
+The conversion is `tfkit.models.convert.convert_checkpoint` (around the pure `regroup_kv_heads`); this
+module only does what a command must: resolve the input, refuse to write over it or over an existing
+folder before any work, score before and after, and report what changed. A
 source without tokenizer.json still converts, with a warning on stderr: the weights are valid, but
 `generate` and `eval` cannot read text with the result until a tokenizer is copied in.
 """
@@ -10,7 +10,6 @@ source without tokenizer.json still converts, with a warning on stderr: the weig
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -21,52 +20,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError, DataError
-from ..files import TFKIT_MODEL, check_new_folder, staged_folder
-from ..layout import TOKENIZER_FILES
+from ..files import TFKIT_MODEL, check_new_folder
 from ..progress import interactive
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
-
-
-def write_checkpoint(model, source: Path, out: Path, extra: dict) -> None:
-    """Save model + config.json (+ extra) + the source's tokenizer files into a temporary sibling of `out`,
-    then swap it in, so `out` is either the old folder or a complete new one, never half written."""
-    from ..models import save_model
-
-    with staged_folder(out) as tmp:  # the caller ran check_new_folder: replacing `out` needed --force
-        save_model(model, tmp, extra=extra)
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, tmp / name)
-
-
-def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0):
-    """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
-
-    The caller has checked `out` (files.check_new_folder). config.json keeps the source's own keys
-    (objective, recipe) except its training step, and records where the weights came from and how."""
-    import torch
-
-    from ..models import build_model, load_model, read_config
-    from ..models.config import ModelConfig
-    from ..models.convert import check_regrouping, regroup_kv_heads
-
-    source_config = read_config(folder)
-    check_regrouping(ModelConfig.from_dict(source_config["model"]), kv_heads, method)  # fail before loading
-    model, cfg = load_model(folder)
-    generator = torch.Generator().manual_seed(seed)
-    state_dict, new_cfg = regroup_kv_heads(model.state_dict(), cfg, kv_heads, method, generator=generator)
-    new_model = build_model(new_cfg)
-    new_model.load_state_dict(state_dict, strict=True)
-    extra = {k: v for k, v in source_config.items() if k not in DROPPED_KEYS}  # e.g. objective, recipe
-    extra.update(converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads)
-    if method == "random":
-        extra["seed"] = seed
-    write_checkpoint(new_model, folder, out, extra)
-    return model, new_model.eval()
-
-
 def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
     """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
     text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
@@ -74,8 +31,7 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
     from ..trainer.evaluate import TooLittleText, evaluate
 
     try:
-        return evaluate(folder, data, max_tokens=max_tokens, device=device,
-                                   show_progress=interactive())
+        return evaluate(folder, data, max_tokens=max_tokens, device=device, show_progress=interactive())
     except TooLittleText as err:
         raise DataError(f"--eval-data {data}: too little text to score one sequence of {err.seq_len} tokens "
                         f"(the length {folder} was trained at); give more text") from None
@@ -122,7 +78,7 @@ def convert_mqa_to_gqa(
     import torch
 
     from ..models import kv_cache_bytes_per_token, resolve_checkpoint
-    from ..models.convert import attention_params
+    from ..models.convert import attention_params, convert_checkpoint
 
     folder = resolve_checkpoint(checkpoint)
     check_new_folder(out, [Path(checkpoint), folder], force, replaces=(TFKIT_MODEL,))

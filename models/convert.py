@@ -4,7 +4,8 @@ GQA uptraining starts from a multi-head checkpoint whose K/V projections are *me
 group of consecutive heads ("GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
 Checkpoints", section 2.1), then trains for a small fraction α of the original steps. This module is the
 conversion half, written as a pure function from state dict to state dict (STYLE.md point 9): no model,
-no files, no global state, so it is trivial to test and to reuse on any weights.
+no files, no global state, so it is trivial to test and to reuse on any weights. `convert_checkpoint`
+applies it to a checkpoint folder and writes the new one (what `tfkit convert-mqa-to-gqa` runs).
 
 Which old heads form a group is fixed by attention.py: query head h reads KV head h // (n_heads / kv),
 i.e. `repeat_interleave` semantics. New KV head n therefore serves query heads n*g_new .. (n+1)*g_new - 1,
@@ -23,11 +24,15 @@ self-attention, decoder self-attention and decoder cross-attention alike.
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, ConfigError
+from ..files import staged_folder
+from ..layout import TOKENIZER_FILES
 from .config import ModelConfig
 from .layers import init_weights
 
@@ -152,3 +157,38 @@ def attention_params(model: nn.Module) -> int:
     from .attention import Attention
 
     return sum(p.numel() for m in model.modules() if isinstance(m, Attention) for p in m.parameters())
+
+
+# --- checkpoint folders ------------------------------------------------------------------------------------
+
+# config.json keys of the source that describe the source itself, not what the converted model is for.
+DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
+
+
+def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
+
+    The caller has checked `out` (files.check_new_folder). `out` is written whole or not at all: weights,
+    config.json and the source's tokenizer files. config.json keeps the source's own keys (objective,
+    recipe) except its training step, and records where the weights came from and how."""
+    from . import build_model, load_model, read_config  # late import: models/__init__ lists this module
+    from .io import assign_weights, parameters_on_meta, save_model
+
+    source_config = read_config(folder)
+    check_regrouping(ModelConfig.from_dict(source_config["model"]), kv_heads, method)  # fail before loading
+    model, cfg = load_model(folder)
+    generator = torch.Generator().manual_seed(seed)
+    state_dict, new_cfg = regroup_kv_heads(model.state_dict(), cfg, kv_heads, method, generator=generator)
+    with parameters_on_meta():
+        new_model = build_model(new_cfg)
+    assign_weights(new_model, state_dict, folder, f"the regrouped {new_cfg.arch} model")
+    extra = {k: v for k, v in source_config.items() if k not in DROPPED_KEYS}  # e.g. objective, recipe
+    extra.update(converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads)
+    if method == "random":
+        extra["seed"] = seed
+    with staged_folder(out) as tmp:  # the caller ran check_new_folder: replacing `out` needed --force
+        save_model(new_model, tmp, extra=extra)
+        for name in TOKENIZER_FILES:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, tmp / name)
+    return model, new_model.eval()
