@@ -12,6 +12,7 @@ is an error, except the MAY_DIFFER keys that do not change the weights' shapes.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 
@@ -26,12 +27,14 @@ from .checkpoint import latest_checkpoint, list_checkpoints, resolve_resume
 
 MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
+AUTO_SUFFIX = r"-\d{8}-\d{6}(-\d+)?"  # what choose_run_dir appends to the recipe name: -YYYYmmdd-HHMMSS[-N]
 RUN_ENTRIES = {RECIPE_FILE, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard"}
 
 
 def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Path:
     """`--run-dir`, else `log.run_dir`, else the run folder of `--resume PATH`, else (with `--resume auto`)
-    the newest `runs/<recipe>-*` holding a checkpoint, else a new `runs/<recipe>-<YYYYmmdd-HHMMSS>`."""
+    the newest `runs/<recipe>-<YYYYmmdd-HHMMSS>` holding a checkpoint (only names tfkit gives: a user's own
+    `runs/<recipe>-pre` is never taken for one), else a new `runs/<recipe>-<YYYYmmdd-HHMMSS>`."""
     if run_dir:
         return Path(run_dir).expanduser()
     if recipe.log.run_dir:
@@ -40,7 +43,9 @@ def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Pa
         folder = resolve_resume(resume)
         return folder.parent.parent  # <run>/checkpoints/step-N
     if resume == "auto":
-        previous = [p for p in sorted(Path("runs").glob(f"{recipe.name}-*")) if latest_checkpoint(p)]
+        named = re.compile(re.escape(recipe.name) + AUTO_SUFFIX)  # only folders tfkit named, not runs/<name>-mine
+        previous = [p for p in sorted(Path("runs").glob(f"{recipe.name}-*"))
+                    if named.fullmatch(p.name) and latest_checkpoint(p)]
         if previous:
             return previous[-1]
     stamp = time.strftime("%Y%m%d-%H%M%S")
