@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,11 +31,14 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
     convert does not have."""
     from ..trainer.evaluate import TooLittleText, evaluate
 
+    started = time.perf_counter()
     try:
-        return evaluate(folder, data, max_tokens=max_tokens, device=device, show_progress=interactive())
-    except TooLittleText as err:
-        raise DataError(f"--eval-data {data}: too little text to score one sequence of {err.seq_len} tokens "
+        result = evaluate(folder, data, max_tokens=max_tokens, device=device, show_progress=interactive())
+    except TooLittleText as exc:
+        raise DataError(f"--eval-data {data}: too little text to score one sequence of {exc.seq_len} tokens "
                         f"(the length {folder} was trained at); give more text") from None
+    err.print(f"scored {folder}: loss {result['loss']:.4f}, {time.perf_counter() - started:.1f} s")  # plain progress
+    return result
 
 
 def layout(kv_heads: int, n_heads: int) -> str:

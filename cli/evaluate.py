@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -119,11 +120,14 @@ def evaluate(
     if max_batches is not None and max_batches < 1:
         raise ConfigError(f"--max-batches must be >= 1, got {max_batches}")
     rows = []
-    for ckpt in checkpoints:
+    for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
+        started = time.perf_counter()
         rows.append(evaluation.evaluate(ckpt, data, batch_size=batch_size, max_batches=max_batches,
                                         max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
                                         dtype=dtype, seed=seed, show_progress=interactive(),
                                         text_field=text_field))
+        err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens, "
+                  f"{time.perf_counter() - started:.1f} s")
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(results_table(rows, checkpoints, data, dtype))
     if json_out is not None:

@@ -270,6 +270,9 @@ def test_cli_prints_one_row_per_checkpoint_and_the_same_json(tokenizers, valid_f
     assert rows[0]["kv_cache_bytes_per_token"] == 4 * rows[1]["kv_cache_bytes_per_token"]
     table_lines = [line for line in result.stdout.splitlines() if "gpt" in line]
     assert len(table_lines) == 2
+    progress = [line for line in result.stderr.splitlines() if line.startswith("[")]  # off a terminal too
+    assert [line.split()[0] for line in progress] == ["[1/2]", "[2/2]"]
+    assert f"loss {rows[0]['loss']:.4f}" in progress[0] and str(mqa) in progress[1]
     for line, r in zip(table_lines, rows):
         for shown in (f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", f"{r['bits_per_byte']:.4f}", f"{r['params']:,}"):
             assert shown in line

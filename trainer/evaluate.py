@@ -164,8 +164,10 @@ def _window_batch(rows: list[tuple[np.ndarray, int]], seq_len: int) -> dict[str,
 
 def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, seq_len: int, batch_size: int,
                  stride: int | None, seed: int, cache_dir: Path, show_progress: bool,
-                 text_field: str = "text", pair_fields: tuple[str, str] = ("source", "target")) -> Iterator[dict]:
-    """The batches to score: the tokenization datasets in evaluation order (or sliding windows).
+                 text_field: str = "text", pair_fields: tuple[str, str] = ("source", "target")
+                 ) -> tuple[Iterator[dict], int | None]:
+    """(the batches to score, how many there are when known): the tokenization datasets in evaluation
+    order, or sliding windows.
 
     `text_field` is the JSON/JSONL key holding each document's text; seq2seq pairs are read with the
     (source, target) keys the checkpoint trained with, `pair_fields`."""
@@ -178,7 +180,7 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
         return _all_batches(dataset, batch_size, data_spec, seq_len)
     shards = prepare_tokens(data_spec, tokenizer, cache_dir, text_field=text_field, show_progress=show_progress)
     if stride is not None:
-        return window_batches(sliding_windows(shards, seq_len, stride), seq_len, batch_size)
+        return window_batches(sliding_windows(shards, seq_len, stride), seq_len, batch_size), None
     if objective == "clm":
         dataset = ClmDataset.from_shards(shards, seq_len, seed)
     elif objective == "mlm":
@@ -197,12 +199,13 @@ class TooLittleText(DataError):
         self.seq_len = seq_len
 
 
-def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> Iterator[dict]:
-    """Every example of the dataset in order, the last batch partial; no example names what helps."""
+def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> tuple[Iterator[dict], int]:
+    """Every example of the dataset in order, the last batch partial, and the number of batches; no
+    example names what helps."""
     if dataset.num_examples == 0:
         raise TooLittleText(f"{data_spec}: the text gives no {dataset.name} at --seq-len {seq_len}; "
                             "use a smaller --seq-len, or more text", seq_len)
-    return dataset.every_example(batch_size)
+    return dataset.every_example(batch_size), -(-dataset.num_examples // batch_size)
 
 
 def trained_seq_len(config: dict) -> int:
@@ -254,14 +257,15 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
     loss_spec = ObjectiveSection(name=objective, label_smoothing=0.0)
     pair_fields = tuple(config.get("pair_fields") or ("source", "target"))
-    batches = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size, stride=stride,
+    batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size, stride=stride,
                            seed=seed, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
                            show_progress=show_progress, text_field=text_field, pair_fields=pair_fields)
 
     nll, correct, scored, n_bytes, fed, seconds, n_batches = 0.0, 0, 0, 0, 0, 0.0, 0
     digest = hashlib.sha256()
-    bar = progress_bar(total=max_tokens, unit="tok", unit_scale=True, desc=f"eval {folder.name}", enabled=show_progress,
-                       leave=False)
+    if total is not None and max_batches is not None:
+        total = min(total, max_batches)
+    bar = progress_bar(total=total, unit="batch", desc=f"eval {folder.name}", enabled=show_progress, leave=False)
     for batch in batches:
         if (max_batches is not None and n_batches >= max_batches) or (max_tokens is not None and scored >= max_tokens):
             break
@@ -279,7 +283,7 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         correct, count = correct + int(out.correct), int(out.count)
         scored, fed, n_batches = scored + count, fed + count_inputs(batch), n_batches + 1
         n_bytes += int(byte_table[labels[labels != IGNORE_INDEX]].sum())
-        bar.update(count)
+        bar.update(1)
     bar.close()
     if scored == 0:
         raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller --seq-len, "
