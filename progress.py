@@ -1,8 +1,10 @@
-"""Progress bars where a person watches, plain lines everywhere else.
+"""Output for a person at a terminal, and plain lines for a file: progress bars and rich consoles.
 
 A tqdm bar redraws itself with carriage returns; written to a file (CI, `> log.txt`, `nohup`) every frame
 stays, and a quickstart log was 13 KB of them. So bars are drawn only on a terminal or in a notebook;
 elsewhere the callers' own log lines (training rows, "data: N tokens", the eval table) are the record.
+A rich console off a terminal wraps at 80 columns, mid-path (breaking grep) and mid-value (breaking the
+YAML of `tfkit recipes show NAME > my.yaml`), so every console comes from `console()`, which never wraps.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from tqdm import tqdm
 
 
@@ -24,3 +27,12 @@ def progress_bar(*, enabled: bool = True, **kwargs: Any) -> tqdm:
     from tqdm.auto import tqdm  # imported on first use: it pulls in asyncio, 65 ms of CLI start-up
 
     return tqdm(disable=not (enabled and interactive()), **kwargs)
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console that never wraps what it prints; tables take the terminal's width, or 200 columns
+    in a file (wide enough for every table tfkit prints)."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, soft_wrap=True, highlight=False, width=None if stream.isatty() else 200)

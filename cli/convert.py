@@ -22,7 +22,7 @@ from rich.table import Table
 
 from ..errors import ConfigError, DataError
 from ..files import TFKIT_MODEL, check_new_folder
-from ..progress import interactive
+from ..progress import console as output_console, interactive
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
@@ -108,7 +108,7 @@ def convert_mqa_to_gqa(
         after = score(out, eval_data, eval_tokens, device)
         rows.append(("validation loss", f"{before['loss']:.4f}", f"{after['loss']:.4f}"))
         rows.append(("perplexity", f"{before['perplexity']:.2f}", f"{after['perplexity']:.2f}"))
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = output_console()
     console.print(f"{folder} -> {out} (--method {method})", highlight=False, markup=False, soft_wrap=True)
     console.print(report(rows, "convert-mqa-to-gqa"), highlight=False)
     console.print(f"wrote {out}; uptrain it with: {uptrain_command(out, new_cfg)}", highlight=False, markup=False,

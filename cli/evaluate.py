@@ -21,7 +21,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from ..files import write_atomic, write_problem
-from ..progress import interactive
+from ..progress import console as output_console, interactive
 from .generate import pick_runtime
 from .options import Device, Dtype
 
@@ -128,7 +128,7 @@ def evaluate(
                                         text_field=text_field))
         err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens, "
                   f"{time.perf_counter() - started:.1f} s")
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = output_console()
     console.print(results_table(rows, checkpoints, data, dtype))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,16 +6,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError
+from ..progress import console as output_console
 from .options import Overrides
 
 app = typer.Typer(help="List, show and validate pretraining recipes.", no_args_is_help=True)
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = output_console()
+err_console = output_console(stderr=True)
 
 
 def _summary(path: Path) -> str:

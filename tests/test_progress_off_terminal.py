@@ -16,3 +16,14 @@ def test_a_logged_run_has_one_plain_line_per_row_and_no_carriage_returns(english
     assert "\r" not in result.stdout and "\r" not in result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("step ") and " loss " in line]
     assert [row.split()[1] for row in rows] == ["2/4", "4/4"]
+
+
+def test_long_values_are_never_wrapped_off_a_terminal(tmp_path):
+    """`tfkit recipes show NAME > my.yaml` must write YAML that loads, whatever the width of a value."""
+    import yaml
+
+    long_path = str(tmp_path / ("a-very-long-folder-name-" * 6) / "corpus.txt")  # far past 80 columns
+    result = CliRunner().invoke(app, ["recipes", "show", "gpt-tiny", "--set", f"data.train={long_path}"])
+    assert result.exit_code == 0, result.output
+    assert any(long_path in line for line in result.stdout.splitlines())
+    assert yaml.safe_load(result.stdout)["data"]["train"] == long_path

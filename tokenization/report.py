@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from ..progress import console as output_console
+
 if TYPE_CHECKING:
     from .train import TfkitTokenizer, TokenizerSpec
 
@@ -95,7 +97,7 @@ def print_report(report: dict, console: Console | None = None) -> None:
     rows.append((key.replace("_", " "), ", ".join(repr(m) for m in report[key])))
     for name, value in rows:
         table.add_row(name, value)
-    (console or Console()).print(table)
+    (console or output_console()).print(table)
 
 
 def _fmt(value: float | None, pct: bool = False) -> str:

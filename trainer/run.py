@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from ..models import build_model
 from ..models.io import resolve_checkpoint
+from ..progress import console as output_console
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import checkpoint as ckpt
 from . import run_folder
@@ -42,7 +42,7 @@ from .recipe import Recipe
 from . import validation
 from .validation import ValidationResult
 
-console = Console()
+console = output_console()
 
 
 @dataclass
