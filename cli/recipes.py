@@ -91,3 +91,22 @@ def validate(
                 err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if failed:
         raise typer.Exit(2)
+
+
+@app.command("keys")
+def keys(
+    section: Annotated[
+        str | None, typer.Argument(help="One section (model, tokenizer, data, objective, optim, schedule, train, eval, log).")
+    ] = None,
+) -> None:
+    """Every recipe key: its type, default and meaning (allowed values are listed as a | b | c). Any key
+    can be set in a recipe file or with `--set section.key=value`."""
+    from ..trainer.recipe import SECTIONS
+    from ..trainer.recipe_keys import recipe_keys
+
+    if section is not None and section not in SECTIONS:
+        raise ConfigError(f"section {section!r}: expected one of {', '.join(SECTIONS)}")
+    table = Table("key", "type", "default", "meaning")
+    for key in recipe_keys(section):
+        table.add_row(key.name, key.type, "null" if key.default is None else str(key.default), key.meaning)
+    console.print(table)

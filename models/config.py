@@ -40,7 +40,7 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE base frequency
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_placement: str = "pre"  # pre (GPT-2, stable deep) | post (original Transformer, BERT)
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # added to the variance in every norm (BERT: 1e-12)
     activation: str = "gelu"  # relu (original) | gelu (BERT) | gelu_tanh (GPT-2's approximation) | swiglu (Llama)
     bias: bool = True  # biases in linear layers and LayerNorm
     tie_embeddings: bool = True  # output projection shares the input embedding matrix
@@ -48,7 +48,7 @@ class ModelConfig:
     dropout: float = 0.0  # on embeddings and residual branches
     attn_dropout: float = 0.0  # on attention probabilities
     init: str = "normal"  # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier
-    init_std: float = 0.02
+    init_std: float = 0.02  # standard deviation of the normal init
     type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
     pad_token_id: int | None = None  # the tokenizer's padding id (HF export); masks come from attention_mask
 

@@ -48,7 +48,7 @@ class TokenizerSection(TokenizerSpec):
 class DataSection:
     train: str = "stdlib:docs:train"  # file, glob, directory, .jsonl, or stdlib:docs / stdlib:code
     valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of the training documents
-    valid_fraction: float = 0.05
+    valid_fraction: float = 0.05  # with valid: null, the share of data.train held out for validation
     text_field: str = "text"  # JSONL field holding the text
     source_field: str = "source"  # seq2seq JSONL: field of the source text
     target_field: str = "target"  # seq2seq JSONL: field of the target text
@@ -80,9 +80,9 @@ class ObjectiveSection:
 class OptimSection:
     lr: float = 3e-4  # peak learning rate (the noam schedule scales it as a multiplier)
     weight_decay: float = 0.1  # decoupled (AdamW); never applied to norms, biases, embeddings
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.95  # AdamW's second-moment decay (0.999 in BERT, 0.95 in GPT-3)
+    eps: float = 1e-8  # AdamW's denominator floor
     grad_clip: float | None = 1.0  # max global gradient norm; null = no clipping
 
     def problems(self, prefix: str = "optim") -> list[str]:
@@ -113,7 +113,7 @@ class TrainSection:
     max_steps: int = 1000  # optimizer steps
     batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
     grad_accum: int = 1  # micro-batches per optimizer step
-    seed: int = 1337
+    seed: int = 1337  # initial weights, batch order, masks and dropout: one seed, one run
     log_every: int = 10  # steps between log lines / metrics.jsonl rows
     eval_every: int = 200  # steps between validations
     save_every: int = 500  # steps between checkpoints (one is always written at the end)
@@ -149,7 +149,7 @@ class EvalSection:
     batches: int = 20  # validation batches per evaluation (the same batches every time)
     batch_size: int | None = None  # null = train.batch_size
     sample_prompt: str | None = None  # causal models: text to continue after training; null = no sample
-    sample_tokens: int = 64
+    sample_tokens: int = 64  # length of the sample generated from sample_prompt at the end
 
     def problems(self, prefix: str = "eval") -> list[str]:
         out = []
