@@ -23,6 +23,7 @@ from rich.table import Table
 from ..errors import ConfigError, DataError
 from ..files import TFKIT_MODEL, check_new_folder
 from ..progress import console as output_console, interactive
+from ..threads import set_threads
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
@@ -92,6 +93,7 @@ def convert_mqa_to_gqa(
     if eval_data is not None and not has_tokenizer:
         raise ConfigError(f"--eval-data: {folder} has no tokenizer.json to tokenize the data with")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    set_threads()  # the cores the machine's load leaves free
     if eval_data is not None:  # first: data that cannot be scored fails before --out is written
         before = score(folder, eval_data, eval_tokens, device)
     model, new_model = convert_checkpoint(folder, out, kv_heads, method, seed)

@@ -22,6 +22,7 @@ from rich.table import Table
 from ..errors import ConfigError
 from ..files import write_atomic, write_problem
 from ..progress import console as output_console, interactive
+from ..threads import set_threads
 from .generate import pick_runtime
 from .options import Device, Dtype
 
@@ -102,6 +103,7 @@ def evaluate(
     from ..trainer import evaluate as evaluation
 
     torch_device, _ = pick_runtime(device, dtype)
+    set_threads()  # the cores the machine's load leaves free
     if json_out is not None:
         check_json_out(json_out)
     check_text_field(data, text_field)

@@ -28,13 +28,22 @@ class Key:
 
 @functools.cache
 def _comments(cls: type) -> dict[str, str]:
-    """{field name: trailing comment} of the fields `cls` itself annotates (not its bases)."""
+    """{field name: its comment} for the fields `cls` itself annotates (not its bases): the comment at the
+    end of the field's line, else the block of comment lines right above it."""
     source = textwrap.dedent(inspect.getsource(cls))
-    by_line = {tok.start[0]: tok.string.lstrip("# ").strip()
-               for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    comments = [tok for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+    by_line = {tok.start[0]: tok.string.lstrip("# ").strip() for tok in comments}
+    alone = {tok.start[0] for tok in comments if tok.line.lstrip().startswith("#")}  # comment-only lines
     body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
-    return {node.target.id: by_line.get(node.lineno, "") for node in body
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    out = {}
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above, line = [], node.lineno - 1
+            while line in alone:  # comment-only lines directly above the field
+                above.insert(0, by_line[line])
+                line -= 1
+            out[node.target.id] = by_line.get(node.lineno) or " ".join(above)
+    return out
 
 
 def _meaning(cls: type, name: str) -> str:

@@ -28,6 +28,7 @@ from rich.table import Table
 from ..models import build_model
 from ..models.io import resolve_checkpoint
 from ..progress import console as output_console
+from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import checkpoint as ckpt
 from . import run_folder
@@ -63,6 +64,7 @@ class RunResult:
 def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | None = None) -> RunResult:
     """Run a recipe end to end; see the module docstring. Works alone or under torchrun."""
     info = init_distributed(recipe.train.device)
+    set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
     trainer = Trainer(recipe, info)
     try:
         trainer.build(run_dir, resume)
@@ -263,7 +265,8 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
     console.print(
         f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
         f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
-        f"vocab {cfg.vocab_size}, {recipe.objective.name}, {t.precision} on {info.device}"
+        f"vocab {cfg.vocab_size}, {recipe.objective.name}, {t.precision} on {info.device} "
+        f"({torch.get_num_threads()} CPU threads)"
         + (f" x{info.world_size} ({t.distributed})" if info.enabled else ""), highlight=False)
     console.print(
         f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"

@@ -16,6 +16,7 @@ from ..tokenization.spec import TokenizerSpec
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
+FUSED_LOSS = ("auto", "on", "off")
 
 
 @dataclass
@@ -68,11 +69,21 @@ class ObjectiveSection:
     mask_prob: float = 0.15  # mlm: fraction of non-special tokens chosen for prediction
     whole_word_mask: bool = False  # mlm: mask every piece of a chosen word together
     label_smoothing: float = 0.0  # 0.1 in the original Transformer
+    # clm / seq2seq output head: on = the chunked head + cross-entropy of trainer/fused_loss.py (no (N, V)
+    # logits), off = logits then F.cross_entropy, auto = on for CPUs, off for GPUs (fused_loss.use_fused_loss).
+    # YAML reads on/off as true/false; both spellings are accepted and stored as "on"/"off".
+    fused_loss: str | bool = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fused_loss, bool):
+            self.fused_loss = "on" if self.fused_loss else "off"
 
     def problems(self, prefix: str = "objective") -> list[str]:
         out = float_problems(self, prefix, mask_prob=OPEN_FRACTION, label_smoothing=FRACTION)
         if self.name not in OBJECTIVE_FOR_ARCH.values():
             out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq")
+        if self.fused_loss not in FUSED_LOSS:
+            out.append(f"{prefix}.fused_loss: got {self.fused_loss!r}, expected one of {', '.join(FUSED_LOSS)}")
         return out
 
 
@@ -122,6 +133,7 @@ class TrainSection:
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | str = "auto"  # CPU threads for torch: auto = the cores the last minute's load leaves free, or N
     max_bad_steps: int = 10  # consecutive NaN/inf steps (skipped) before the run stops
     init_from: str | None = None  # checkpoint or run folder whose weights start this run
     distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
@@ -141,6 +153,8 @@ class TrainSection:
             out.append(f"{prefix}.distributed: got {self.distributed!r}, expected ddp or fsdp")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             out.append(f"{prefix}.device: got {self.device!r}, expected auto, cpu, cuda or cuda:N")
+        if self.threads != "auto" and (isinstance(self.threads, str) or not 1 <= self.threads <= 4096):
+            out.append(f"{prefix}.threads: got {self.threads!r}, expected auto or a number of threads >= 1")
         return out
 
 
