@@ -104,7 +104,8 @@ def convert_mqa_to_gqa(
         ("key/value heads", layout(cfg.kv_heads, cfg.n_heads), layout(new_cfg.kv_heads, new_cfg.n_heads)),
         ("parameters", f"{model.num_params():,}", f"{new_model.num_params():,}"),
         ("attention parameters", f"{attention_params(model):,}", f"{attention_params(new_model):,}"),
-        ("KV-cache bytes / token (bf16)", f"{bytes_before:,}", f"{bytes_after:,}"),
+        ("KV-cache bytes / token (bf16)", *((f"{b:,}" if cfg.arch != "bert" else "- (encoder)")
+                                            for b in (bytes_before, bytes_after))),
     ]
     if eval_data is not None:
         after = score(out, eval_data, eval_tokens, device)

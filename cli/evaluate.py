@@ -33,12 +33,12 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def results_table(rows: list[dict], names: list[str], data: str, dtype: str = "fp32") -> Table:
-    """One row per checkpoint: what a user compares (lower loss/ppl/bpb is better). KV-cache bytes are
-    at the evaluation dtype, named in the column (convert-mqa-to-gqa reports bf16)."""
+def results_table(rows: list[dict], names: list[str], data: str) -> Table:
+    """One row per checkpoint: what a user compares (lower loss/ppl/bpb is better). KV-cache bytes are at
+    bf16, the inference dtype, as convert-mqa-to-gqa reports them."""
     table = Table(title=f"eval on {data}")
     for column in ("checkpoint", "arch", "step", "params", "loss", "ppl", "bits/byte", "acc", "tokens",
-                   f"KV B/tok ({dtype})", "tok/s"):
+                   "KV B/tok (bf16)", "tok/s"):
         table.add_column(column, justify="left" if column in ("checkpoint", "arch") else "right")
     for name, r in zip(names, rows):
         table.add_row(name, r["arch"], _num(r["step"], ","), f"{r['params']:,}", f"{r['loss']:.4f}",
@@ -82,7 +82,7 @@ def evaluate(
     data: Annotated[str, typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (speed only: every example is scored, with the same masks).")] = 8,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored (default: all).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored: predicted tokens, so masked ones for BERT (default: all).")] = None,
     max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches (default: all).")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default: the length the checkpoints trained at, the smallest if they differ).")] = None,
     stride: Annotated[Optional[int], typer.Option("--stride", help="GPT: sliding-window perplexity, scoring `stride` new tokens per window.")] = None,
@@ -131,7 +131,12 @@ def evaluate(
         err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens, "
                   f"{time.perf_counter() - started:.1f} s")
     console = output_console()
-    console.print(results_table(rows, checkpoints, data, dtype))
+    console.print(results_table(rows, checkpoints, data))
+    objectives = sorted({r["objective"] for r in rows})
+    if len(objectives) > 1:
+        err.print(f"note: these rows score different objectives ({', '.join(objectives)}: masked tokens seen from "
+                  "both sides, next tokens, a target given its source): their losses, perplexities and bits per "
+                  "byte measure different tasks and do not compare across objectives")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(json_out, json.dumps([json_safe(r) for r in rows], indent=2) + "\n")  # all or nothing

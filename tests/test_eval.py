@@ -99,7 +99,7 @@ def test_uniform_model_has_perplexity_vocab_size(tokenizers, valid_file: Path, t
     vocab = load_tokenizer(tokenizers["bpe"]).vocab_size
     assert got["perplexity"] == pytest.approx(vocab, rel=1e-4)
     assert got["bits_per_byte"] == pytest.approx(got["tokens"] * math.log2(vocab) / got["bytes"], rel=1e-4)
-    assert got["kv_cache_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # K,V x layers x kv heads x head dim x fp32
+    assert got["kv_cache_bytes_per_token"] == 2 * 2 * 4 * 8 * 2  # K,V x layers x kv heads x head dim x bf16, as convert
     assert got["dtype"] == "fp32"  # what the bytes and the forward passes used
     assert got["params"] > 0 and got["tokens_per_sec"] > 0 and got["step"] == 5
 
@@ -414,3 +414,20 @@ def test_json_out_writes_a_diverged_loss_as_null() -> None:
 
     row = json_safe({"checkpoint": "c", "loss": float("nan"), "perplexity": float("inf"), "tokens": 5})
     assert json.loads(json.dumps(row)) == {"checkpoint": "c", "loss": None, "perplexity": None, "tokens": 5}
+
+
+def test_rows_of_different_objectives_carry_a_note_and_kv_bytes_do_not_depend_on_dtype(
+        tokenizers, valid_file: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
+    gpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
+    bert = make_checkpoint(tmp_path / "bert", tokenizers["wordpiece"], arch="bert")
+    app, prefix = cli_app()
+    common = ["--data", str(valid_file), "--max-batches", "1", "--device", "cpu"]
+    mixed = CliRunner().invoke(app, [*prefix, str(gpt), str(bert), *common])
+    assert mixed.exit_code == 0, mixed.output
+    assert "note: these rows score different objectives (clm, mlm" in mixed.stderr
+    same = CliRunner().invoke(app, [*prefix, str(gpt), *common])
+    assert "different objectives" not in same.stderr
+    kv = {dtype: score(gpt, valid_file, tmp_path, max_batches=1, dtype=dtype)["kv_cache_bytes_per_token"]
+          for dtype in ("fp32", "bf16")}
+    assert kv["fp32"] == kv["bf16"] > 0  # one meaning: bytes at bf16, as convert-mqa-to-gqa reports them

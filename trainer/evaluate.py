@@ -21,7 +21,7 @@ datasets' `eval_batches`, and adds what a comparison table needs:
   evaluated batch) proves two rows saw identical inputs and targets;
 - causal models with `stride`: sliding-window perplexity per document, each token scored once with at
   least seq_len - stride tokens of context (documents longer than the context are not cut blind);
-- params, kv_cache_bytes_per_token (at the evaluation dtype), tokens_per_sec (tokens fed through the
+- params, kv_cache_bytes_per_token (at bf16, as convert-mqa-to-gqa reports it), tokens_per_sec (tokens fed through the
   model per second of forward passes).
 """
 
@@ -304,8 +304,10 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         "seq_len": seq_len,
         "stride": stride,
         "params": model.num_params(),
-        "dtype": dtype,  # of the forward passes and of kv_cache_bytes_per_token
-        "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg, TORCH_DTYPES[dtype]),
+        "dtype": dtype,  # of the forward passes
+        # at bf16, the dtype a KV cache is kept in for inference, whatever --dtype scored: one number per model,
+        # the same in convert-mqa-to-gqa's report; BERT (an encoder) has no KV cache.
+        "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg),
         "tokens_per_sec": fed / seconds if seconds else None,
         "data_fingerprint": digest.hexdigest()[:16],
     }
