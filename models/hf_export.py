@@ -17,12 +17,12 @@ unexpected weight. (tfkit's MLM pretraining does not train it either.)
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, processors
 from torch import Tensor
 
 from ..errors import ConfigError
@@ -126,7 +126,7 @@ def _export_tokenizer(ckpt: Path, dst: Path, family: str, cfg: ModelConfig) -> d
     if tok.vocab_size > cfg.vocab_size:
         raise ConfigError(f"the checkpoint's tokenizer has {tok.vocab_size} tokens but model.vocab_size is "
                           f"{cfg.vocab_size}; the exported model could not embed every id")
-    shutil.copyfile(ckpt / "tokenizer.json", dst / "tokenizer.json")
+    (dst / "tokenizer.json").write_text(_framing_tokenizer(ckpt, tok, family), encoding="utf-8")
     config = read_json(ckpt / "tokenizer_config.json") if (ckpt / "tokenizer_config.json").is_file() else {}
     config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
     config.update(tok.roles, model_max_length=cfg.max_seq_len)
@@ -137,6 +137,25 @@ def _export_tokenizer(ckpt: Path, dst: Path, family: str, cfg: ModelConfig) -> d
     (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (dst / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
     return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+
+
+def _framing_tokenizer(ckpt: Path, tok, family: str) -> str:
+    """The checkpoint's tokenizer.json, with the document framing tfkit's decoders were trained with made
+    the post-processor's: tfkit packs `doc EOS doc EOS ...`, so a decoder's prompt starts after an EOS
+    (`tfkit generate` feeds `<|endoftext|> To be`). HuggingFace adds nothing to `tokenizer("To be")`, and
+    greedy continuations differed until the user found the convention; now `tokenizer(text)` gives the ids
+    tfkit feeds. Tokenizers that begin documents with their own BOS (Llama's `<s>`) already do."""
+    text = (ckpt / "tokenizer.json").read_text(encoding="utf-8")
+    prefix = tok.document_prefix()
+    if family == "bert" or not prefix or tok.doc_start_id is not None:
+        return text
+    tokenizer = Tokenizer.from_str(text)
+    name = tok.id_to_token(prefix[0])
+    frame = processors.TemplateProcessing(single=f"{name} $A", pair=f"{name} $A {name} $B:1",
+                                          special_tokens=[(name, prefix[0])])
+    current = tokenizer.post_processor
+    tokenizer.post_processor = frame if current is None else processors.Sequence([current, frame])
+    return tokenizer.to_str(pretty=True)
 
 
 def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:

@@ -110,7 +110,10 @@ def test_autotokenizer_loads_the_same_ids_and_special_tokens(tmp_path, tokenizer
     tok, hf_tok = load_tokenizer(ckpt), transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "The lazy fox sleeps."
     encoded = hf_tok(text)
-    assert encoded["input_ids"] == tok.encode(text, add_special_tokens=True)
+    if kind == "wordpiece":
+        assert encoded["input_ids"] == tok.encode(text, add_special_tokens=True)
+    else:  # a decoder's prompt framed as tfkit's training documents were, and as `tfkit generate` feeds it
+        assert encoded["input_ids"] == tok.document_prefix() + tok.encode(text)
     for role, token in tok.roles.items():
         assert getattr(hf_tok, role) == token
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -178,3 +181,22 @@ def test_export_never_overwrites_without_force(tmp_path):
         with pytest.raises(CheckpointError, match="is or contains the input"):
             export_hf(ckpt, target, force=True)
     assert (ckpt / "model.safetensors").is_file()
+
+
+def test_hf_generate_on_the_export_continues_as_tfkit_generate(tmp_path, tokenizers):
+    """The export carries tfkit's prompt framing, so greedy decoding agrees token for token."""
+    from tfkit.models.generation import generate
+
+    ours, ckpt = checkpoint(tmp_path / "ckpt", tokenizers["bpe"], **GPT2)
+    export_hf(ckpt, tmp_path / "hf")
+    tok, hf_tok = load_tokenizer(ckpt), transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    hf = load_hf(tmp_path / "hf", "gpt")
+    prompt = "The lazy fox"
+    batch = hf_tok(prompt, return_tensors="pt")
+    with torch.no_grad():
+        hf_ids = hf.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_id)[0].tolist()
+    new = hf_ids[batch["input_ids"].shape[1]:]
+    new = new[: new.index(tok.eos_id)] if tok.eos_id in new else new  # tfkit leaves the end-of-text token out
+    ours_ids = generate(ours.eval(), [tok.document_prefix() + tok.encode(prompt)], 12, temperature=0,
+                        eos_id=tok.eos_id)[0]
+    assert ours_ids == new and len(new) > 0
