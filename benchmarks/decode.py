@@ -3,7 +3,8 @@
 One model shape with random weights, built three times with n_kv_heads = n_heads (MHA), n_heads/4 (GQA)
 and 1 (MQA). For batch 1 and 16 at a short and a long context, the prompt is prefilled and then
 `--steps` tokens are decoded greedily one at a time through tfkit's static KV cache (the same
-`prefill`/`decode_one_token` that `tfkit generate` uses), timing only the decode steps. Decoding is
+`prefill`/`decode_step` that `tfkit generate` uses; `--compile`: the step compiled, as
+`tfkit generate --compile` runs it, compile time excluded), timing only the decode steps. Decoding is
 memory-bound: each step reads every weight and the whole cache once, so the cache size (bytes per token,
 printed) is what GQA/MQA shrink and where they should win, most at long context and large batch.
 Ratios are against MHA measured in the same run, on the same machine, so they survive noisy hosts.
@@ -11,7 +12,7 @@ Ratios are against MHA measured in the same run, on the same machine, so they su
 Also times HuggingFace `generate` on the same weights (exported as Llama by tfkit's own export rules)
 when `transformers` is installed; skipped otherwise, or with --no-hf.
 
-    python -m benchmarks.decode [--device cpu|cuda] [--quick]
+    python -m benchmarks.decode [--device cpu|cuda] [--quick] [--compile] [--batches 1] [--contexts 128]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tfkit.models import ModelConfig, build_model, kv_cache_bytes_per_token
-from tfkit.models.generation import decode_one_token, prefill
+from tfkit.models.generation import compiled, decode_step, prefill
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Shape:
 FULL = Shape(d_model=768, n_layers=12, n_heads=16, vocab_size=32768, contexts=(128, 2048), steps=64)
 QUICK = Shape(d_model=256, n_layers=4, n_heads=8, vocab_size=8192, contexts=(64, 512), steps=16)
 BATCHES = (1, 16)
+WARMUP = 3  # untimed decode steps before the timed ones (compiling, recording a CUDA graph)
 
 
 def variants(shape: Shape) -> dict[str, int]:
@@ -48,7 +50,7 @@ def variants(shape: Shape) -> dict[str, int]:
 def config(shape: Shape, n_kv_heads: int, steps: int) -> ModelConfig:
     return ModelConfig(arch="gpt", vocab_size=shape.vocab_size, d_model=shape.d_model, n_layers=shape.n_layers,
                        n_heads=shape.n_heads, n_kv_heads=n_kv_heads, positions="rope", norm="rmsnorm",
-                       activation="swiglu", bias=False, max_seq_len=max(shape.contexts) + steps + 1)
+                       activation="swiglu", bias=False, max_seq_len=max(shape.contexts) + WARMUP + steps)
 
 
 def sync(device: torch.device) -> None:
@@ -58,16 +60,23 @@ def sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def decode_tokens_per_sec(model: torch.nn.Module, batch: int, context: int, steps: int,
-                          device: torch.device) -> float:
-    """Generated tokens per second (all rows) over `steps` greedy one-token steps after a prefill."""
+                          device: torch.device, compile: bool = False) -> float:
+    """Generated tokens per second (all rows) over `steps` greedy one-token steps after a prefill and
+    WARMUP untimed steps (where `compile` compiles and, on CUDA, records its CUDA graph)."""
     prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)  # (B, T)
-    cache = model.new_kv_cache(batch, context + steps + 1)
+    cache = model.new_kv_cache(batch, context + WARMUP + steps)
+    step = decode_step
+    if compile:
+        cache.mark_static()
+        step = compiled(decode_step, device)
+    position = torch.zeros((), dtype=torch.long, device=device)  # rewritten in place, as `generate` does
     token = prefill(model, prompt, cache).argmax(-1, keepdim=True)  # (B, 1)
-    token = decode_one_token(model, token, cache, context).argmax(-1, keepdim=True)  # warm-up step
-    sync(device)
-    start = time.perf_counter()
-    for pos in range(context + 1, context + 1 + steps):
-        token = decode_one_token(model, token, cache, pos).argmax(-1, keepdim=True)  # (B, 1)
+    for pos in range(context, context + WARMUP + steps):
+        if pos == context + WARMUP:
+            sync(device)
+            start = time.perf_counter()
+        position.fill_(pos)
+        token = step(model, token, position, cache).argmax(-1, keepdim=True)  # (B, 1)
     sync(device)
     return batch * steps / (time.perf_counter() - start)
 
@@ -118,6 +127,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="measurements per cell; the best is kept")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads (1 is steadier on a shared host: no OpenMP spin-waiting)")
+    parser.add_argument("--compile", action="store_true",
+                        help="time tfkit's decode step compiled (torch.compile; CUDA graphs on CUDA)")
+    parser.add_argument("--batches", type=_ints, default=BATCHES, help="comma-separated batch sizes (default 1,16)")
+    parser.add_argument("--contexts", type=_ints, default=None,
+                        help="comma-separated prompt lengths (default: the shape's short and long one)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -127,7 +141,9 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
 
-    cells = [(b, c) for c in shape.contexts for b in BATCHES]
+    contexts = args.contexts or shape.contexts
+    cells = [(b, c) for c in contexts for b in args.batches]
+    shape = Shape(**{**shape.__dict__, "contexts": (min(contexts), max(contexts))})  # max_seq_len fits them
     models = {name: build_model(config(shape, kv, steps)).to(device=device, dtype=dtype).eval()
               for name, kv in variants(shape).items()}
     # Best of `--repeats`, with the variants interleaved inside each repeat: a busy host slows every
@@ -136,13 +152,14 @@ def main() -> None:
     for _ in range(args.repeats):
         for cell in cells:
             for name, model in models.items():
-                rows[name][cell] = max(rows[name][cell], decode_tokens_per_sec(model, *cell, steps, device))
+                rate = decode_tokens_per_sec(model, *cell, steps, device, compile=args.compile)
+                rows[name][cell] = max(rows[name][cell], rate)
 
     cfg = models["MHA"].config
     print(f"# decode, {args.device} {str(dtype).removeprefix('torch.')}: d_model={cfg.d_model} "
           f"n_layers={cfg.n_layers} n_heads={cfg.n_heads} vocab={cfg.vocab_size} "
           f"params={models['MHA'].num_params() / 1e6:.1f}M, {steps} greedy steps after a prefill, best of {args.repeats}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, decode step {'compiled' if args.compile else 'eager'}")
     head = ["variant", "kv_heads", "KV B/tok"] + [f"B={b} T={c} tok/s (xMHA)" for b, c in cells]
     table = []
     for name, model in models.items():
@@ -165,6 +182,10 @@ def main() -> None:
         print_table(["variant"] + [f"B={b} T={c}" for b, c in cells],
                     [[f"HF {name}"] + [f"{hf[name][cell]:.0f} ({rows[name][cell] / hf[name][cell]:.2f}x)"
                                        for cell in cells] for name in hf_models])
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
 
 
 def print_table(head: list[str], table: list[list[str]]) -> None:

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from ..errors import ConfigError
+from ..threads import set_threads
 from .options import Device, Dtype
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -36,25 +37,13 @@ def pick_runtime(device: str, dtype: str):
     return torch.device(device), {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def continuation(tokenizer, prompt: list[int], new: list[int], head: str | None = None) -> str:
-    """The text `new` adds after `prompt` (whose text `head` is, when the caller has it already).
-
-    WordPiece and Metaspace decoders drop the space before a word at the start of a text, so decoding
-    `new` alone loses the space between prompt and continuation ("ROMEO: I" + "in" read "in", not " in");
-    decoding both and cutting the prompt's text off keeps it. Falls back to `new` alone where the joint
-    text does not start with the prompt's."""
-    head = tokenizer.decode(prompt) if head is None else head
-    whole = tokenizer.decode(prompt + new)
-    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
-
-
 class TextStream:
     """Prints the text of a growing token list as it grows.
 
     Tokens are not characters: a byte-level BPE token can hold half of a UTF-8 character, and WordPiece
     or Metaspace decoding of a token depends on its neighbours. So the whole list is decoded each time
-    (after its prompt, see `continuation`) and only the new suffix is printed, held back while it ends
-    in an incomplete character.
+    (after its prompt, see `models.generation.continuation`) and only the new suffix is printed, held back
+    while it ends in an incomplete character.
     """
 
     def __init__(self, tokenizer, prompt: list[int]) -> None:
@@ -62,37 +51,26 @@ class TextStream:
         self.ids: list[int] = []
         self.printed = ""
 
+    def text(self) -> str:
+        """The continuation so far (imported here: the module must not import torch for --help)."""
+        from ..models.generation import continuation
+
+        return continuation(self.tokenizer, self.prompt, self.ids, self.head)
+
     def __call__(self, row: int, token: int) -> None:
         self.ids.append(token)
-        text = continuation(self.tokenizer, self.prompt, self.ids, self.head)
+        text = self.text()
         if text.endswith("\ufffd") or not text.startswith(self.printed):
             return
         typer.echo(text[len(self.printed):], nl=False)
         self.printed = text
 
     def finish(self) -> None:
-        text = continuation(self.tokenizer, self.prompt, self.ids, self.head)
+        text = self.text()
         typer.echo(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
 
 
-def prompt_ids(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | None]:
-    """(decoder prompt, encoder source) token ids, laid out exactly as the training batches were.
-
-    GPT: training packs documents as `doc EOS doc EOS ...` (EOS, or [SEP] without one), so a document
-    starts right after the separator; prefixing it conditions the model on "a new document begins".
-    Tokenizers that begin documents with their own BOS (Llama's `<s>`) get that instead
-    (`TfkitTokenizer.document_prefix`). Encoder-decoder: the source is `text EOS`, and the decoder
-    starts from BOS (or [CLS]).
-    """
-    sep = tokenizer.separator_id
-    if arch != "transformer":
-        return tokenizer.document_prefix() + tokenizer.encode(text), None
-    bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
-    if bos is None or sep is None:
-        raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source")
-    return [bos], tokenizer.encode(text) + [sep]
-
-
+# kept for tests/test_hf_cli.py until its import moves
 def prompt_header(number: int, prompt: str) -> str:
     """The stdout line before continuation `number` (from 1) when there are several prompts (module doc):
     one line whatever the prompt holds (repr escapes newlines), long prompts cut to 60 characters."""
@@ -128,6 +106,10 @@ def generate(
     seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed: the same seed gives the same text.")] = None,
     device: Device = "auto",
     dtype: Dtype = "fp32",
+    compile_step: Annotated[
+        bool, typer.Option("--compile", help="Compile the decode step with torch.compile (CUDA graphs on CUDA); "
+                                             "pays off for long outputs, falls back with a warning.")
+    ] = False,
 ) -> None:
     """Generate text from a checkpoint: continue prompts (GPT), decode from a source (encoder-decoder),
     or fill [MASK] tokens (BERT, --fill-mask: one `mask<TAB>prob<TAB>token` line per guess).
@@ -138,7 +120,7 @@ def generate(
     before --min-new-tokens), after --max-new-tokens, or at the model's max_seq_len; stderr says which.
     """
     from ..models import load_model, resolve_checkpoint
-    from ..models.generation import fill_mask, generate as generate_ids
+    from ..models.generation import continuation, fill_mask, frame_prompt, generate as generate_ids
     from ..tokenization import load_tokenizer
 
     if fill_mask_text is not None and prompt:
@@ -146,6 +128,7 @@ def generate(
     if fill_mask_text is None and not prompt:
         raise ConfigError("--prompt is required (or --fill-mask for a BERT checkpoint)")
     torch_device, torch_dtype = pick_runtime(device, dtype)
+    set_threads()  # the cores the machine's load leaves free
     folder = resolve_checkpoint(checkpoint)
     model, cfg = load_model(folder, device=torch_device)
     model = model.to(dtype=torch_dtype)
@@ -163,7 +146,7 @@ def generate(
         return
     if cfg.arch == "bert":
         raise ConfigError("--prompt needs a GPT or encoder-decoder checkpoint; for BERT use --fill-mask \"... [MASK] ...\"")
-    framed = [prompt_ids(tokenizer, text, cfg.arch) for text in prompt]
+    framed = [frame_prompt(tokenizer, text, cfg.arch) for text in prompt]
     prompts = [p for p, _ in framed]
     sources = [s for _, s in framed] if cfg.arch == "transformer" else None
     if sources and max(map(len, sources)) > cfg.max_seq_len:
@@ -178,7 +161,7 @@ def generate(
     stream = TextStream(tokenizer, prompts[0]) if len(prompts) == 1 else None
     outputs = generate_ids(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            eos_id=eos, seed=seed, on_token=stream, source_ids=sources,
-                           pad_id=tokenizer.pad_id or 0, min_new_tokens=min_new_tokens)
+                           pad_id=tokenizer.pad_id or 0, min_new_tokens=min_new_tokens, compile=compile_step)
     reasons = [stop_reason(len(p), len(ids), max_new_tokens, cfg.max_seq_len) for p, ids in zip(prompts, outputs)]
     if stream is not None:
         stream.finish()

@@ -8,7 +8,9 @@ Masks are built once per forward by the model (`self_attention_mask`, `cross_att
 to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
 - no padding, no ALiBi, no cache offset, causal or not: no mask tensor (`is_causal=True` for causal),
   so every fused backend applies (FlashAttention-2, memory-efficient, cuDNN on CUDA; the CPU flash kernel).
-- one decoding query (q_len 1, no padding, no ALiBi) sees the whole cache: no mask tensor either.
+- one decoding query at an int position (no padding, no ALiBi) sees every cached key: no mask tensor either.
+- the static decode step (position a tensor, keys = every slot of the cache): a boolean `attn_mask`
+  hiding the slots past the query (`position_mask`), or ALiBi's float one.
 - padding masks: a boolean `attn_mask`; ALiBi: an additive float `attn_mask` with the mask folded in.
   FlashAttention-2 takes no mask, so CUDA uses the memory-efficient or cuDNN kernel; the CPU flash kernel
   takes masks. GQA is passed as `enable_gqa=True` (no K/V copies), except with a mask on CUDA, where
@@ -63,18 +65,34 @@ def self_attention_mask(q_len: int, *, causal: bool, start_pos: int = 0, key_pad
         )
     if key_padding is None and alibi is None and (not causal or q_len == 1):
         return AttnMask()  # every key visible (one decoding query sees the whole cache): no tensor, any kernel
-    q_pos = torch.arange(start_pos, k_len, device=device)[:, None]  # (T_q, 1)
-    k_pos = torch.arange(k_len, device=device)[None, :]  # (1, T_k)
-    allowed = (k_pos <= q_pos) if causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    allowed = allowed[None, None]  # (1, 1, T_q, T_k)
+    q_pos = torch.arange(start_pos, k_len, device=device)  # (T_q,)
+    k_pos = torch.arange(k_len, device=device)  # (T_k,)
     pure_causal = causal and key_padding is None and alibi is None and start_pos == 0
+    tensor = position_mask(q_pos, k_pos, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype)
+    return AttnMask(tensor, is_causal=pure_causal)
+
+
+def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Tensor | None = None,
+                  alibi: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The mask tensor of queries at positions q_pos (T_q,) over keys at positions k_pos (T_k,).
+
+    bool (B|1, 1, T_q, T_k), True = may attend; with alibi slopes (H,) the additive float bias
+    (B|1, H, T_q, T_k), -inf where not allowed. Tensor ops only, so the static decode step builds it from
+    a position tensor (queries at that position, keys at every cache slot) without reading the position.
+    """
+    q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (T_q, 1), (1, T_k)
+    if causal:
+        allowed = k_pos <= q_pos  # (T_q, T_k)
+    else:
+        allowed = torch.ones(q_pos.shape[0], k_pos.shape[1], dtype=torch.bool, device=q_pos.device)  # (T_q, T_k)
+    allowed = allowed[None, None]  # (1, 1, T_q, T_k)
     if key_padding is not None:
         allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)
     if alibi is None:
-        return AttnMask(allowed, is_causal=pure_causal)
+        return allowed
     distance = (q_pos - k_pos).abs().float()  # (T_q, T_k): symmetric, so it also serves encoders
-    bias = -alibi.to(device=device, dtype=torch.float32)[:, None, None] * distance  # (H, T_q, T_k)
-    return AttnMask(bias[None].masked_fill(~allowed, float("-inf")).to(dtype))  # (B|1, H, T_q, T_k)
+    bias = -alibi.to(device=q_pos.device, dtype=torch.float32)[:, None, None] * distance  # (H, T_q, T_k)
+    return bias[None].masked_fill(~allowed, float("-inf")).to(dtype)  # (B|1, H, T_q, T_k)
 
 
 def cross_attention_mask(src_padding: Tensor | None) -> AttnMask:
@@ -139,7 +157,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: AttnMask, *, context: Tensor | None = None,
                 rope: tuple[Tensor, Tensor] | None = None, cache: LayerKV | CrossKV | None = None,
-                start_pos: int = 0, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                start_pos: int | Tensor = 0, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         B, T, C = x.shape
         q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
         if rope is not None:
@@ -155,7 +173,7 @@ class Attention(nn.Module):
             if isinstance(cache, CrossKV):
                 cache.store(k, v)
             elif cache is not None:
-                k, v = cache.update(k, v, start_pos)  # (B, H_kv, start_pos+T, D)
+                k, v = cache.update(k, v, start_pos)  # (B, H_kv, start_pos+T | S_max, D): kv_cache.py
         dropout_p = self.attn_dropout if self.training else 0.0
         if need_weights or self.impl == "naive":
             y, weights = naive_attention(q, k, v, mask, dropout_p, self.training)  # (B, H, T, D)

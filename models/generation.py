@@ -1,9 +1,17 @@
 """Decoding: a handful of small functions over the static KV cache, as in gpt-fast.
 
-`prefill` runs the prompt through the model once, filling the cache; `decode_one_token` feeds one token
-per step at its position; `logits_to_probs` and `sample` turn the last logits into the next token.
-`generate` is the loop around them for GPT and for the encoder-decoder's decoder (the source is encoded
-once, its cross-attention keys/values are cached by the model on the first decoder call).
+`prefill` runs the prompt through the model once, filling the cache (variable length, eager);
+`decode_step` feeds one token per row at a position given as a 0-dim tensor, reading the whole
+preallocated cache under a mask, so every step has the same shapes, the same graph and no host read: it
+is what `generate(compile=True)` compiles (`compiled`: CUDA graphs on CUDA). `logits_to_probs` and
+`sample` turn the last logits into the next token. `generate` is the loop around them for GPT and for the
+encoder-decoder's decoder (the source is encoded once, its cross-attention keys/values are cached by the
+model during the prefill). `frame_prompt` and `continuation` turn text into prompt ids and new ids back
+into the text that follows the prompt.
+
+The loop reads the device once per step at most, and only for the caller: the chosen tokens for
+`on_token` (streaming) and whether every row has ended when `eos_id` can end them. Without either, the
+new tokens stay on the device until the end.
 
 Prompts of different lengths in one batch. Left-padding would shift every shorter prompt to later
 positions, which changes the output of learned and RoPE positions (and needs per-row position ids the
@@ -13,6 +21,7 @@ is fed its own next prompt token instead of the sampled one (the "teacher-forced
 original LLaMA example). No padding ever enters the cache and each row sees only its own tokens, so a
 batched row equals that prompt decoded alone for every position encoding (learned, sinusoidal, RoPE,
 ALiBi); the price is that prompt tokens past the shortest length go through the one-token step.
+Every row is at the same position at every step, so one 0-dim position tensor serves the whole batch.
 
 Sampling is reproducible: one `torch.Generator` seeded by `seed` draws every sample, so the same seed,
 model and prompts give the same tokens; `temperature=0` is greedy (argmax) and draws nothing.
@@ -21,6 +30,7 @@ model and prompts give the same tokens; `temperature=0` is greedy (argmax) and d
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -29,14 +39,20 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 
+class CompileWarning(UserWarning):
+    """`compile=True` could not compile the decode step here; decoding went on uncompiled (a tfkit warning:
+    the CLI prints it as one line)."""
+
+
 OnToken = Callable[[int, int], None]  # on_token(row, token_id), called as each new token is chosen
+Step = Callable[..., Tensor]  # decode_step's signature, compiled or not
 
 
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _forward(model: nn.Module, ids: Tensor, cache, start_pos: int, memory: Tensor | None,
+def _forward(model: nn.Module, ids: Tensor, cache, start_pos: int | Tensor, memory: Tensor | None,
              src_mask: Tensor | None) -> Tensor:
     """Logits (B, T, V) for tokens at positions start_pos.. with the cache: GPT, or the seq2seq decoder."""
     if memory is not None:
@@ -49,16 +65,64 @@ def prefill(model: nn.Module, input_ids: Tensor, cache, *, memory: Tensor | None
             src_mask: Tensor | None = None) -> Tensor:
     """Run input_ids (B, T) at positions 0..T-1, writing their keys/values into the cache.
 
-    Returns the logits of the last position (B, V), from which the first new token is chosen.
+    Returns the logits of the last position (B, V), from which the first new token is chosen. Its shapes
+    depend on T, so it runs eagerly, once per generation.
     """
     return _forward(model, input_ids, cache, 0, memory, src_mask)[:, -1]  # (B, V)
 
 
-@torch.inference_mode()
-def decode_one_token(model: nn.Module, token: Tensor, cache, pos: int, *, memory: Tensor | None = None,
-                     src_mask: Tensor | None = None) -> Tensor:
-    """Feed token (B, 1) at position `pos` (attending to the cached 0..pos-1); return its logits (B, V)."""
+def decode_step(model: nn.Module, token: Tensor, pos: Tensor, cache, memory: Tensor | None = None,
+                src_mask: Tensor | None = None) -> Tensor:
+    """The static decode step: token (B, 1) at position pos (0-dim long tensor) -> its logits (B, V).
+
+    Writes the token's keys/values into the cache at pos and attends over the whole cache (B, H_kv, S_max,
+    D) under a mask, so the shapes are the same at every position and nothing is read on the host: this is
+    the function `generate(compile=True)` compiles into one graph. The caller keeps pos < cache.max_len.
+    """
     return _forward(model, token, cache, pos, memory, src_mask)[:, -1]  # (B, V)
+
+
+@torch.inference_mode()
+def decode_one_token(model: nn.Module, token: Tensor, cache, pos: int | Tensor, *, memory: Tensor | None = None,
+                     src_mask: Tensor | None = None) -> Tensor:
+    """Feed token (B, 1) at position `pos` (attending to the cached 0..pos-1); return its logits (B, V).
+
+    `decode_step` with pos given as an int or a tensor, under inference mode."""
+    if not isinstance(pos, Tensor):
+        if not 0 <= pos < cache.max_len:
+            raise ConfigError(f"KV cache holds {cache.max_len} positions but position {pos} was requested")
+        pos = torch.tensor(pos, device=token.device)  # 0-dim
+    return decode_step(model, token, pos, cache, memory, src_mask)  # (B, V)
+
+
+def compiled(step: Step, device: torch.device) -> Step:
+    """`step` under torch.compile as one graph: mode reduce-overhead on CUDA (a CUDA graph, one launch per
+    token), the default mode on the CPU. torch.compile is lazy, so a failure shows on the first call:
+    then, or when torch.compile is unavailable, one warning and the eager `step` from then on."""
+    def uncompiled(exc: Exception) -> Step:
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"compile: torch.compile failed ({type(exc).__name__}: {reason}); decoding uncompiled",
+                      CompileWarning, stacklevel=3)
+        return step
+
+    try:
+        graph = torch.compile(step, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to compile means: decode eagerly
+        return uncompiled(exc)
+    current = graph
+
+    def run(*args) -> Tensor:
+        nonlocal current
+        if current is graph:
+            try:
+                if device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs may be overwritten
+                return graph(*args)
+            except Exception as exc:  # noqa: BLE001
+                current = uncompiled(exc)
+        return current(*args)
+
+    return run
 
 
 def logits_to_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -114,6 +178,36 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None, m
         raise ConfigError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
 
 
+def frame_prompt(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | None]:
+    """(decoder prompt, encoder source) token ids, laid out exactly as the training batches were.
+
+    GPT: training packs documents as `doc EOS doc EOS ...` (EOS, or [SEP] without one), so a document
+    starts right after the separator; prefixing it conditions the model on "a new document begins".
+    Tokenizers that begin documents with their own BOS (Llama's `<s>`) get that instead
+    (`TfkitTokenizer.document_prefix`). Encoder-decoder: the source is `text EOS`, and the decoder
+    starts from BOS (or [CLS]).
+    """
+    sep = tokenizer.separator_id
+    if arch != "transformer":
+        return tokenizer.document_prefix() + tokenizer.encode(text), None
+    bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
+    if bos is None or sep is None:
+        raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source")
+    return [bos], tokenizer.encode(text) + [sep]
+
+
+def continuation(tokenizer, prompt: list[int], new: list[int], head: str | None = None) -> str:
+    """The text `new` adds after `prompt` (whose text `head` is, when the caller has it already).
+
+    WordPiece and Metaspace decoders drop the space before a word at the start of a text, so decoding
+    `new` alone loses the space between prompt and continuation ("ROMEO: I" + "in" read "in", not " in");
+    decoding both and cutting the prompt's text off keeps it. Falls back to `new` alone where the joint
+    text does not start with the prompt's."""
+    head = tokenizer.decode(prompt) if head is None else head
+    whole = tokenizer.decode(prompt + new)
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
+
+
 def encode_source(model: nn.Module, source_ids: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Encode the source sentences once: right-padded ids with a key-padding mask -> (memory, src_mask).
 
@@ -136,7 +230,7 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None, on_token: OnToken | None = None,
              source_ids: list[list[int]] | None = None, pad_id: int = 0,
-             min_new_tokens: int = 0) -> list[list[int]]:
+             min_new_tokens: int = 0, compile: bool = False) -> list[list[int]]:
     """Continue each prompt by up to max_new_tokens tokens; returns only the new tokens of each row.
 
     A row stops at `eos_id` (which is not included in its output) or when it reaches
@@ -144,6 +238,11 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
     never chosen (a small model often ends a document at once). `on_token(row, token_id)` is called for every new token
     as soon as it is chosen (streaming). For the encoder-decoder pass `source_ids` (one source per row);
     `prompt_ids` are then the decoder prompts, usually `[[bos_id]]` per row, and `pad_id` pads the source.
+    `compile=True` runs the decode step through torch.compile (`compiled`): the same tokens, up to float
+    rounding of near-ties.
+
+    Host reads: one per step, and only when `on_token` or `eos_id` needs the step's tokens or whether every
+    row has ended; otherwise none until the end, where the new tokens are read from the device at once.
     """
     cfg = model.config
     if cfg.arch == "bert":
@@ -172,40 +271,54 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
     tokens = torch.zeros(B, total, dtype=torch.long, device=device)  # (B, S): prompts at true positions
     for row, ids in enumerate(prompt_ids):
         tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
-    lengths_t = torch.tensor(lengths, device=device)  # (B,)
     stop_at = [min(n + max_new_tokens, total) for n in lengths]  # first position a row may not fill
+    lengths_t, stop_at_t = torch.tensor(lengths, device=device), torch.tensor(stop_at, device=device)  # (B,) x2
     memory, src_mask = encode_source(model, source_ids, pad_id) if source_ids is not None else (None, None)
     cache = model.new_kv_cache(B, total, device=device, dtype=next(model.parameters()).dtype)
+    step = decode_step
+    if compile:
+        cache.mark_static()
+        step = compiled(decode_step, device)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
 
-    outputs: list[list[int]] = [[] for _ in range(B)]  # new tokens only; EOS is not included
-    done = [n >= stop for n, stop in zip(lengths, stop_at)]
-    start = min(lengths)
+    done = lengths_t >= stop_at_t  # (B,): rows that have ended (on the device: read once per step at most)
+    position = torch.zeros((), dtype=torch.long, device=device)  # the step's position, rewritten in place
+    start = end = min(lengths)
     logits = prefill(model, tokens[:, :start], cache, memory=memory, src_mask=src_mask)  # (B, V)
     for pos in range(start, total):
+        end = pos + 1
         if min_new_tokens and eos_id is not None:  # rows short of min_new_tokens may not end yet
             too_early = (pos - lengths_t) < min_new_tokens  # (B,)
+            logits = logits.clone()  # a compiled step's output is its graph's buffer: not written in place
             logits[:, eos_id] = logits[:, eos_id].masked_fill(too_early, float("-inf"))
         chosen = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
         chosen = torch.where(pos < lengths_t, tokens[:, pos], chosen)  # rows still in their prompt
         tokens[:, pos] = chosen
-        for row, tok in enumerate(chosen.tolist()):
-            if done[row] or pos < lengths[row]:
-                continue
-            if eos_id is not None and tok == eos_id:
-                done[row] = True
-                continue
-            outputs[row].append(tok)
+        if on_token is not None or eos_id is not None:
+            new = ~done & (pos >= lengths_t)  # (B,): rows that chose a new token at pos
+            if eos_id is not None:
+                ended = new & (chosen == eos_id)  # (B,)
+                done, new = done | ended, new & ~ended
+            done = done | (new & (pos + 1 >= stop_at_t))
+            picked, news, dones = torch.stack([chosen, new.long(), done.long()]).tolist()  # the step's one read
             if on_token is not None:
-                on_token(row, tok)
-            done[row] = pos + 1 >= stop_at[row]
-        if all(done):
-            break
-        logits = decode_one_token(model, chosen[:, None], cache, pos, memory=memory, src_mask=src_mask)
+                for row in range(B):
+                    if news[row]:
+                        on_token(row, picked[row])
+            if all(dones):
+                break
+        if pos + 1 < total:
+            position.fill_(pos)
+            logits = step(model, chosen[:, None], position, cache, memory, src_mask)  # (B, V)
     model.train(was_training)
-    return outputs
+    return [_until_eos(row[n:min(stop, end)], eos_id) for row, n, stop in zip(tokens.tolist(), lengths, stop_at)]
+
+
+def _until_eos(ids: list[int], eos_id: int | None) -> list[int]:
+    """A row's new tokens up to (without) the first eos_id: where the row ended."""
+    return ids[: ids.index(eos_id)] if eos_id is not None and eos_id in ids else ids
 
 
 @torch.inference_mode()

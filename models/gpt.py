@@ -3,7 +3,8 @@
 token (+ learned/sinusoidal positions) -> n_layers causal blocks -> final norm (pre-LN) -> LM head,
 tied to the token embedding when `tie_embeddings`. Incremental decoding writes each layer's keys/values
 into a static `KVCache` at `start_pos`; the causal mask, RoPE angles and ALiBi distances are offset to
-match, so cached decoding reproduces a full forward.
+match, so cached decoding reproduces a full forward. `start_pos` as a 0-dim tensor is the static decode
+step (fixed shapes, the whole cache attended under a mask; see transformer.py and kv_cache.py).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ class GPT(ModelBase):
             self.lm_head.weight = self.embed.tok.weight
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-                start_pos: int = 0, head: bool = True) -> Tensor:
+                start_pos: int | Tensor = 0, head: bool = True) -> Tensor:
         """input_ids (B, T) at positions start_pos..start_pos+T -> logits (B, T, V).
 
+        start_pos: an int, or a 0-dim long tensor for the static decode step (needs kv_cache, no mask).
         attention_mask: (B, start_pos+T) bool, True = real token, covering every key so far (cached too).
         head=False returns the final hidden states (B, T, C) instead, for a training objective that fuses
         `lm_head` into its loss (trainer/fused_loss.py). It is a flag on forward rather than a separate
@@ -39,8 +41,7 @@ class GPT(ModelBase):
         T = input_ids.shape[1]
         self._check_span(start_pos, T, kv_cache)
         x = self.embed(input_ids, start_pos)  # (B, T, C)
-        mask = self._self_mask(x, causal=True, start_pos=start_pos, padding=attention_mask)  # once, for all layers
-        rope = self._rope(x, start_pos)
+        mask, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache)  # once, for all layers
         for i, block in enumerate(self.blocks):
             cache = None if kv_cache is None else kv_cache.layers[i]
             x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos)  # (B, T, C)

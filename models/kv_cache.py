@@ -1,12 +1,26 @@
 """The static KV cache used for incremental decoding (GPT and the encoder-decoder's decoder).
 
-Static means pre-allocated once at `(B, H_kv, S_max, D)` per layer and written by index at `start_pos`,
-as in gpt-fast: no tensor grows or is concatenated during generation, so memory is known up front and a
-decode step has fixed shapes (compile-friendly). The cache is sized by the *key/value* head count, which
-is the whole point of GQA/MQA at inference: the cache shrinks by `n_heads / n_kv_heads`.
+Static means pre-allocated once at `(B, H_kv, S_max, D)` per layer and written by index, as in gpt-fast:
+no tensor grows or is concatenated during generation, so memory is known up front. The cache is sized by
+the *key/value* head count, which is the whole point of GQA/MQA at inference: the cache shrinks by
+`n_heads / n_kv_heads`.
+
+`LayerKV.update` has two modes, chosen by the type of `start_pos`:
+- an int (prefill, or a chunk of tokens): keys/values are written at start_pos.. and the keys/values
+  0..start_pos+T are returned, so the attention shapes grow with the position (one graph per length);
+- a 0-dim long tensor (the static decode step of `generation.decode_step`): they are written with
+  `index_copy_` at the position the tensor holds and the *whole* buffers are returned. Every step then has
+  the same shapes and reads no position on the host, so it compiles to one graph (and a CUDA graph); the
+  keys past the query are hidden by the mask, built from the tables below. `mark_static` lets a CUDA
+  graph write the buffers in place.
+
+Those tables are built here once, on the cache's device, for the static step to index by the position
+tensor: `positions` (0..S_max-1, compared with the query position to give the causal mask), `rope` (the
+cos/sin rows of every position, fp32) and `alibi` (the per-head slopes, fp32). They live in the cache and
+not in the model because a model cast to bf16 casts its buffers, and bf16 garbles distant RoPE angles.
 
 For the encoder-decoder, cross-attention keys/values depend only on the encoder memory, so each decoder
-layer computes them once on the first decode call and reuses them (`CrossKV`).
+layer computes them once on the first (prefill) call and reuses them (`CrossKV`).
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from .config import ModelConfig
+from .layers import alibi_slopes, rope_angles
 
 
 class LayerKV:
@@ -31,9 +46,19 @@ class LayerKV:
     def max_len(self) -> int:
         return self.k.shape[2]
 
-    def update(self, k: Tensor, v: Tensor, start_pos: int) -> tuple[Tensor, Tensor]:
-        """Write the new keys/values at positions start_pos.. and return every key/value so far."""
-        end = start_pos + k.shape[2]
+    def update(self, k: Tensor, v: Tensor, start_pos: int | Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys/values k, v (B, H_kv, T, D) at positions start_pos..start_pos+T-1.
+
+        start_pos an int: returns the keys/values 0..start_pos+T. A 0-dim tensor (static decode step):
+        returns the whole buffers; its bounds are the caller's to keep (checking would read it on the host).
+        """
+        T = k.shape[2]
+        if isinstance(start_pos, Tensor):
+            index = start_pos + torch.arange(T, device=self.k.device)  # (T,)
+            self.k.index_copy_(2, index, k.to(self.k.dtype))
+            self.v.index_copy_(2, index, v.to(self.v.dtype))
+            return self.k, self.v  # (B, H_kv, S_max, D)
+        end = start_pos + T
         if end > self.max_len:
             raise ConfigError(
                 f"KV cache holds {self.max_len} positions but positions up to {end} were requested; "
@@ -56,7 +81,8 @@ class CrossKV:
 
 
 class KVCache:
-    """One `LayerKV` per (decoder) layer, plus one `CrossKV` per layer when the model has cross-attention."""
+    """One `LayerKV` per (decoder) layer, plus one `CrossKV` per layer when the model has cross-attention,
+    and the position tables the static decode step indexes (module docstring)."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int, cross: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
@@ -67,6 +93,24 @@ class KVCache:
             LayerKV(batch_size, cfg.kv_heads, max_len, cfg.head_dim, device, dtype) for _ in range(cfg.n_layers)
         ]
         self.cross = [CrossKV() for _ in range(cfg.n_layers)] if cross else None
+        self.positions = torch.arange(max_len, device=device)  # (S_max,): every key position
+        self.rope = rope_angles(cfg, 0, max_len, device) if cfg.positions == "rope" else None  # (S_max, D) x2
+        self.alibi = alibi_slopes(cfg.n_heads).to(device) if cfg.positions == "alibi" else None  # (H,) fp32
+
+    @property
+    def max_len(self) -> int:
+        return self.positions.shape[0]
+
+    def mark_static(self) -> None:
+        """Before compiling a step over this cache: tell torch.compile the buffers keep their address, so
+        a CUDA graph (reduce-overhead) may write them in place instead of skipping CUDA graphs for a mutated
+        input. guard=False: a new cache of the same shapes reuses the compiled step. Not done for every
+        cache because importing torch._dynamo takes seconds."""
+        import torch._dynamo
+
+        for layer in self.layers:
+            torch._dynamo.mark_static_address(layer.k, guard=False)
+            torch._dynamo.mark_static_address(layer.v, guard=False)
 
     def nbytes(self) -> int:
         """Bytes held by the self-attention buffers (what grows with sequence length)."""

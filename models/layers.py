@@ -124,13 +124,16 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start_pos: int = 0, token_type_ids: Tensor | None = None) -> Tensor:
-        T = ids.shape[1]
+    def forward(self, ids: Tensor, start_pos: int | Tensor = 0, token_type_ids: Tensor | None = None) -> Tensor:
+        """ids (B, T) at positions start_pos..start_pos+T-1 -> (B, T, C). start_pos may be a 0-dim tensor
+        (the static decode step): the position rows are then indexed on the device, never read back."""
         x = self.tok(ids) * self.scale  # (B, T, C)
-        if self.pos is not None:
-            x = x + self.pos(torch.arange(start_pos, start_pos + T, device=ids.device))  # (B, T, C)
-        if self.sinusoid is not None:
-            x = x + self.sinusoid[start_pos:start_pos + T].to(x.dtype)  # (B, T, C)
+        if self.pos is not None or self.sinusoid is not None:
+            positions = torch.arange(ids.shape[1], device=ids.device) + start_pos  # (T,)
+            if self.pos is not None:
+                x = x + self.pos(positions)  # (B, T, C)
+            if self.sinusoid is not None:
+                x = x + self.sinusoid.index_select(0, positions).to(x.dtype)  # (B, T, C)
         if self.seg is not None:
             segments = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
             x = x + self.seg(segments)  # (B, T, C)

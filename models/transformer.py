@@ -2,8 +2,12 @@
 
 `Block` is the one layer every family stacks: self-attention (+ cross-attention in a decoder) and a
 feed-forward, each a residual branch with its norm before (pre-LN, GPT-2) or after (post-LN, the paper and
-BERT) the residual add. `ModelBase` holds what all three families share: position machinery (RoPE tables,
+BERT) the residual add. `ModelBase` holds what all three families share: position machinery (RoPE angles,
 ALiBi slopes), mask building (once per forward), parameter and FLOP counts, and the KV-cache factory.
+
+Decoders take `start_pos` as an int (prefill, chunks: keys 0..start_pos+T) or as a 0-dim tensor, the
+static decode step: keys are the whole cache, and the mask and RoPE rows come from the cache's tables
+indexed by that tensor (`_decoder_inputs`), so every step has the same shapes and no host read.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from .attention import Attention, AttnMask, cross_attention_mask, self_attention_mask
+from .attention import Attention, AttnMask, cross_attention_mask, position_mask, self_attention_mask
 from .config import ModelConfig
 from .kv_cache import CrossKV, KVCache, LayerKV
 from .layers import Embeddings, FeedForward, alibi_slopes, init_weights, make_norm, rope_angles
@@ -37,7 +41,7 @@ class Block(nn.Module):
         return norm(x + self.drop(fn(x, *args, **kwargs)))
 
     def forward(self, x: Tensor, mask: AttnMask, *, rope: tuple[Tensor, Tensor] | None = None,
-                cache: LayerKV | None = None, start_pos: int = 0, memory: Tensor | None = None,
+                cache: LayerKV | None = None, start_pos: int | Tensor = 0, memory: Tensor | None = None,
                 memory_mask: AttnMask | None = None, cross_cache: CrossKV | None = None) -> Tensor:
         x = self._sublayer(x, self.norm_attn, self.attn, mask, rope=rope, cache=cache, start_pos=start_pos)
         if self.cross_attn is not None:
@@ -55,7 +59,11 @@ class ModelBase(nn.Module):
         super().__init__()
         self.config = cfg
 
-    def _check_span(self, start_pos: int, length: int, kv_cache: KVCache | None) -> None:
+    def _check_span(self, start_pos: int | Tensor, length: int, kv_cache: KVCache | None) -> None:
+        if isinstance(start_pos, Tensor):  # the static step: its bounds are the caller's (reading them syncs)
+            if kv_cache is None or start_pos.dim() != 0:
+                raise ValueError("a tensor start_pos (the static decode step) must be 0-dim and needs a kv_cache")
+            return
         if start_pos and kv_cache is None:
             raise ValueError("start_pos > 0 needs a kv_cache holding the earlier positions")
         if start_pos + length > self.config.max_seq_len:
@@ -75,6 +83,22 @@ class ModelBase(nn.Module):
         slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
         return self_attention_mask(x.shape[1], causal=causal, start_pos=start_pos, key_padding=padding,
                                    alibi=slopes, device=x.device, dtype=x.dtype)
+
+    def _decoder_inputs(self, x: Tensor, start_pos: int | Tensor, padding: Tensor | None,
+                        kv_cache: KVCache | None) -> tuple[AttnMask, tuple[Tensor, Tensor] | None]:
+        """The causal self-attention mask and RoPE cos/sin of a decoder forward, built once for all layers.
+
+        A tensor start_pos is the static decode step: queries at start_pos.. over every slot of the cache,
+        the mask from the cache's key positions (and ALiBi slopes), RoPE rows indexed from its table.
+        """
+        if not isinstance(start_pos, Tensor):
+            return self._self_mask(x, causal=True, start_pos=start_pos, padding=padding), self._rope(x, start_pos)
+        if padding is not None:
+            raise ValueError("the static decode step takes no attention_mask: every row is real up to start_pos")
+        q_pos = start_pos + kv_cache.positions[: x.shape[1]]  # (T,)
+        mask = position_mask(q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype)
+        rope = None if kv_cache.rope is None else (kv_cache.rope[0][q_pos], kv_cache.rope[1][q_pos])  # (T, D) x2
+        return AttnMask(mask), rope  # mask (1, 1|H, T, S_max)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Distinct parameters (a tied matrix counts once); non_embedding drops the lookup tables
@@ -142,21 +166,21 @@ class Transformer(ModelBase):
         return x if self.enc_norm is None else self.enc_norm(x)  # (B, S, C)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               kv_cache: KVCache | None = None, start_pos: int = 0, tgt_mask: Tensor | None = None,
+               kv_cache: KVCache | None = None, start_pos: int | Tensor = 0, tgt_mask: Tensor | None = None,
                head: bool = True) -> Tensor:
         """tgt_ids (B, T) at positions start_pos.. -> logits (B, T, V). tgt_mask covers start_pos+T keys.
 
         With a kv_cache, the decoder's own keys/values are written at start_pos and the memory's
-        cross-attention keys/values are computed on the first call and reused afterwards.
+        cross-attention keys/values are computed on the first call and reused afterwards (so a static
+        step, start_pos a 0-dim tensor, follows a prefill and reads no memory).
         head=False returns the final decoder states (B, T, C) instead, for an objective that fuses `lm_head`
         into its loss (trainer/fused_loss.py).
         """
         T = tgt_ids.shape[1]
         self._check_span(start_pos, T, kv_cache)
         x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
-        self_mask = self._self_mask(x, causal=True, start_pos=start_pos, padding=tgt_mask)
+        self_mask, rope = self._decoder_inputs(x, start_pos, tgt_mask, kv_cache)
         memory_mask = cross_attention_mask(src_mask)
-        rope = self._rope(x, start_pos)
         for i, block in enumerate(self.decoder):
             x = block(x, self_mask, rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,
                       cache=None if kv_cache is None else kv_cache.layers[i],

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.models.generation import fill_mask, generate as generate_ids
+from tfkit.models.generation import continuation, fill_mask, generate as generate_ids
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 
@@ -166,8 +166,6 @@ def test_stream_prints_text_as_it_grows_and_never_half_a_character(gpt_ckpt: Pat
 def test_a_continuation_keeps_the_space_after_its_prompt(corpus: list[str], tmp_path: Path, kind: str) -> None:
     """WordPiece and Metaspace decoders drop the space before a text's first word; a continuation is not
     a text of its own ("ROMEO: I" + "in" must read " in")."""
-    from tfkit.cli.generate import continuation
-
     train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), corpus, tmp_path / kind, show_progress=False)
     tok = load_tokenizer(tmp_path / kind)
     prompt, new = tok.encode("ROMEO: I"), tok.encode("in the house")
@@ -191,3 +189,20 @@ def test_a_reader_that_stops_early_is_not_an_error(gpt_ckpt: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "error" not in err and "Traceback" not in err, err
+
+
+def test_compile_flag_compiles_the_decode_step_and_prints_the_same_text(gpt_ckpt: Path, monkeypatch) -> None:
+    """The plumbing only (inductor itself is tests/test_decode_static.py's slow test): --compile hands the
+    decode step to torch.compile, default mode on the CPU, and the text is the eager one."""
+    modes = []
+
+    def recording_compile(fn, mode=None, **kwargs):
+        modes.append(mode)
+        return fn
+
+    args = [str(gpt_ckpt), "--prompt", "First Citizen:", "-n", "8", "--temperature", "0", "--device", "cpu"]
+    eager = invoke(args)
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    compiled = invoke([*args, "--compile"])
+    assert compiled.exit_code == 0, compiled.output
+    assert compiled.stdout == eager.stdout and modes == [None]

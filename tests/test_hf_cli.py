@@ -234,7 +234,7 @@ def llama_with_bos(folder: Path) -> Path:
 def test_imported_llama_frames_documents_and_prompts_with_its_bos(tmp_path, monkeypatch):
     """transformers scores a Llama document as `<s> doc </s>` and continues `<s> prompt`; tfkit's eval
     and generate must frame them the same way, not as `</s> doc` (what a GPT-2-style stream gives)."""
-    from tfkit.cli.generate import prompt_ids
+    from tfkit.models.generation import frame_prompt
     from tfkit.tokenization.train import load_tokenizer
 
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
@@ -242,7 +242,7 @@ def test_imported_llama_frames_documents_and_prompts_with_its_bos(tmp_path, monk
     assert run("import-hf", src, "--out", tmp_path / "llama").exit_code == 0
     tok = load_tokenizer(tmp_path / "llama")
     assert tok.doc_start_id == 1 and tok.separator_id == 2
-    assert prompt_ids(tok, "The quick", "gpt")[0] == [1, *tok.encode("The quick")]
+    assert frame_prompt(tok, "The quick", "gpt")[0] == [1, *tok.encode("The quick")]
 
     docs = TEXT[:3]
     data = tmp_path / "docs.jsonl"
