@@ -281,12 +281,12 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
 
 def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
     """The trained model continuing `eval.sample_prompt` (causal models only)."""
-    from ..models.generation import generate
+    from ..models.generation import continuation, frame_prompt, generate
 
-    prompt = tokenizer.document_prefix() + tokenizer.encode(recipe.eval.sample_prompt)  # framed as in training
+    prompt, _ = frame_prompt(tokenizer, recipe.eval.sample_prompt, "gpt")  # as `tfkit generate` frames it
     new = generate(model, [prompt], recipe.eval.sample_tokens, temperature=0.8, top_k=40,
                    eos_id=tokenizer.eos_id, seed=recipe.train.seed)[0]
-    return recipe.eval.sample_prompt + tokenizer.decode(new)
+    return recipe.eval.sample_prompt + continuation(tokenizer, prompt, new)
 
 
 def _report(result: RunResult, model, tokens_per_sec: float | None) -> None:
