@@ -18,6 +18,7 @@ Where a run starts from:
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,11 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
     set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
     trainer = Trainer(recipe, info)
     try:
-        trainer.build(run_dir, resume)
+        try:
+            trainer.build(run_dir, resume)
+        except BaseException:
+            trainer.discard_new_run_folder()
+            raise
         trainer.train()
         result = trainer.finish()
         # Leave together: rank 0 still writes the report and the plot after the last collective, and a
@@ -88,6 +93,8 @@ class Trainer:
         self.started = time.perf_counter()
         self.metrics: MetricsWriter | None = None
         self.checkpoint: Path | None = None  # the last checkpoint written (or resumed from)
+        self.run_dir: Path | None = None
+        self.made_dirs: list[Path] = []  # run_dir and the parents this process created, deepest first
 
     # --- build: everything before the first step ----------------------------------------------------------
 
@@ -135,6 +142,7 @@ class Trainer:
             run_folder.model_config(recipe, None, self.source)
         if info.is_main:
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
+            self.made_dirs = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
             self.run_dir.mkdir(parents=True, exist_ok=True)
             prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, console)
         barrier(info)
@@ -175,6 +183,16 @@ class Trainer:
             self.scaler.load_state_dict(self.saved["scaler"])
         self.state = TrainState.from_dict(self.saved["state"])
         self.state.interrupted = 0
+
+    def discard_new_run_folder(self) -> None:
+        """After a failed start, remove the run folder if this run made it: a refused or broken start
+        leaves nothing behind (an empty runs/NAME-TIME/ only misleads `--resume auto` and the user)."""
+        if not self.made_dirs or not self.info.is_main:
+            return
+        shutil.rmtree(self.made_dirs[0], ignore_errors=True)
+        for parent in self.made_dirs[1:]:  # e.g. runs/, when this run made it: only while empty
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
 
     # --- what the loop calls back -----------------------------------------------------------------------
 
