@@ -140,6 +140,7 @@ class Trainer:
         self.source = self.resume_from or self.init_from  # the checkpoint that supplies model config and tokenizer
         if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
             run_folder.model_config(recipe, None, self.source)
+        self.recipe = recipe = run_folder.source_data(recipe, self.source)  # data.train: null = the source's
         if info.is_main:
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
             self.made_dirs = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
@@ -223,7 +224,9 @@ class Trainer:
     def _config_extra(self) -> dict:
         """What a checkpoint's config.json records about the training run, beside the model."""
         r = self.recipe
-        extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len}
+        extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len,
+                 "data": {"train": r.data.train, "valid": r.data.valid, "valid_fraction": r.data.valid_fraction,
+                          "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
             extra["pair_fields"] = [r.data.source_field, r.data.target_field]
         return extra

@@ -101,6 +101,24 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
     return source
 
 
+def source_data(recipe, source: Path | None):
+    """The recipe with `data.train: null` resolved: the training and validation data the source checkpoint
+    (train.init_from, or the run being resumed) was trained on, as its config.json records them. An
+    uptraining recipe can then follow the run it starts from instead of training a model of one corpus on
+    another. A recipe that names its data is returned as it is."""
+    if recipe.data.train is not None:
+        return recipe
+    if source is None:
+        raise ConfigError("data.train: null means the data of the train.init_from checkpoint, but the run starts "
+                          "from none; set data.train or train.init_from")
+    data = read_config(source).get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("train"), str):
+        raise ConfigError(f"data.train: null means the data {source} was trained on, but its config.json does not "
+                          "record it (an imported or older checkpoint); set data.train")
+    known = {k: v for k, v in data.items() if k in ("train", "valid", "valid_fraction", "text_field")}
+    return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **known))
+
+
 def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
     """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. The
     tokenizer section is moot then (recipe.yaml keeps the one that trained the run, see `write_recipe`),

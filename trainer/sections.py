@@ -47,7 +47,7 @@ class TokenizerSection(TokenizerSpec):
 
 @dataclass
 class DataSection:
-    train: str = "stdlib:docs:train"  # file, glob, directory, .jsonl, or stdlib:docs / stdlib:code
+    train: str | None = "stdlib:docs:train"  # file, glob, folder, .jsonl, stdlib:docs|code; null = the init_from checkpoint's data
     valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of the training documents
     valid_fraction: float = 0.05  # with valid: null, the share of data.train held out for validation
     text_field: str = "text"  # JSONL field holding the text
