@@ -84,16 +84,20 @@ def cases(ctx: Context) -> list[Case]:
 
 def make_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int = 0) -> dict[str, Tensor]:
     """A batch in tfkit's contract (ARCHITECTURE.md): clm = input_ids + next-token labels from blocks of
-    T+1 tokens; mlm = packed rows (every position real, so no attention mask), 15% of positions labelled
-    and replaced by a mask id."""
+    T+1 tokens; mlm = packed rows (every position real, so no attention mask), as MlmDataset makes them:
+    the same number of positions (15%) labelled in every row and replaced by a mask id, also given as
+    mlm_positions / mlm_labels (B, K), the fixed-size gather the objective uses."""
     g = torch.Generator().manual_seed(seed)
     if cfg.arch == "gpt":
         block = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=g)  # (B, T+1)
         return {"input_ids": block[:, :-1].contiguous(), "labels": block[:, 1:].contiguous()}
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g)  # (B, T)
-    masked = torch.rand(batch, seq_len, generator=g) < MASK_PROB
+    k = max(1, round(MASK_PROB * seq_len))  # targets per row
+    positions = torch.rand(batch, seq_len, generator=g).argsort(dim=1)[:, :k].sort(dim=1).values  # (B, K)
+    masked = torch.zeros(batch, seq_len, dtype=torch.bool).scatter_(1, positions, True)  # (B, T)
     return {"input_ids": ids.masked_fill(masked, MASK_ID), "token_type_ids": torch.zeros_like(ids),
-            "labels": ids.masked_fill(~masked, IGNORE)}
+            "labels": ids.masked_fill(~masked, IGNORE), "mlm_positions": positions,
+            "mlm_labels": ids.gather(1, positions)}
 
 
 def hf_inputs(cfg: ModelConfig, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -101,7 +105,7 @@ def hf_inputs(cfg: ModelConfig, batch: dict[str, Tensor]) -> dict[str, Tensor]:
     side gets an attention mask (HF's default is all ones, which its SDPA path drops anyway)."""
     if cfg.arch == "gpt":
         return {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
-    return batch
+    return {k: batch[k] for k in ("input_ids", "token_type_ids", "labels")}
 
 
 def hf_model(cfg: ModelConfig) -> nn.Module:

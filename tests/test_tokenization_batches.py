@@ -119,7 +119,7 @@ def test_mlm_rows_pack_documents_back_to_back_without_padding(setup):
     ds = MlmDataset.from_shards(shards, tok, L, seed=0)
     assert ds.num_examples == shards.num_tokens // (L - 2)
     b = ds.batch(3, 16)
-    assert set(b) == {"input_ids", "labels", "token_type_ids"}  # no attention mask: nothing is padding
+    assert set(b) == {"input_ids", "labels", "token_type_ids", "mlm_positions", "mlm_labels"}  # no attention mask
     assert b["input_ids"].shape == (16, L) and not (b["input_ids"] == tok.pad_id).any()
     rows = _batch_rows(ds, 3, 16)
     restored = torch.where(b["labels"] != -100, b["labels"], b["input_ids"])  # the text before masking
@@ -163,6 +163,61 @@ def test_whole_word_masking_masks_all_pieces_of_a_word(setup):
     maskable = ~torch.isin(torch.where(b["labels"] != -100, b["labels"], b["input_ids"]), torch.tensor(tok.special_ids))
     frac = (b["labels"] != -100).sum().item() / maskable.sum().item()
     assert 0.1 < frac < 0.2
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+@pytest.mark.parametrize("L, mask_prob", [(40, 0.15), (64, 0.15), (33, 0.3), (10, 0.15)])
+def test_mlm_targets_come_as_a_fixed_number_of_positions(setup, whole_word, L, mask_prob):
+    """mlm_positions / mlm_labels (B, K), K fixed by the shape: the labelled positions of `labels` in order,
+    then padding (position 0, label -100). Per-token masking never selects more than K, so nothing is
+    dropped; whole-word masking that would overshoot K leaves whole words unmasked (input and label)."""
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, L, seed=0, mask_prob=mask_prob, whole_word=whole_word)
+    K = ds.num_targets
+    per_token = max(1, round(mask_prob * (L - 2)))
+    assert K == (per_token if not whole_word else min(L - 2, per_token + max(4, per_token // 4)))
+    for i in range(6):
+        b = ds.batch(i, 32)
+        labels, positions, targets = b["labels"], b["mlm_positions"], b["mlm_labels"]
+        assert positions.shape == targets.shape == (32, K) and positions.dtype == torch.int64
+        real = targets != -100
+        assert torch.equal(real.sum(1), (labels != -100).sum(1))  # every target is there
+        assert torch.equal(torch.gather(labels, 1, positions)[real], targets[real])
+        assert (positions[~real] == 0).all()
+        for row_pos, row_real in zip(positions, real):  # labelled positions in order, then the padding
+            kept = row_pos[row_real].tolist()
+            assert kept == sorted(kept) and row_real.tolist() == sorted(row_real.tolist(), reverse=True)
+        orig = ds.originals(_batch_rows(ds, i, 32))
+        assert torch.equal(b["input_ids"][labels == -100], orig[labels == -100])  # unmasked = original
+    if not whole_word:  # exactly the masking's own count, at least one per row
+        assert (real.sum(1) >= 1).all()
+
+
+def test_whole_word_masking_past_k_unmasks_whole_words(setup, monkeypatch):
+    """A vocabulary of 600 makes long words: some rows select past K and leave their last words unmasked
+    (input and label), whole words only, never a piece of one."""
+    from tfkit.tokenization import batches
+
+    sel = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0, 1, 0]], dtype=torch.bool)  # words [0] [1 2] [3] [4 5 6] [7] [8] [9]
+    starts = torch.tensor([[1, 1, 0, 1, 1, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    assert batches._words_past(sel, starts, 3).int().tolist() == [[0, 0, 0, 0, 1, 1, 1, 0, 1, 0]]  # 4..6 end at 5
+    assert batches._words_past(sel, starts, 5).int().tolist() == [[0, 0, 0, 0, 0, 0, 0, 0, 1, 0]]
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 32, seed=0, whole_word=True)
+    words_past, unmasked = batches._words_past, []
+    monkeypatch.setattr(batches, "_words_past", lambda *a: unmasked.append(words_past(*a)) or unmasked[-1])
+    b = ds.batch(0, 64)
+    assert unmasked[0].any(1).sum() >= 1  # rows that were capped
+    assert ((b["labels"] != -100).sum(1) <= ds.num_targets).all()
+    original = ds.originals(_batch_rows(ds, 0, 64))
+    assert torch.equal(b["input_ids"][unmasked[0]], original[unmasked[0]]) and (b["labels"][unmasked[0]] == -100).all()
+    for row_sel, row_ids in zip((b["labels"] != -100).tolist(), original.tolist()):  # whole words, as masked
+        word = []
+        for pos, tid in enumerate(row_ids + [tok.cls_id]):
+            if word and (not tok.id_to_token(tid).startswith("##") or row_ids[pos - 1] in tok.special_ids):
+                assert len({row_sel[p] for p in word}) == 1
+                word = []
+            word.append(pos)
 
 
 def test_mlm_needs_a_mask_token(setup):

@@ -48,6 +48,19 @@ def test_every_objective_traces_as_one_graph(arch):
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+def test_mlm_with_fixed_positions_traces_without_data_dependent_shapes():
+    """MlmDataset's batches carry mlm_positions (B, K): the objective is one graph even where dynamo may not
+    capture data-dependent output sizes, because it has none."""
+    from tfkit.tokenization.batches import mlm_targets
+
+    module = _loss_module("bert")
+    batch = _batch("bert", 2)
+    batch["mlm_positions"], batch["mlm_labels"] = mlm_targets(batch["labels"], 24)
+    with dynamo.config.patch(capture_dynamic_output_shape_ops=False):
+        explained = dynamo.explain(module.forward)(batch)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 @pytest.mark.slow
 def test_compiled_bert_training_equals_eager_across_target_counts():
     """Inductor on the CPU: the losses and gradients of the compiled objective equal the eager ones while

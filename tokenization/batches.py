@@ -167,8 +167,11 @@ class MlmDataset(_PureDataset):
     row is dropped, as in `ClmDataset`.
 
     Returns input_ids (B, L), token_type_ids (B, L) zeros and labels (B, L) with -100 except at masked
-    positions (see `masking.mask_tokens`). For tokenizers without [CLS]/[SEP] (bpe) BOS/EOS play their
-    part; a mask token is required.
+    positions (see `masking.mask_tokens`), and the same targets as a fixed number K per row:
+    mlm_positions (B, K) and mlm_labels (B, K), the masked positions in order, padded with position 0 and
+    label -100. K depends on the shape only (`num_targets`), so the objective gathers the masked rows with
+    no data-dependent shape, hence no host sync and no recompilation (STYLE.md 13). For tokenizers without
+    [CLS]/[SEP] (bpe) BOS/EOS play their part; a mask token is required.
     """
 
     name = "rows"
@@ -191,6 +194,7 @@ class MlmDataset(_PureDataset):
         self.word_starts = word_start_table(tok.tokenizer.get_vocab(), tok.kind) if whole_word else None
         self.body_len = max_len - 2  # stream tokens per row, between [CLS] and [SEP]
         self.num_examples = len(tokens) // self.body_len
+        self.num_targets = mlm_num_targets(max_len, mask_prob, whole_word)  # K of mlm_positions (B, K)
 
     @classmethod
     def from_shards(cls, shards: TokenShards, tokenizer: TfkitTokenizer, max_len: int, seed: int, **kw):
@@ -209,7 +213,52 @@ class MlmDataset(_PureDataset):
         starts = None if self.word_starts is None else torch.from_numpy(self.word_starts[ids.numpy()])
         input_ids, labels = mask_tokens(ids, special, mask_id=self.mask_id, replacements=self.replacements,
                                         mask_prob=self.mask_prob, keys=row_keys(keys), word_starts=starts)
-        return {"input_ids": input_ids, "labels": labels, "token_type_ids": torch.zeros_like(input_ids)}
+        if starts is not None:  # whole words can overshoot K: the words past it stay unmasked
+            begins = starts | special  # a special token ends the word before it
+            begins[:, 0] = True
+            over = _words_past(labels != IGNORE_INDEX, begins, self.num_targets)  # (B, L)
+            input_ids, labels = torch.where(over, ids, input_ids), labels.masked_fill(over, IGNORE_INDEX)
+        positions, targets = mlm_targets(labels, self.num_targets)
+        return {"input_ids": input_ids, "labels": labels, "token_type_ids": torch.zeros_like(input_ids),
+                "mlm_positions": positions, "mlm_labels": targets}
+
+
+def mlm_num_targets(max_len: int, mask_prob: float, whole_word: bool = False) -> int:
+    """K, the most targets a packed MLM row of `max_len` holds: the per-row count `mask_tokens` selects for a
+    body of max_len - 2 maskable tokens (its own float32 arithmetic; fewer maskable tokens never select
+    more). Whole-word masking completes the last word it picks, overshooting by that word's length - 1, so
+    it gets max(4, K // 4) more slots. Rows that would still overshoot leave their last words unmasked
+    (`_words_past`): on stdlib:docs with 8k-token vocabularies, 0 to 0.3% of rows at L = 32..512 (2% with a
+    600-token one, where a row whose first word alone is longer than K is left without a target)."""
+    per_token = max(1, int((torch.tensor([float(max_len - 2)]) * mask_prob).round()))
+    if not whole_word:
+        return per_token
+    return min(max_len - 2, per_token + max(4, per_token // 4))
+
+
+def mlm_targets(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The labelled positions of `labels (B, L)` (-100 = none) as `(positions (B, k), targets (B, k))`: the
+    labelled positions of each row in order, then position 0 with target -100 as padding. A row with
+    more than k labels is an error of the caller (`MlmDataset` caps its rows at `num_targets`)."""
+    B, L = labels.shape
+    labelled = labels != IGNORE_INDEX  # (B, L)
+    count = labelled.sum(dim=1, keepdim=True)  # (B, 1)
+    if B and int(count.max()) > k:
+        raise ValueError(f"a row holds more than {k} targets")
+    slot = torch.where(labelled, labelled.cumsum(dim=1) - 1, k)  # (B, L) each label's slot; k = none (dropped)
+    positions = torch.zeros(B, k + 1, dtype=torch.long).scatter_(1, slot, torch.arange(L).expand(B, L))[:, :k]
+    real = torch.arange(k) < count  # (B, k)
+    positions = positions.masked_fill(~real, 0)
+    return positions, torch.gather(labels, 1, positions).masked_fill(~real, IGNORE_INDEX)
+
+
+def _words_past(selected: torch.Tensor, starts: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, L) bool: the selected tokens of the words that end past the row's k-th selected token, in
+    position order (whole words, so whole-word masking stays whole). `starts`: where a word begins."""
+    unit = torch.cumsum(starts.long(), dim=1) - 1  # (B, L) word index of each token
+    upto = torch.cumsum(selected.long(), dim=1)  # (B, L) selected tokens up to here
+    word_end = torch.zeros_like(upto).scatter_reduce(1, unit, upto, reduce="amax")  # (B, L) per word: at its end
+    return selected & (torch.gather(word_end, 1, unit) > k)
 
 
 def read_pairs(spec: str, source_field: str = "source", target_field: str = "target") -> list[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""The data side of a run: its tokenizer folder and its train/validation datasets.
+"""The data side of a run: its tokenizer folder, its train/validation datasets, and the loader thread that
+prepares the next update's batches while the current one trains (`Prefetcher`).
 
 Rank 0 calls `prepare_tokenizer` (training or copying) and the shard-building half of `build_datasets`
 while the other ranks wait at a barrier; afterwards every rank opens the same cached shards. Token shards
@@ -12,8 +13,10 @@ import dataclasses
 import json
 import shutil
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 from ..errors import CheckpointError, ConfigError
@@ -23,6 +26,7 @@ from ..tokenization.corpus import corpus_size, iter_documents, resolve_files, sp
 from ..tokenization.shards import prepare_tokens
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
 from .distributed import DistInfo, barrier
+from .objectives import count_inputs, count_targets
 from .recipe import Recipe
 
 HELDOUT_CHARS = 200_000  # validation text used for the tokenizer report (bytes per token, unknown rate)
@@ -159,3 +163,56 @@ def tokenizer_texts(recipe: Recipe, spec: str | None = None) -> Iterator[str]:
     if recipe.objective.name == "seq2seq" and is_pair_data(spec, d.source_field):
         return (f"{s}\n{t}" for s, t in read_pairs(spec, d.source_field, d.target_field))
     return iter_documents(spec, text_field=d.text_field)
+
+
+class Prefetcher:
+    """The micro-batches of one update, prepared on a background thread while the previous update runs.
+
+    `get(first)` returns the update whose first global micro-batch is `first`: (batches, counts), where
+    `counts` is a float64 (2,) tensor of this rank's predicted and input tokens, counted here on the host
+    from the host copies, so the training thread never reads a count back. `prefetch(first)` starts the
+    next one; `wait()` lets it finish. The datasets are pure functions of the batch index (ARCHITECTURE.md),
+    so reading ahead changes nothing a checkpoint holds: the index is the whole state, resume stays exact.
+    On CUDA the tensors come in pinned memory, and `objectives.move_batch` copies them without blocking.
+    The dataset is only ever called from this thread, one batch at a time.
+    """
+
+    def __init__(self, dataset, batch_size: int, accum: int, info: DistInfo) -> None:
+        self.dataset, self.batch_size, self.accum, self.info = dataset, batch_size, accum, info
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfkit-batches")
+        self._pending: tuple[int, Future] | None = None
+
+    def _prepare(self, first: int) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+        micro = [self.dataset.batch(first + j, self.batch_size, self.info.rank, self.info.world_size)
+                 for j in range(self.accum)]
+        counts = torch.tensor([sum(count_targets(b) for b in micro), sum(count_inputs(b) for b in micro)],
+                              dtype=torch.float64)  # (2,) predicted, input tokens
+        if self.info.device.type == "cuda":
+            micro = [{k: v.pin_memory() for k, v in b.items()} for b in micro]
+            counts = counts.pin_memory()
+        return micro, counts
+
+    def prefetch(self, first: int) -> None:
+        if self._pending is None or self._pending[0] != first:
+            self.wait()
+            self._pending = (first, self._pool.submit(self._prepare, first))
+
+    def get(self, first: int) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+        self.prefetch(first)
+        _, future = self._pending
+        self._pending = None
+        return future.result()
+
+    def wait(self) -> None:
+        """Until the batches being prepared are ready (an error in the dataset is raised by `get`)."""
+        if self._pending is not None:
+            self._pending[1].exception()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fused_loss import linear_cross_entropy
+from .fused_loss import linear_cross_entropy, use_fused_loss
 from .recipe import ObjectiveSection
 
 IGNORE = -100
@@ -88,13 +88,21 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float 
 
     Only ~15% of positions carry a label, and the head (a D x V matmul plus its transform) is the most
     expensive layer of a small BERT; gathering the masked rows first skips ~85% of that work and of the
-    (B, T, V) logits memory, with a loss identical to computing every logit and masking afterwards."""
+    (B, T, V) logits memory, with a loss identical to computing every logit and masking afterwards.
+
+    The rows are gathered at `mlm_positions (B, K)` (MlmDataset's, K fixed by the shape; padding slots have
+    label -100), so no shape depends on the data: no host sync, one compiled graph. A batch with `labels`
+    only (made by hand) gathers `hidden[labels != -100]` instead, whose size the host must read."""
     hidden = model.encode(batch["input_ids"], attention_mask=batch.get("attention_mask"),
                           token_type_ids=batch.get("token_type_ids"))  # (B, T, D)
+    if "mlm_positions" in batch:
+        positions = batch["mlm_positions"]  # (B, K)
+        rows = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (B, K, D)
+        return _token_loss(model.mlm_logits(rows.flatten(0, 1)), batch["mlm_labels"].flatten(),
+                           label_smoothing)  # (B*K, V) logits
     labels = batch["labels"]  # (B, T)
     masked = labels != IGNORE
-    rows = hidden[masked]  # (N, D), N = masked tokens
-    logits = model.mlm_logits(rows)  # (N, V)
+    logits = model.mlm_logits(hidden[masked])  # (N, V), N = masked tokens
     return _token_loss(logits, labels[masked], label_smoothing)
 
 
@@ -123,8 +131,12 @@ OBJECTIVES = {"clm": clm_loss, "mlm": mlm_loss, "seq2seq": seq2seq_loss}
 
 
 def compute_loss(model: nn.Module, batch: dict[str, Tensor], objective: ObjectiveSection) -> LossOutput:
-    """The objective named in the recipe applied to one batch."""
-    return OBJECTIVES[objective.name](model, batch, objective.label_smoothing)
+    """The objective named in the recipe applied to one batch; `objective.fused_loss` picks the output head
+    of clm and seq2seq for the batch's device (fused_loss.use_fused_loss)."""
+    if objective.name == "mlm":
+        return mlm_loss(model, batch, objective.label_smoothing)
+    fused = use_fused_loss(objective.fused_loss, batch["labels"].device)
+    return OBJECTIVES[objective.name](model, batch, objective.label_smoothing, fused=fused)
 
 
 class LossModule(nn.Module):
@@ -151,7 +163,8 @@ class LossModule(nn.Module):
 
 def move_batch(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
     """Copy a batch to the training device. On CUDA it goes through pinned (page-locked) host memory, so the
-    copy is asynchronous and the host goes on launching the forward pass."""
+    copy is asynchronous and the host goes on launching the forward pass (the training loop's batches come
+    pinned already, from its loader thread: data.Prefetcher)."""
     if device.type != "cuda":
         return {k: v.to(device) for k, v in batch.items()}
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
@@ -160,10 +173,11 @@ def move_batch(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tens
 def compile_loss_module(module: LossModule) -> None:
     """`torch.compile` the model and its objective in place, as one graph per mode (train / eval).
 
-    The MLM objective gathers the masked rows (`hidden[masked]`), whose count depends on the data. By
-    default dynamo stops the graph at such an op, runs it eagerly and resumes in a new graph compiled
-    for that count: three graphs and a recompilation as the count changes. Capturing data-dependent
-    output sizes symbolically keeps the objective one graph that serves every count."""
+    MlmDataset's batches gather a fixed number of rows (`mlm_positions`), one static shape. A batch made
+    by hand, with labels only, gathers `hidden[masked]`, whose count depends on the data: by default dynamo
+    stops the graph at such an op, runs it eagerly and resumes in a new graph compiled for that count
+    (three graphs and a recompilation as the count changes). Capturing data-dependent output sizes
+    symbolically keeps even that objective one graph that serves every count."""
     torch._dynamo.config.capture_dynamic_output_shape_ops = True
     module.compile()
 

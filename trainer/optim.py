@@ -42,14 +42,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over `param_groups`; the fused CUDA kernel (one launch for every tensor) on GPUs."""
-    fused = device.type == "cuda"
+    """AdamW over `param_groups`, the fused kernel (one launch for every tensor on GPUs, one pass per tensor on
+    CPUs). The training loop needs it: its step takes the learning rate as a device tensor and skips a
+    non-finite update on the device (`found_inf`), so the host never reads either (trainer/loop.py)."""
     return torch.optim.AdamW(
         param_groups(model, optim.weight_decay),
-        lr=optim.lr,  # replaced every step by the schedule (set_lr)
+        lr=optim.lr,  # replaced every step by the schedule (loop._optimizer_step, set_lr)
         betas=(optim.beta1, optim.beta2),
         eps=optim.eps,
-        fused=fused or None,
+        fused=True,
     )
 
 
