@@ -27,3 +27,16 @@ def test_long_values_are_never_wrapped_off_a_terminal(tmp_path):
     assert result.exit_code == 0, result.output
     assert any(long_path in line for line in result.stdout.splitlines())
     assert yaml.safe_load(result.stdout)["data"]["train"] == long_path
+
+
+def test_the_run_says_what_it_trains_and_validates_on_without_progress_output(english_file, tmp_path):
+    sets = [f"data.train={english_file}", "data.valid=null", "data.valid_fraction=0.1", "train.max_steps=2",
+            "train.batch_size=4", "data.seq_len=32", "tokenizer.vocab_size=400", "tokenizer.max_train_mb=0.1",
+            "log.progress=false", "log.plot=false", "eval.sample_prompt=null", "eval.batches=1", "train.threads=1"]
+    result = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--run-dir", str(tmp_path / "run"),
+                                      *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    data = next(line for line in result.stdout.splitlines() if line.startswith("data: "))
+    assert f"training tokens from {english_file}" in data and "epochs in 2 steps" in data
+    assert "validation tokens from 10% of the training data, held out" in data
+    assert "(1 CPU thread)" in result.stdout

@@ -87,13 +87,16 @@ def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, inf
     """(train, valid) datasets of the recipe's objective. Rank 0 tokenizes into the shard cache first;
     the other ranks then open the cached shards (a memmap, no second tokenization)."""
     cache = Path(recipe.data.cache_dir) if recipe.data.cache_dir else run_dir / "data"
-    datasets = _build(recipe, tokenizer, cache, console, show=recipe.log.progress) if info.is_main else None
+    datasets = _build(recipe, tokenizer, cache, console, report=True, bars=recipe.log.progress) if info.is_main else None
     barrier(info)
-    return datasets if info.is_main else _build(recipe, tokenizer, cache, console, show=False)
+    return datasets if info.is_main else _build(recipe, tokenizer, cache, console, report=False, bars=False)
 
 
-def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Console, show: bool):
+def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Console, report: bool, bars: bool):
+    """`report`: print what the run trains and validates on (rank 0, whatever log.progress says);
+    `bars`: progress bars while tokenizing (log.progress)."""
     d, seed, name = recipe.data, recipe.train.seed, recipe.objective.name
+    where = d.valid if d.valid else f"{d.valid_fraction:.0%} of the training data, held out"
     if name == "seq2seq" and is_pair_data(d.train, d.source_field):
         lengths = dict(max_src_len=d.seq_len, max_tgt_len=d.seq_len)
         pairs = read_pairs(d.train, d.source_field, d.target_field)
@@ -103,18 +106,23 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
             pairs, valid_pairs = split_documents(pairs, d.valid_fraction)
         out = (Seq2SeqDataset.from_pairs(pairs, tokenizer, seed, **lengths),
                Seq2SeqDataset.from_pairs(valid_pairs, tokenizer, seed, **lengths))
+        if report:
+            console.print(f"data: {out[0].num_examples:,} training pairs from {d.train}; {out[1].num_examples:,} "
+                          f"validation pairs from {where}", highlight=False)
         for what, dataset in zip(("training", "validation"), out):
-            if show and any(dataset.truncated.values()):
+            if report and any(dataset.truncated.values()):
                 console.print(f"warning: data.seq_len={d.seq_len} cuts {truncation_note(dataset)} of the {what} "
                               "data; the cut tokens are never trained on", style="yellow", highlight=False)
     else:
-        train = prepare_tokens(d.train, tokenizer, cache, text_field=d.text_field, show_progress=show)
+        train = prepare_tokens(d.train, tokenizer, cache, text_field=d.text_field, show_progress=bars)
         if d.valid:
-            valid = prepare_tokens(d.valid, tokenizer, cache, text_field=d.text_field, show_progress=show)
+            valid = prepare_tokens(d.valid, tokenizer, cache, text_field=d.text_field, show_progress=bars)
         else:
             train, valid = train.split(d.valid_fraction)
-        if show:
-            console.print(f"data: {train.num_tokens:,} training tokens, {valid.num_tokens:,} validation tokens "
+        if report:
+            epochs = recipe.train.max_steps * recipe.train.batch_size * d.seq_len / max(train.num_tokens, 1)
+            console.print(f"data: {train.num_tokens:,} training tokens from {d.train} ({epochs:.2g} epochs in "
+                          f"{recipe.train.max_steps:,} steps); {valid.num_tokens:,} validation tokens from {where} "
                           f"(cache {cache})", highlight=False)
         out = tuple(_dataset(recipe, tokenizer, shards) for shards in (train, valid))
     return out

@@ -287,7 +287,7 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
         f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
         f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
         f"vocab {cfg.vocab_size}, {recipe.objective.name}, {t.precision} on {info.device} "
-        f"({torch.get_num_threads()} CPU threads)"
+        f"({torch.get_num_threads()} CPU thread{'s' * (torch.get_num_threads() != 1)})"
         + (f" x{info.world_size} ({t.distributed})" if info.enabled else ""), highlight=False)
     console.print(
         f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
