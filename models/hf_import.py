@@ -15,9 +15,7 @@ pooler excepted: `BertForMaskedLM`, the export target, has none). Each one is re
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import warnings
 from pathlib import Path
 
@@ -26,11 +24,11 @@ from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import TFKIT_MODEL, check_new_folder, staged_folder
-from ..tokenization.train import load_tokenizer, write_tokenizer_files
 from . import build_model
 from .config import ModelConfig, type_problem
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
                        split_to_tfkit)
+from .hf_tokenizer import import_tokenizer
 from .io import assign_weights, parameters_on_meta, save_model
 
 SUPPORTED = {
@@ -326,78 +324,6 @@ def read_hf_weights(folder: Path) -> dict[str, Tensor]:
                 state.update(_load_file(folder / shard))
             return state
     raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
-
-
-def _plain(config: dict) -> dict:
-    """Special-token values as plain strings: older transformers save them as AddedToken dicts."""
-    def text(v):
-        return v.get("content", v) if isinstance(v, dict) else v
-
-    out = {}
-    for key, value in config.items():
-        if key.endswith("_token"):
-            value = text(value)
-        elif key == "additional_special_tokens" and isinstance(value, list):
-            value = [text(v) for v in value]
-        out[key] = value
-    return out
-
-
-def _slow_tokenizer(src: Path, config: dict):
-    """(kind, Tokenizer, roles) built from a slow tokenizer's files, as transformers' converters do, or None."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    if (src / "vocab.txt").is_file():  # BERT WordPiece
-        defaults = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                    "mask_token": "[MASK]"}
-        roles = {k: config.get(k, v) for k, v in defaults.items()}
-        tok = Tokenizer(models.WordPiece.from_file(str(src / "vocab.txt"), unk_token=roles["unk_token"]))
-        tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=config.get("tokenize_chinese_chars", True),
-            strip_accents=config.get("strip_accents"), lowercase=config.get("do_lower_case", True))
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        cls, sep = roles["cls_token"], roles["sep_token"]
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-            special_tokens=[(cls, tok.token_to_id(cls) or 0), (sep, tok.token_to_id(sep) or 0)])
-        tok.decoder = decoders.WordPiece(prefix="##")
-        kind = "wordpiece"
-    elif (src / "vocab.json").is_file() and (src / "merges.txt").is_file():  # GPT-2 byte-level BPE
-        eot = "<|endoftext|>"
-        roles = {k: config.get(k, eot) for k in ("bos_token", "eos_token", "unk_token")}
-        tok = Tokenizer(models.BPE.from_file(str(src / "vocab.json"), str(src / "merges.txt")))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=config.get("add_prefix_space", False))
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-        tok.decoder = decoders.ByteLevel()
-        kind = "bpe"
-    else:
-        return None
-    roles = {k: v for k, v in roles.items() if isinstance(v, str) and tok.token_to_id(v) is not None}
-    tok.add_special_tokens(sorted(set(roles.values())))
-    return kind, tok, roles
-
-
-def import_tokenizer(src: Path, dst: Path) -> None:
-    """Copy the HF tokenizer files into `dst` (building tokenizer.json from vocab files when it is absent),
-    then check tfkit's `load_tokenizer` reads them. Warns when there is nothing tfkit can read."""
-    config = _plain(read_json(src / "tokenizer_config.json")) if (src / "tokenizer_config.json").is_file() else {}
-    if (src / "tokenizer.json").is_file():
-        shutil.copyfile(src / "tokenizer.json", dst / "tokenizer.json")
-        specials_file = src / "special_tokens_map.json"
-        specials = _plain(read_json(specials_file)) if specials_file.is_file() else {
-            k: v for k, v in config.items() if k.endswith("_token") or k == "additional_special_tokens"}
-        config = {**specials, **config}  # tokenizer_config.json has the roles tfkit reads
-        (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-        (dst / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
-    elif (built := _slow_tokenizer(src, config)) is not None:
-        kind, tok, roles = built
-        write_tokenizer_files(tok, dst, kind, roles, (), None)
-    else:
-        what = "a sentencepiece tokenizer.model (save it with transformers to get tokenizer.json)" \
-            if (src / "tokenizer.model").is_file() else "no tokenizer files"
-        _warn(f"{src}: {what}; the checkpoint has no tokenizer")
-        return
-    load_tokenizer(dst)
 
 
 def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:

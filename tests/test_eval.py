@@ -20,7 +20,7 @@ from tfkit.cli.main import app
 from tfkit.tokenization.corpus import CorpusWarning
 from tfkit.errors import ConfigError, DataError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.models.hf_import import import_tokenizer
+from tfkit.models.hf_tokenizer import import_tokenizer
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.shards import TokenShards
 from tfkit.trainer.evaluate import evaluate, sliding_windows, token_byte_lengths
