@@ -1,7 +1,8 @@
 """Tokenization and data pipeline: corpus -> trained tokenizer -> token shards -> batches.
 
 - `corpus`: read a corpus spec (file, glob, folder, JSONL, `stdlib:docs`) as a stream of text.
-- `spec`, `train`: what a tokenizer is to be (`TokenizerSpec`); train / load tokenizers.
+- `spec`, `train`, `tokenizer`: what a tokenizer is to be (`TokenizerSpec`); training one; a trained one
+  as tfkit reads it (`TfkitTokenizer`, `load_tokenizer`).
 - `determinism`: the same corpus gives the same tokenizer.json (WordPiece and Unigram included).
 - `shards`: tokenize a corpus once into a memory-mapped token file (cached by fingerprints).
 - `batches`, `masking`: CLM / MLM / seq2seq datasets whose batch `i` is a pure function of (seed, i).
@@ -17,8 +18,8 @@ from typing import Any
 
 _EXPORTS = {
     "corpus_fingerprint": "corpus", "iter_documents": "corpus", "iter_pieces": "corpus", "split_documents": "corpus",
-    "TokenizerSpec": "spec", "TfkitTokenizer": "train", "check_vocab_fits": "train", "load_tokenizer": "train",
-    "train_tokenizer": "train",
+    "TokenizerSpec": "spec", "TfkitTokenizer": "tokenizer", "check_vocab_fits": "tokenizer",
+    "load_tokenizer": "tokenizer", "train_tokenizer": "train",
 }
 
 
