@@ -28,7 +28,8 @@ def check_out_folder(out: Path) -> None:
 
 def train_tokenizer(
     corpus: Annotated[
-        str, typer.Argument(help="File, glob ('data/*.txt'), folder, JSONL, or stdlib:docs / stdlib:code[:train].")
+        str, typer.Argument(help="File, glob ('data/*.txt'), folder, JSONL, Parquet, a datasets save_to_disk folder, "
+                                 ".txt/.jsonl .gz/.zst, or stdlib:docs / stdlib:code[:train].")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for tokenizer.json and friends.")],
     kind: Annotated[str, typer.Option(help="bpe (GPT-2 byte-level) | wordpiece (BERT) | unigram (SentencePiece).")] = (
@@ -44,7 +45,7 @@ def train_tokenizer(
     strip_accents: Annotated[
         Optional[bool], typer.Option("--strip-accents/--keep-accents", help="wordpiece: remove accents (default: when lowercasing, as BERT).")
     ] = None,
-    text_field: Annotated[str, typer.Option(help="JSON/JSONL key holding the text.")] = "text",
+    text_field: Annotated[str, typer.Option(help="JSON/JSONL key or Parquet/Arrow column holding the text.")] = "text",
     heldout_chars: Annotated[
         int, typer.Option(help="Characters from the end of the corpus held out for the report (at most 10%).")
     ] = 200_000,

@@ -57,6 +57,29 @@ def test_pieces_of_one_big_file_stay_one_document(bpe, text, tmp_path, monkeypat
     assert bpe.decode(shards.tokens[: shards.doc_starts[1] - 1].tolist()) == text[:60_000]
 
 
+def test_a_long_text_encoded_in_parts_gives_the_tokens_of_encoding_it_whole(bpe, text, tmp_path):
+    """Long texts are encoded in ~2K-character parts (faster per character, and spread over every core),
+    cut where byte-level BPE's pre-tokens are the same either way: the tokens of the text encoded whole."""
+    assert len(shards_module._sub_pieces(text)) > 50
+    (tmp_path / "long.txt").write_text(text)
+    shards = prepare_tokens(str(tmp_path / "long.txt"), bpe, tmp_path / "cache", show_progress=False)
+    assert shards.tokens.tolist() == bpe.encode(text) + [bpe.eos_id]
+
+
+def test_batch_size_does_not_change_the_tokens(bpe, docs_corpus, text, tmp_path, monkeypatch):
+    """Batches are read ahead by a thread and document starts kept across them: many small batches give
+    the tokens and document starts of one big batch."""
+    path, _ = docs_corpus
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "a.jsonl").write_bytes(path.read_bytes())
+    (tmp_path / "more" / "b.txt").write_text(text[:150_000])
+    whole = prepare_tokens(str(tmp_path / "more"), bpe, tmp_path / "one", show_progress=False)
+    monkeypatch.setattr(shards_module, "BATCH_CHARS", 3000)
+    small = prepare_tokens(str(tmp_path / "more"), bpe, tmp_path / "many", show_progress=False)
+    np.testing.assert_array_equal(small.doc_starts, whole.doc_starts)
+    np.testing.assert_array_equal(small.tokens, whole.tokens)
+
+
 def test_second_call_reuses_the_cache(bpe, docs_corpus, tmp_path, monkeypatch):
     path, _ = docs_corpus
     first = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)

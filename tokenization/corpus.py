@@ -1,10 +1,14 @@
-"""Corpus readers: one spec string (file, glob, folder, JSONL, `stdlib:...`) to a stream of text.
+"""Corpus readers: one spec string (file, glob, folder, JSONL, Parquet, `stdlib:...`) to a stream of text.
 
 A *spec* is what users type after `--corpus` or put in a recipe:
 
 - a file: `.txt`/`.md` (one document per file), `.jsonl` (one document per line, `text_field`),
   `.json` (a JSON array of strings or objects with `text_field`, or JSON lines), `.tsv` (one document per
   line, its columns joined by newlines, so a `source<TAB>target` file trains a tokenizer on both sides);
+  `.txt.gz`/`.txt.zst` and `.jsonl.gz`/`.jsonl.zst` (the same, compressed); `.parquet` and `.arrow`
+  (one document per row, the `text_field` column); see `formats` for those;
+- a folder written by HuggingFace `datasets`' `save_to_disk` (`state.json` + `dataset_info.json`
+  beside `data-*.arrow`): its Arrow shards, in the order state.json lists them;
 - a glob (`data/*.txt`, `**` allowed) or a folder (searched recursively for those suffixes), both sorted
   so the order, and therefore every cache key and split, is deterministic. Inside a folder, files and
   folders whose name starts with "." are skipped, as git and most tools do: `.git/`, `.cache/`, editor
@@ -36,10 +40,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ConfigError, DataError
+from .formats import DATASET_FILES, dataset_dict_error, dataset_files, open_bytes, read_arrow, read_parquet
 from .stdlib_corpus import stdlib_documents, stdlib_fingerprint
 
 TEXT_SUFFIXES = (".txt", ".md")
-SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv")
+COMPRESSED = (".txt.gz", ".txt.zst", ".jsonl.gz", ".jsonl.zst")
+SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv", ".parquet", ".arrow", *COMPRESSED)
+FIELD_SUFFIXES = (".json", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")  # records with fields
 CHUNK_BYTES = 1 << 20  # piece size for streaming large plain-text files
 _SURROGATES = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of undecodable bytes
 
@@ -56,9 +63,16 @@ class CorpusStats:
 
     files: int = 0
     documents: int = 0
-    bytes_read: int = 0
+    bytes_read: int = 0  # of text (decompressed)
+    file_bytes: int = 0  # of the files on disk, for progress against `corpus_size` (compressed sizes)
     replaced_bytes: int = 0
     replaced_in: list[str] = field(default_factory=list)  # files where invalid UTF-8 was replaced
+
+
+def suffix(path: Path | str) -> str:
+    """The corpus kind of a file name: its last suffix, or its last two for compressed text (`.jsonl.gz`)."""
+    name = str(path).lower()
+    return next((s for s in COMPRESSED if name.endswith(s)), Path(name).suffix)
 
 
 def resolve_files(spec: str) -> list[Path]:
@@ -67,6 +81,9 @@ def resolve_files(spec: str) -> list[Path]:
         raise DataError(f"corpus {spec!r}: empty path, expected a file, folder, glob or stdlib:docs")
     path = Path(spec).expanduser()
     if path.is_file():
+        if suffix(path) in (".gz", ".zst"):  # compressed what? Read as text, it would be noise
+            raise DataError(f"corpus {spec}: name a compressed corpus for what it holds: "
+                            f"{', '.join(COMPRESSED)}")
         return [path]
     if path.is_dir():
         files = _folder_files(path)
@@ -86,22 +103,29 @@ def resolve_files(spec: str) -> list[Path]:
 
 
 def check_text_field(spec: str, text_field: str, option: str = "--text-field") -> None:
-    """Refuse a non-default `text_field` for a corpus with no JSON/JSONL files: only those have fields,
+    """Refuse a non-default `text_field` for a corpus with no JSON/JSONL/Parquet/Arrow files: only those have fields,
     so the option would be ignored, and the user who named a key expects it to pick the text."""
     if text_field == "text":
         return
-    if spec.startswith("stdlib:") or not any(p.suffix.lower() in (".json", ".jsonl") for p in resolve_files(spec)):
-        raise ConfigError(f"{option} {text_field!r}: corpus {spec} has no .json/.jsonl files, "
-                          "the only ones with fields (leave it out for plain text)")
+    if spec.startswith("stdlib:") or not any(suffix(p) in FIELD_SUFFIXES for p in resolve_files(spec)):
+        raise ConfigError(f"{option} {text_field!r}: corpus {spec} has no .json/.jsonl files, the only ones with "
+                          "fields along with .parquet/.arrow and compressed .jsonl (leave it out for plain text)")
 
 
 def _folder_files(folder: Path) -> list[Path]:
     """The corpus files under `folder`, sorted, without descending into hidden (".") folders at all: a
-    `.git` or `.cache` can hold many thousands of files, and their JSON is not text (module doc)."""
+    `.git` or `.cache` can hold many thousands of files, and their JSON is not text (module doc). A
+    `datasets` folder inside stands for its Arrow shards (its JSON files describe them, they are not text)."""
     files = []
     for root, dirs, names in os.walk(folder):  # like rglob, does not follow symlinked folders
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        files += [Path(root, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in SUFFIXES]
+        if "dataset_dict.json" in names:
+            raise dataset_dict_error(Path(root))
+        if all(n in names for n in DATASET_FILES):
+            files += dataset_files(Path(root))  # data-00000-of-00004.arrow, ...: sorted is state.json's order
+            dirs[:] = []
+            continue
+        files += [Path(root, n) for n in names if not n.startswith(".") and suffix(n) in SUFFIXES]
     return sorted(p for p in files if p.is_file())
 
 
@@ -118,9 +142,14 @@ def _decode(data: bytes, name: str, stats: CorpusStats) -> str:
         return _SURROGATES.sub("\ufffd", text)
 
 
+def _compression(path: Path) -> str | None:
+    kind = suffix(path)
+    return kind[kind.rindex("."):] if kind in COMPRESSED else None
+
+
 def _read_chunks(path: Path, stats: CorpusStats, chunk_bytes: int) -> Iterator[str]:
     """A text file in pieces of about `chunk_bytes`, each ending at a line boundary when one exists."""
-    with open(path, "rb") as f:
+    with open_bytes(path, _compression(path), stats) as f:
         rest = b""
         while True:
             block = f.read(chunk_bytes)
@@ -156,7 +185,7 @@ def _json_text(value: object, field_name: str, where: str) -> str:
 
 
 def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
-    with open(path, "rb") as f:
+    with open_bytes(path, _compression(path), stats) as f:
         for lineno, raw in enumerate(f, 1):
             stats.bytes_read += len(raw)
             line = _decode(raw, str(path), stats).strip()
@@ -179,6 +208,7 @@ def _read_json(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]
         return
     data = path.read_bytes()
     stats.bytes_read += len(data)
+    stats.file_bytes += len(data)
     try:
         records = json.loads(_decode(data, str(path), stats))
     except json.JSONDecodeError as e:
@@ -199,7 +229,7 @@ def _is_json_value(line: bytes) -> bool:
 
 
 def _read_tsv(path: Path, stats: CorpusStats) -> Iterator[str]:
-    with open(path, "rb") as f:
+    with open_bytes(path, None, stats) as f:
         for raw in f:
             stats.bytes_read += len(raw)
             yield "\n".join(_decode(raw, str(path), stats).rstrip("\r\n").split("\t"))
@@ -207,13 +237,17 @@ def _read_tsv(path: Path, stats: CorpusStats) -> Iterator[str]:
 
 def _file_pieces(path: Path, text_field: str, stats: CorpusStats, chunk_bytes: int):
     """(text, is_new_document) for one file: chunks of a text file continue their document."""
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
+    kind = suffix(path)
+    if kind in (".jsonl", ".jsonl.gz", ".jsonl.zst"):
         return ((t, True) for t in _read_jsonl(path, text_field, stats))
-    if suffix == ".json":
+    if kind == ".json":
         return ((t, True) for t in _read_json(path, text_field, stats))
-    if suffix == ".tsv":
+    if kind == ".tsv":
         return ((t, True) for t in _read_tsv(path, stats))
+    if kind == ".parquet":
+        return ((t, True) for t in read_parquet(path, text_field, stats))
+    if kind == ".arrow":
+        return ((t, True) for t in read_arrow(path, text_field, stats))
     return ((t, i == 0) for i, t in enumerate(_read_chunks(path, stats, chunk_bytes)))
 
 
@@ -234,6 +268,7 @@ def iter_pieces(
         for text in stdlib_documents(spec):
             stats.documents += 1
             stats.bytes_read += len(text)
+            stats.file_bytes += len(text)
             yield text, True
         if not stats.documents:
             raise DataError(f"corpus {spec} is empty")
@@ -272,7 +307,8 @@ def iter_documents(spec: str, *, text_field: str = "text", stats: CorpusStats | 
 
 
 def corpus_size(spec: str) -> int:
-    """Approximate size in bytes (file sizes, or characters for stdlib): for progress bars only."""
+    """Approximate size in bytes (file sizes, compressed as they are, or characters for stdlib): for
+    progress bars only, against `CorpusStats.file_bytes`."""
     if spec.startswith("stdlib:"):
         return sum(len(t) for t in stdlib_documents(spec))
     return sum(p.stat().st_size for p in resolve_files(spec))
