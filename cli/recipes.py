@@ -99,8 +99,9 @@ def keys(
         str | None, typer.Argument(help="One section (model, tokenizer, data, objective, optim, schedule, train, eval, log).")
     ] = None,
 ) -> None:
-    """Every recipe key: its type, default and meaning (allowed values are listed as a | b | c). Any key
-    can be set in a recipe file or with `--set section.key=value`."""
+    """Every recipe key with its type, default and meaning; choices read a | b | c.
+
+    Set any key in a recipe file or with --set SECTION.KEY=VALUE."""
     from ..trainer.recipe import SECTIONS
     from ..trainer.recipe_keys import recipe_keys
 
