@@ -133,7 +133,7 @@ class TrainSection:
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int | str = "auto"  # CPU threads for torch: auto = the cores the last minute's load leaves free, or N
+    threads: int | str = "auto"  # CPU threads for torch: auto = the cores idle right now (within this process's), or N
     max_bad_steps: int = 10  # consecutive NaN/inf steps (skipped) before the run stops
     init_from: str | None = None  # checkpoint or run folder whose weights start this run
     distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
