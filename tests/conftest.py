@@ -1,5 +1,7 @@
 """Settings and data shared by every test. Tests read nothing outside the repository."""
 
+import os
+
 import pytest
 import torch
 
@@ -11,11 +13,18 @@ ENGLISH_CHARS = 400_000
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tests use tiny tensors: one intra-op thread is faster for them, and on a busy 2-core machine several
-    times steadier (threads that wait for each other at every op get descheduled). Restored at the end."""
-    threads = torch.get_num_threads()
+    times steadier (threads that wait for each other at every op get descheduled). OMP_NUM_THREADS=1 too:
+    `train.threads: auto` keeps a user's OMP setting, so in-process runs compute with one thread exactly as
+    the subprocesses of the resume tests do. Restored at the end."""
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     torch.set_num_threads(threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
 
 
 @pytest.fixture(scope="session")

@@ -70,6 +70,7 @@ def test_an_uptraining_recipe_follows_the_data_its_source_was_trained_on(english
     named = load_recipe("gqa-uptrain", ["data.train=mine.txt"])
     assert source_data(named, source) is named  # told otherwise: kept
     config = json.loads((source / "config.json").read_text())
+    assert config["cpu_threads"] == 1  # what a resumed `threads: auto` run reuses (the session runs one thread)
     del config["data"]
     (source / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="does not record it .* set data.train"):

@@ -27,7 +27,7 @@ import torch
 from rich.table import Table
 
 from ..models import build_model
-from ..models.io import resolve_checkpoint
+from ..models.io import read_config, resolve_checkpoint
 from ..progress import console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
@@ -141,6 +141,8 @@ class Trainer:
         if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
             run_folder.model_config(recipe, None, self.source)
         self.recipe = recipe = run_folder.source_data(recipe, self.source)  # data.train: null = the source's
+        if self.resume_from is not None and recipe.train.threads == "auto":  # exact resume: the same reductions
+            set_threads(read_config(self.resume_from).get("cpu_threads") or "auto")
         if info.is_main:
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
             self.made_dirs = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
@@ -225,6 +227,7 @@ class Trainer:
         """What a checkpoint's config.json records about the training run, beside the model."""
         r = self.recipe
         extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len,
+                 "cpu_threads": torch.get_num_threads(),  # a resumed `auto` run computes with as many
                  "data": {"train": r.data.train, "valid": r.data.valid, "valid_fraction": r.data.valid_fraction,
                           "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
