@@ -12,7 +12,6 @@ from __future__ import annotations
 import types
 
 import numpy as np
-import torch
 
 from tfkit.tokenization.batches import MlmDataset
 

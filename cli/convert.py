@@ -10,7 +10,6 @@ source without tokenizer.json still converts, with a warning on stderr: the weig
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
