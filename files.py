@@ -18,6 +18,7 @@ subpackage.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -84,20 +85,84 @@ def fsync_dir(folder: Path) -> None:
 @contextmanager
 def atomic_file(path: Path) -> Iterator[Path]:
     """A temporary path beside `path` for the block to write; renamed over `path` when the block succeeds,
-    removed when it fails, so `path` is always the old file or the complete new one."""
+    removed when it fails, so `path` is always the old file or the complete new one. The new file is
+    flushed to the disk before the rename: a file system that reports a full disk only when the data is
+    written back (NFS, some FUSE mounts) fails here, before the old file is replaced."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
     try:
         yield tmp
         share_like_mkdir(tmp)
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise_named(exc, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def raise_named(exc: OSError, path: Path) -> None:
+    """Raise `exc`, naming `path` (the file or folder being written) when it names no file: a failed write
+    or flush names none ("[Errno 28] No space left on device"), and the user must know where."""
+    if exc.filename is not None or exc.errno is None:
+        raise exc
+    raise type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace `path` with `data` (text as UTF-8) atomically."""
+    """Replace `path` with `data` (text as UTF-8) atomically; a short write (a full disk) raises before
+    anything is replaced."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_file(path) as tmp:
-        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        tmp.write_bytes(raw)
+        if tmp.stat().st_size != len(raw):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def set_aside(folder: Path, name: str) -> Path:
+    """Rename `folder` to `name` beside it (replacing an earlier folder of that name): kept for inspection
+    under a name no reader takes for the original (a diverged checkpoint, `checkpoints/diverged-step-N`)."""
+    target = folder.with_name(name)
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    folder.rename(target)
+    return target
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+LOCK_FILE = ".tfkit.lock"  # in a run folder: held (flock) by the process training into it
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str = "run folder") -> Iterator[Path]:
+    """Hold an exclusive advisory lock (`fcntl.flock`) on `folder/.tfkit.lock` for the block, or raise a
+    CheckpointError at once when another process holds it. The kernel drops the lock when its holder
+    exits, however it exits, so a lock file left by a killed process never blocks anyone; the file itself
+    stays (removing it would race with a process that just opened it)."""
+    import fcntl
+
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise CheckpointError(f"{what} {folder}: in use by another tfkit process{pid}; wait for it to finish, or "
+                                  "choose another --run-dir") from None
+        try:  # who holds it, for the refusal above; a full disk must not stop the run for this
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            pass
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 @contextmanager
@@ -113,7 +178,10 @@ def staged_folder(out: Path, *, keep_existing: bool = False, durable: bool = Fal
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            raise_named(exc, out)
         share_like_mkdir(tmp)
         if durable:
             fsync_tree(tmp)

@@ -1,7 +1,7 @@
 """The names of the files and folders tfkit writes, in one place for every layer that reads them.
 
 A checkpoint folder holds the weights and config.json (+ the tokenizer files, + trainer_state.pt when a
-training run wrote it). A run folder holds recipe.yaml, tokenizer/, metrics.jsonl and
+training run wrote it). A run folder holds recipe.yaml, start.log, tokenizer/, metrics.jsonl and
 checkpoints/step-<N>/. Output-folder checks (files.py) must recognise both without importing the trainer,
 and an export-hf folder without importing the models.
 """
@@ -15,6 +15,8 @@ CONFIG = "config.json"
 TRAINER_STATE = "trainer_state.pt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 RECIPE_FILE = "recipe.yaml"
+BEST = "best"  # in a run folder: the weights with the best validation loss (train.keep_best)
+START_LOG = "start.log"  # in a run folder: the start-of-run block of every start (fresh, then each resume)
 CHECKPOINTS = "checkpoints"
 STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".step-5.tmp"
 # The HuggingFace class each family is exported as (models/hf_names.py), named in an export's config.json.

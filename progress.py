@@ -36,3 +36,20 @@ def console(stderr: bool = False) -> Console:
 
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, soft_wrap=True, highlight=False, width=None if stream.isatty() else 200)
+
+
+class Transcript:
+    """A console whose printed lines are also kept as plain text: the start-of-run block is shown and
+    written to the run folder from one source, so what the user saw and what the folder keeps agree."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.lines: list[str] = []
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        from rich.text import Text
+
+        self.console.print(*objects, **kwargs)
+        for obj in objects:
+            if isinstance(obj, str):
+                self.lines.append(Text.from_markup(obj).plain if kwargs.get("markup", True) else obj)

@@ -3,9 +3,9 @@
     python -m benchmarks.run [--suite cpu|gpu|all] [--quick] [--json OUT] [--compile | --no-compile]
 
 Sections (each row a ratio against a baseline measured in the same run; > 1 = tfkit better):
-train (tokens/s vs HuggingFace), attention (vs bare SDPA and the naive path), tokenizer (vs raw
-`tokenizers`), batches (MLM batch preparation vs HuggingFace's masking), decode (GQA/MQA vs MHA, from
-benchmarks/decode.py), cli (start-up and
+train (tokens/s vs HuggingFace, and on CPU vs reference_gpt.py, a minimal nanoGPT-style GPT), attention
+(vs bare SDPA and the naive path), tokenizer (vs raw `tokenizers`), batches (MLM batch preparation vs
+HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli (start-up and
 `train-tokenizer` as whole processes, from benchmarks/cli.py). `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
@@ -107,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="text file for the tokenizer section (default: about 1 MB of the built-in stdlib:docs)")
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
+    parser.add_argument("--case", default="",
+                        help="train section: only the cases whose name contains this text, e.g. 'reference GPT'")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.corpus is not None and not args.corpus.is_file():
@@ -114,6 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.only) - set(SECTIONS))
     if unknown:
         parser.error(f"--only: unknown section(s) {', '.join(unknown)}; expected some of {', '.join(SECTIONS)}")
+    if args.case and "train" not in args.only:
+        parser.error("--case selects train cases; add train to --only")
     return args
 
 
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.notes.append(f"{section}: CPU-only work, measured by --suite cpu")
                 continue
             start = time.perf_counter()
-            for row in RUNNERS[section](ctx):
+            options = {"match": args.case} if section == "train" else {}
+            for row in RUNNERS[section](ctx, **options):
                 row.section = f"{suite}/{row.section}" if len(suites) > 1 else row.section
                 rows.append(row)
             seconds[f"{suite}/{section}"] = round(time.perf_counter() - start, 1)

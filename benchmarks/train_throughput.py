@@ -1,4 +1,4 @@
-"""Training throughput: tfkit's real training step against HuggingFace models of the same shape.
+"""Training throughput: tfkit's real training step against HuggingFace models and a nanoGPT-style GPT.
 
 The tfkit side is `trainer.loop.train_step`, the function `tfkit pretrain` calls every update: the
 objective (`LossModule`: forward + loss, MLM on the gathered masked rows only), backward, gradient-norm
@@ -12,7 +12,11 @@ fused on CUDA) under the same autocast. HF models are built locally from config 
 
 - `gpt` (GPT-2 layout) vs `GPT2LMHeadModel`;
 - `gpt` with RoPE + RMSNorm + SwiGLU + n_kv_heads < n_heads vs `LlamaForCausalLM` (GQA);
-- `bert` (MLM) vs `BertForMaskedLM`.
+- `bert` (MLM) vs `BertForMaskedLM`;
+- CPU only: `gpt` vs `reference_gpt.ReferenceGPT`, the minimal nanoGPT-style model a lean research
+  codebase trains (one fused qkv Linear, SDPA `is_causal`, plain cross-entropy), stepped as nanoGPT
+  steps it: forward with targets, backward, clip, its own AdamW (`configure_optimizers`: nanoGPT's
+  groups, fused kernel). HF pays for generality; this baseline shows what is left without it.
 
 On GPU, MFU uses tfkit's `flops_per_token` (model FLOPs, PaLM's convention) for both sides, so the two
 MFUs are in proportion to tokens/s even where tfkit skips work (the MLM head on unmasked rows).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +42,7 @@ from tfkit.trainer.optim import autocast_context, build_optimizer, grad_scaler
 from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSection, Recipe, TrainSection
 
 from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
+from .reference_gpt import ReferenceGPT, configure_optimizers
 
 MASK_PROB = 0.15  # MLM: fraction of positions that carry a label (BERT's)
 MASK_ID = 4  # any id: the batch is random tokens
@@ -51,6 +57,7 @@ class Case:
     precision: str  # fp32 | bf16, as train.precision
     goal_eager: Goal | None = None
     goal_compiled: Goal | None = None
+    baseline: str = "hf"  # hf (the HuggingFace model of cfg's shape) | reference (reference_gpt.ReferenceGPT)
 
 
 def llama_like(cfg: ModelConfig, n_kv_heads: int) -> ModelConfig:
@@ -61,15 +68,22 @@ def llama_like(cfg: ModelConfig, n_kv_heads: int) -> ModelConfig:
 
 
 def cases(ctx: Context) -> list[Case]:
-    """CPU: the `tiny` sizes at B=16, T=256 (smaller for --quick). GPU: GPT-2 124M at B=16, T=1024 and
-    BERT-base at T=128, B=256 and T=512, B=64, in bf16 (the shipped gpt2-small / bert-base recipes)."""
+    """CPU: the `tiny` sizes at B=16, T=256 (smaller for --quick), and nanoGPT's shape of GPT (d=256, 4
+    layers, 4 heads, V=8,192, learned positions, pre-LN, exact GELU, biases, tied head) against the
+    reference GPT at the same B, T. GPU: GPT-2 124M at B=16, T=1024 and BERT-base at T=128, B=256 and
+    T=512, B=64, in bf16 (the shipped gpt2-small / bert-base recipes)."""
     if ctx.suite == "cpu":
         gpt, bert = sized_config("gpt", "tiny"), sized_config("bert", "tiny")
         batch, seq = (2, 32) if ctx.quick else (16, 256)
         cpu_goal = Goal(">= 1.2x HF eager", 1.2)
+        nano = ModelConfig(arch="gpt", vocab_size=8192, d_model=256, n_layers=4, n_heads=4, max_seq_len=256,
+                           positions="learned", norm="layernorm", norm_placement="pre", activation="gelu",
+                           bias=True, tie_embeddings=True, dropout=0.0, attn_dropout=0.0).validate()
         return [Case("gpt tiny vs HF GPT2LMHeadModel", gpt, batch, seq, "fp32", goal_eager=cpu_goal),
                 Case("gpt tiny GQA vs HF LlamaForCausalLM", llama_like(gpt, 2), batch, seq, "fp32"),
-                Case("bert tiny MLM vs HF BertForMaskedLM", bert, batch, seq, "fp32")]
+                Case("bert tiny MLM vs HF BertForMaskedLM", bert, batch, seq, "fp32"),
+                Case("gpt d=256 L=4 H=4 V=8192 vs reference GPT (nanoGPT-style)", nano, batch, seq, "fp32",
+                     goal_eager=Goal(">= 1.2x reference GPT", 1.2), baseline="reference")]
     # gpt2-small recipe: vocab padded to 50304, no dropout; bert-base keeps BERT's 0.1 dropouts.
     gpt = sized_config("gpt", "small", vocab_size=50304, dropout=0.0, attn_dropout=0.0)
     bert = sized_config("bert", "small")
@@ -183,47 +197,78 @@ def hf_step(case: Case, batch: dict[str, Tensor], device: torch.device, compile:
     return step, model
 
 
+def reference_step(case: Case, batch: dict[str, Tensor], device: torch.device,
+                   compile: bool) -> tuple[Callable, nn.Module]:
+    """One call = one nanoGPT training step of the reference GPT: forward with targets (plain cross-entropy),
+    backward, clip, nanoGPT's AdamW groups with tfkit's default hyperparameters (lr, betas, decay, clip)."""
+    cfg, optim = case.cfg, OptimSection()
+    model = ReferenceGPT(cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.max_seq_len,
+                         dropout=cfg.dropout, bias=cfg.bias).to(device).train()
+    if compile:
+        model.compile()
+    optimizer = configure_optimizers(model, optim.weight_decay, optim.lr, (optim.beta1, optim.beta2), device.type)
+    x, y = batch["input_ids"].to(device), batch["labels"].to(device)  # (B, T) each
+
+    def step() -> None:
+        with autocast_context(case.precision, device):
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step, model
+
+
+BASELINES = {"hf": hf_step, "reference": reference_step}
+
+
 def measure(ctx: Context, case: Case, compiled: bool) -> Row:
     """Tokens/s of both steps, interleaved; MFU and peak memory on GPU."""
     batch = make_batch(case.cfg, case.batch, case.seq_len)
     mode = "compiled" if compiled else "eager"
+    name = case.baseline  # the baseline's key in the samples and the JSON
     torch.manual_seed(0)
     ours, model = tfkit_step(case, batch, ctx.device, compiled)
-    theirs, reference = hf_step(case, batch, ctx.device, compiled)
+    theirs, reference = BASELINES[name](case, batch, ctx.device, compiled)
     if ctx.quick:
         warmup, rounds, calls = 1, 2, 1
     else:
         warmup, rounds, calls = (2, 6, 1) if ctx.suite == "cpu" else (3, 6, 3)
     warmup += 2 if compiled else 0  # compilation happens on the first calls
     ctx.log(f"train: {case.name} B={case.batch} T={case.seq_len} {case.precision} {mode}")
-    samples = time_interleaved({"tfkit": ours, "hf": theirs}, ctx.device, warmup=warmup, rounds=rounds, calls=calls,
+    samples = time_interleaved({"tfkit": ours, name: theirs}, ctx.device, warmup=warmup, rounds=rounds, calls=calls,
                                timer=ctx.timer)
     tokens = case.batch * case.seq_len
-    tfkit_rate, hf_rate = tokens / median(samples["tfkit"]), tokens / median(samples["hf"])
+    tfkit_rate, base_rate = tokens / median(samples["tfkit"]), tokens / median(samples[name])
     extra = {"samples_s": samples, "tfkit_params": model.num_params(),
-             "hf_params": sum(p.numel() for p in reference.parameters()), "tokens_per_step": tokens}
+             f"{name}_params": sum(p.numel() for p in reference.parameters()), "tokens_per_step": tokens}
     note = ""
     if ctx.device.type == "cuda":
         peak, flops = peak_flops(torch.cuda.get_device_name(ctx.device)), model.flops_per_token(case.seq_len)
-        extra.update(tfkit_mfu=mfu(flops, tfkit_rate, peak, 1), hf_mfu=mfu(flops, hf_rate, peak, 1),
-                     tfkit_peak_mb=peak_memory_mb(ours, ctx.device), hf_peak_mb=peak_memory_mb(theirs, ctx.device))
+        extra.update({"tfkit_mfu": mfu(flops, tfkit_rate, peak, 1), f"{name}_mfu": mfu(flops, base_rate, peak, 1),
+                      "tfkit_peak_mb": peak_memory_mb(ours, ctx.device),
+                      f"{name}_peak_mb": peak_memory_mb(theirs, ctx.device)})
         if extra["tfkit_mfu"] is not None:
-            note = f"MFU {100 * extra['tfkit_mfu']:.1f}% vs {100 * extra['hf_mfu']:.1f}%"
-        note += f"; peak {extra['tfkit_peak_mb']:,.0f} vs {extra['hf_peak_mb']:,.0f} MB"
+            note = f"MFU {100 * extra['tfkit_mfu']:.1f}% vs {100 * extra[f'{name}_mfu']:.1f}%"
+        note += f"; peak {extra['tfkit_peak_mb']:,.0f} vs {extra[f'{name}_peak_mb']:,.0f} MB"
     goal = case.goal_compiled if compiled else case.goal_eager
     label = f"{case.name}, B={case.batch} T={case.seq_len} {case.precision} {mode}"
-    return Row("train", label, "tok/s", tfkit_rate, hf_rate, goal=goal, note=note.strip("; "),
-               paired=paired_ratio(samples["tfkit"], samples["hf"]), extra=extra)
+    return Row("train", label, "tok/s", tfkit_rate, base_rate, goal=goal, note=note.strip("; "),
+               paired=paired_ratio(samples["tfkit"], samples[name]), extra=extra)
 
 
-def run(ctx: Context) -> list[Row]:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
+def run(ctx: Context, match: str = "") -> list[Row]:
+    """Every case of `cases` whose name contains `match` (run.py's --case); the HF ones only where
+    transformers is installed (the reference GPT needs nothing but torch)."""
+    chosen = [case for case in cases(ctx) if match in case.name]
+    has_hf = importlib.util.find_spec("transformers") is not None
+    if not has_hf and any(case.baseline == "hf" for case in chosen):
         ctx.skip("train: transformers is not installed (pip install -e '.[test]'), no HF baseline")
-        return []
     rows = []
-    for case in cases(ctx):
+    for case in chosen:
+        if case.baseline == "hf" and not has_hf:
+            continue
         for compiled in (False, True) if ctx.compile else (False,):
             try:
                 rows.append(measure(ctx, case, compiled))

@@ -32,16 +32,25 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def steps_text(step, prior) -> str:
+    """Training steps behind the weights: `300` for a pretraining run, `300+15` for 15 steps of uptraining a
+    300-step model, `300+0` for a converted one; `-` when the checkpoint does not say (an import)."""
+    if prior:
+        return f"{prior:,}+{step or 0:,}"
+    return _num(step, ",")
+
+
 def results_table(rows: list[dict], names: list[str], data: str) -> Table:
     """One row per checkpoint: what a user compares (lower loss/ppl/bpb is better). KV-cache bytes are at
     bf16, the inference dtype, as convert-mqa-to-gqa reports them."""
     table = Table(title=f"eval on {data}")
-    for column in ("checkpoint", "arch", "step", "params", "loss", "ppl", "bits/byte", "acc", "tokens",
+    for column in ("checkpoint", "arch", "steps", "params", "loss", "ppl", "bits/byte", "acc", "tokens",
                    "KV B/tok (bf16)", "tok/s"):
         table.add_column(column, justify="left" if column in ("checkpoint", "arch") else "right")
     for name, r in zip(names, rows):
-        table.add_row(name, r["arch"], _num(r["step"], ","), f"{r['params']:,}", f"{r['loss']:.4f}",
-                      f"{r['perplexity']:.2f}", _num(r["bits_per_byte"], ".4f"), f"{100 * r['token_accuracy']:.2f}%",
+        table.add_row(name, r["arch"], steps_text(r.get("step"), r.get("prior_steps")), f"{r['params']:,}",
+                      f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", _num(r["bits_per_byte"], ".4f"),
+                      f"{100 * r['token_accuracy']:.2f}%",
                       f"{r['tokens']:,}", _num(r["kv_cache_bytes_per_token"], ","), _num(r["tokens_per_sec"], ",.0f"))
     return table
 
@@ -87,6 +96,7 @@ def evaluate(
     stride: Annotated[Optional[int], typer.Option("--stride", help="GPT: sliding-window perplexity, scoring `stride` new tokens per window.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the evaluation batches (MLM masks): keep it to compare runs.")] = 0,
     text_field: Annotated[str, typer.Option("--text-field", help="JSON/JSONL key holding the text.")] = "text",
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", metavar="model.KEY=VALUE", help="Evaluate under another value of a model key that keeps every weight (repeatable), e.g. --set model.attention=naive or model.attn_scale=none.")] = None,
     device: Device = "auto",
     dtype: Dtype = "fp32",
 ) -> None:
@@ -95,9 +105,11 @@ def evaluate(
 
     GPT checkpoints are scored on next-token prediction, BERT on masked tokens (the same masks for every
     checkpoint), encoder-decoders on their seq2seq objective. Bits per byte divides by the text's UTF-8
-    bytes rather than tokens, so checkpoints with different tokenizers compare.
+    bytes rather than tokens, so checkpoints with different tokenizers compare. `--set model.KEY=VALUE`
+    scores every checkpoint under another setting that changes no weight (a key that would is refused).
     """
-    from ..models import read_config
+    from ..models import read_config, resolve_checkpoint
+    from ..models.io import chosen_note
     from ..tokenization.corpus import check_text_field
     from ..trainer import evaluate as evaluation
 
@@ -106,7 +118,11 @@ def evaluate(
     if json_out is not None:
         check_json_out(json_out)
     check_text_field(data, text_field)
-    configs = [read_config(c) for c in checkpoints]
+    folders = [resolve_checkpoint(c, best=True) for c in checkpoints]  # a run's best/ when it kept one
+    for path, folder in zip(checkpoints, folders):
+        if note := chosen_note(path, folder):
+            err.print(note)
+    configs = [read_config(f) for f in folders]
     max_len = min(config["model"]["max_seq_len"] for config in configs)
     if seq_len is None:  # one context length for every row, or the numbers would not compare
         seq_len = min(evaluation.trained_seq_len(config) for config in configs)
@@ -123,10 +139,10 @@ def evaluate(
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
         started = time.perf_counter()
-        rows.append(evaluation.evaluate(ckpt, data, batch_size=batch_size, max_batches=max_batches,
+        rows.append(evaluation.evaluate(folders[number - 1], data, batch_size=batch_size, max_batches=max_batches,
                                         max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
                                         dtype=dtype, seed=seed, show_progress=interactive(),
-                                        text_field=text_field))
+                                        text_field=text_field, overrides=overrides))
         err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens, "
                   f"{time.perf_counter() - started:.1f} s")
     console = output_console()

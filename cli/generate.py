@@ -120,6 +120,7 @@ def generate(
     before --min-new-tokens), after --max-new-tokens, or at the model's max_seq_len; stderr says which.
     """
     from ..models import load_model, resolve_checkpoint
+    from ..models.io import chosen_note
     from ..models.generation import continuation, fill_mask, frame_prompt, generate as generate_ids
     from ..tokenization import load_tokenizer
 
@@ -129,7 +130,9 @@ def generate(
         raise ConfigError("--prompt is required (or --fill-mask for a BERT checkpoint)")
     torch_device, torch_dtype = pick_runtime(device, dtype)
     set_threads()  # the cores the machine's load leaves free
-    folder = resolve_checkpoint(checkpoint)
+    folder = resolve_checkpoint(checkpoint, best=True)
+    if note := chosen_note(checkpoint, folder):
+        err.print(note)
     model, cfg = load_model(folder, device=torch_device)
     model = model.to(dtype=torch_dtype)
     tokenizer = load_tokenizer(folder)

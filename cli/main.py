@@ -21,17 +21,29 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from .. import __version__
-from ..errors import TfkitError
-from . import convert, evaluate, generate, hf, pretrain, recipes, tokenizer
+from ..errors import TfkitError, disk_full, shorten
+from ..files import is_disk_full
+from . import convert, evaluate, generate, hf, lab, pretrain, recipes, tokenizer
 
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def one_line(message: str) -> str:
+    """A message as the one line the boundary promises: a library's multi-line reason joined with "; ",
+    and a line that quotes something huge (a 2 MB recipe value) cut in the middle."""
+    return shorten("; ".join(part.strip() for part in message.splitlines() if part.strip()))
+
+
 def os_error_line(exc: OSError) -> str:
     """`PATH: reason` for a file-system error; when a path component is a regular file where a folder
-    is needed (`--out afile/sub`), says which one, since the OS reason alone ("Not a directory") does not."""
+    is needed (`--out afile/sub`), says which one, since the OS reason alone ("Not a directory") does not.
+    A full disk also says what is intact: every file tfkit replaces is written to a temporary name that
+    is removed on failure, so whatever existed before is as it was."""
+    if is_disk_full(exc):
+        return disk_full(exc, "nothing was replaced: what was being written went to a temporary name, now "
+                              "removed, and every file that existed before is intact").args[0]
     if exc.filename is None:
-        return str(exc)
+        return one_line(str(exc))
     where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 is not None else str(exc.filename)
     line = f"{where}: {exc.strerror or type(exc).__name__}"
     if isinstance(exc, (FileExistsError, NotADirectoryError)) and isinstance(exc.filename, str):
@@ -56,7 +68,7 @@ class _Group(TyperGroup):
         except (TfkitError, OSError) as exc:
             if ctx.meta.get("tfkit.debug"):
                 raise
-            message = os_error_line(exc) if isinstance(exc, OSError) else str(exc)
+            message = one_line(os_error_line(exc) if isinstance(exc, OSError) else str(exc))
             err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
             raise typer.Exit(2) from None
 
@@ -112,6 +124,7 @@ app.command("convert-mqa-to-gqa")(convert.convert_mqa_to_gqa)
 app.command("import-hf")(hf.import_hf)
 app.command("export-hf")(hf.export_hf)
 app.add_typer(recipes.app, name="recipes")
+app.add_typer(lab.app, name="lab")
 
 
 def main() -> None:

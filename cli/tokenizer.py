@@ -47,17 +47,18 @@ def train_tokenizer(
     ] = None,
     text_field: Annotated[str, typer.Option(help="JSON/JSONL key or Parquet/Arrow column holding the text.")] = "text",
     heldout_chars: Annotated[
-        int, typer.Option(help="Characters from the end of the corpus held out for the report (at most 10%).")
+        int, typer.Option(help="Characters held out for the report (at most 10%), in blocks of lines drawn through the whole corpus.")
     ] = 200_000,
     force: Annotated[bool, typer.Option("--force", help="Replace an output folder with a different tokenizer.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train a tokenizer on CORPUS and save tokenizer.json, the transformers config files and a report.
 
-    The last --heldout-chars of the corpus are not trained on; the report measures bytes per token,
-    tokens per word and the unknown-token rate on them.
+    About --heldout-chars of the corpus, blocks of lines drawn (seeded) from all through it, are not
+    trained on; the report measures bytes per token, tokens per word and the unknown-token rate on them.
     """
-    from ..tokenization.corpus import check_text_field, corpus_size, hold_out_tail, iter_documents
+    from ..tokenization.corpus import check_text_field, iter_documents, text_size
+    from ..tokenization.holdout import hold_out_spread
     from ..tokenization.report import print_report  # imports deferred: `--help` stays fast
     from ..tokenization.train import TokenizerSpec, train_tokenizer as train
 
@@ -74,13 +75,13 @@ def train_tokenizer(
         lowercase=lowercase,
         strip_accents=strip_accents,
     ).validate()
-    heldout: list[str] = []  # filled by hold_out_tail once the stream ends, before the report is built
+    heldout: list[str] = []  # filled by hold_out_spread when the stream ends, read by the report
 
     def texts():  # a fresh stream per call: wordpiece reads the corpus twice
         heldout.clear()
-        return hold_out_tail(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)
+        return hold_out_spread(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)
 
     report = train(spec, texts, out, show_progress=not quiet, heldout=heldout, force=force,
-                   progress_total=corpus_size(corpus))
+                   progress_total=text_size(corpus, text_field))
     print_report(report)
     typer.echo(f"saved {out}")

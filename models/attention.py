@@ -20,6 +20,9 @@ to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
 `attention: naive` spells every step out (repeat K/V, QK^T/sqrt(d) + mask, softmax, dropout, @V) and can
 return the attention weights; `need_weights=True` always takes this path, since fused kernels never
 materialise the weights.
+
+`attn_scale` replaces the 1/sqrt(d) on the scores in both paths (SDPA's `scale=`, a multiply in the naive
+one); the default passes no scale, so SDPA and the naive division compute exactly what they always did.
 """
 
 from __future__ import annotations
@@ -102,27 +105,34 @@ def cross_attention_mask(src_padding: Tensor | None) -> AttnMask:
     return AttnMask(src_padding.bool()[:, None, None, :])  # (B, 1, 1, S)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float) -> Tensor:
-    """softmax(QK^T/sqrt(D) + mask)V by PyTorch's fused SDPA; K/V heads are shared, not copied, except
-    on CUDA with a mask tensor: FlashAttention takes no mask and the memory-efficient kernel no grouped
-    K/V, so SDPA would run its unfused math path; full-width K/V (B, H, S, D) keep it fused."""
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float,
+                    scale: float | None = None) -> Tensor:
+    """softmax(scale * QK^T + mask)V by PyTorch's fused SDPA (scale None = 1/sqrt(D), SDPA's own default).
+
+    K/V heads are shared, not copied, except on CUDA with a mask tensor: FlashAttention takes no mask and
+    the memory-efficient kernel no grouped K/V, so SDPA would run its unfused math path; full-width K/V
+    (B, H, S, D) keep it fused."""
     gqa = k.shape[1] != q.shape[1]
     if gqa and mask.tensor is not None and q.is_cuda:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         gqa = False
     if mask.is_causal:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tensor, dropout_p=dropout_p, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
+                                              enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tensor, dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=gqa)
 
 
 def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float,
-                    training: bool) -> tuple[Tensor, Tensor]:
-    """Every step explicit; returns (output (B, H, T_q, D), weights (B, H, T_q, T_k))."""
+                    training: bool, scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Every step explicit; returns (output (B, H, T_q, D), weights (B, H, T_q, T_k)).
+    scale: the factor on QK^T, None = 1/sqrt(D) (`ModelConfig.score_scale`)."""
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1)  # (B, H, T_k, D): each K/V head serves `groups` query heads
     v = v.repeat_interleave(groups, dim=1)  # (B, H, T_k, D)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T_q, T_k)
+    scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if mask.tensor is not None and mask.tensor.dtype == torch.bool:
         scores = scores.masked_fill(~mask.tensor, float("-inf"))
     elif mask.tensor is not None:
@@ -150,6 +160,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
         self.impl = cfg.attention
         self.attn_dropout = cfg.attn_dropout
+        self.scale = cfg.score_scale  # None = 1/sqrt(head_dim)
 
     def _heads(self, x: Tensor, proj: nn.Linear, n_heads: int) -> Tensor:
         B, T, _ = x.shape
@@ -176,8 +187,8 @@ class Attention(nn.Module):
                 k, v = cache.update(k, v, start_pos)  # (B, H_kv, start_pos+T | S_max, D): kv_cache.py
         dropout_p = self.attn_dropout if self.training else 0.0
         if need_weights or self.impl == "naive":
-            y, weights = naive_attention(q, k, v, mask, dropout_p, self.training)  # (B, H, T, D)
+            y, weights = naive_attention(q, k, v, mask, dropout_p, self.training, self.scale)  # (B, H, T, D)
         else:
-            y, weights = flash_attention(q, k, v, mask, dropout_p), None  # (B, H, T, D)
+            y, weights = flash_attention(q, k, v, mask, dropout_p, self.scale), None  # (B, H, T, D)
         y = self.o_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
         return (y, weights) if need_weights else y

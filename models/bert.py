@@ -49,12 +49,13 @@ class BERT(ModelBase):
         Padding is whatever attention_mask says, never inferred from pad ids: inferring it would read the
         ids back from the GPU on every forward (and break a compiled graph) for batches that have none."""
         self._check_span(0, input_ids.shape[1], None)
-        x = self.embed(input_ids, token_type_ids=token_type_ids)  # (B, T, C)
+        rows = self.norm_rows(attention_mask, input_ids.shape[1])  # BatchNorm only: the real tokens it counts
+        x = self.embed(input_ids, token_type_ids=token_type_ids, rows=rows)  # (B, T, C)
         mask = self._self_mask(x, causal=False, padding=attention_mask)  # once, for all layers
         rope = self._rope(x)
         for block in self.blocks:
-            x = block(x, mask, rope=rope)  # (B, T, C)
-        return x if self.ln_f is None else self.ln_f(x)
+            x = block(x, mask, rope=rope, rows=rows)  # (B, T, C)
+        return self._final_norm(self.ln_f, x, rows)
 
     def mlm_logits(self, hidden_rows: Tensor) -> Tensor:
         """The MLM head on the rows you gathered: (N, C) -> (N, V) (any leading shape works)."""

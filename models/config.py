@@ -18,8 +18,9 @@ from ..ranges import POSITIVE, float_problems
 
 ARCHS = ("bert", "gpt", "transformer")
 ATTENTIONS = ("flash", "naive")
-POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
-NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+NORMS = ("layernorm", "rmsnorm", "batchnorm")
+ATTN_SCALES = ("sqrt_d", "none")  # or a positive number
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 INITS = ("normal", "xavier")
@@ -36,9 +37,14 @@ class ModelConfig:
     d_ff: int | None = None  # FFN hidden size; None = 4*d_model (relu/gelu) or 8/3*d_model rounded (swiglu)
     max_seq_len: int = 512  # longest sequence (learned positions table size, KV-cache length)
     attention: str = "flash"  # flash = fused SDPA kernels; naive = explicit softmax(QK^T/sqrt(d)+mask)V
-    positions: str = "learned"  # learned | sinusoidal | rope | alibi
+    # factor on the attention scores QK^T: sqrt_d = 1/sqrt(head_dim) (the paper's) | none = 1.0 (unscaled:
+    # the softmax saturates as head_dim grows) | a positive number = that factor
+    attn_scale: str | float = "sqrt_d"
+    positions: str = "learned"  # learned | sinusoidal | rope | alibi | none (no position information at all)
     rope_theta: float = 10000.0  # RoPE base frequency
-    norm: str = "layernorm"  # layernorm | rmsnorm
+    # layernorm | rmsnorm | batchnorm (each feature over the batch's positions, padding left out, running
+    # statistics in eval mode; while training, a causal model's tokens see the batch's future: models/norms.py)
+    norm: str = "layernorm"
     norm_placement: str = "pre"  # pre (GPT-2, stable deep) | post (original Transformer, BERT)
     norm_eps: float = 1e-5  # added to the variance in every norm (BERT: 1e-12)
     activation: str = "gelu"  # relu (original) | gelu (BERT) | gelu_tanh (GPT-2's approximation) | swiglu (Llama)
@@ -51,6 +57,25 @@ class ModelConfig:
     init_std: float = 0.02  # standard deviation of the normal init
     type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
     pad_token_id: int | None = None  # the tokenizer's padding id (HF export); masks come from attention_mask
+
+    def __post_init__(self) -> None:
+        """A number written as text (YAML reads `1e-1` without a dot as a string) becomes a float, an int a
+        float, so `attn_scale` is one of its two spellings or a float from here on."""
+        if isinstance(self.attn_scale, str) and self.attn_scale not in ATTN_SCALES:
+            try:
+                self.attn_scale = float(self.attn_scale)
+            except ValueError:
+                pass  # problems() names it
+        elif isinstance(self.attn_scale, int) and not isinstance(self.attn_scale, bool):
+            self.attn_scale = float(self.attn_scale)
+
+    @property
+    def score_scale(self) -> float | None:
+        """The factor attention multiplies QK^T by; None = 1/sqrt(head_dim), SDPA's own default, so the
+        default configuration passes nothing and computes exactly what it always did."""
+        if self.attn_scale == "sqrt_d":
+            return None
+        return 1.0 if self.attn_scale == "none" else float(self.attn_scale)
 
     @property
     def kv_heads(self) -> int:
@@ -86,6 +111,10 @@ class ModelConfig:
         choice("norm_placement", NORM_PLACEMENTS)
         choice("activation", ACTIVATIONS)
         choice("init", INITS)
+        scale = self.attn_scale
+        if isinstance(scale, str) and scale not in ATTN_SCALES or isinstance(scale, bool) or (
+                isinstance(scale, float) and not POSITIVE.contains(scale)):
+            out.append(f"{prefix}.attn_scale: got {scale!r}, expected sqrt_d, none or a positive finite number")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             if getattr(self, name) < 1:
                 out.append(f"{prefix}.{name}: got {getattr(self, name)}, expected a positive integer")
@@ -169,4 +198,5 @@ def type_problem(value: Any, hint: Any) -> str | None:
             if all(type_problem(v, inner) is None for v in value):
                 return None
     names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string"}
-    return " or ".join(names.get(o, "a list of strings") for o in options)
+    lists = {str: "a list of strings", float: "a list of numbers", int: "a list of integers"}
+    return " or ".join(names.get(o) or lists.get(typing.get_args(o)[0], "a list") for o in options)

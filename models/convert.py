@@ -162,7 +162,11 @@ def attention_params(model: nn.Module) -> int:
 # --- checkpoint folders ------------------------------------------------------------------------------------
 
 # config.json keys of the source that describe the source itself, not what the converted model is for.
-DROPPED_KEYS = ("tfkit_version", "model", "step", "converted_from", "method", "kv_heads_before", "seed")
+DROPPED_KEYS = ("tfkit_version", "model", "step", "prior_steps", "converted_from", "method", "kv_heads_before", "seed")
+
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
@@ -183,7 +187,8 @@ def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed
         new_model = build_model(new_cfg)
     assign_weights(new_model, state_dict, folder, f"the regrouped {new_cfg.arch} model")
     extra = {k: v for k, v in source_config.items() if k not in DROPPED_KEYS}  # e.g. objective, recipe
-    extra.update(converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads)
+    extra.update(converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads,
+                 prior_steps=_int(source_config.get("prior_steps")) + _int(source_config.get("step")))
     if method == "random":
         extra["seed"] = seed
     with staged_folder(out) as tmp:  # the caller ran check_new_folder: replacing `out` needed --force

@@ -42,9 +42,9 @@ class GPT(ModelBase):
         self._check_span(start_pos, T, kv_cache)
         x = self.embed(input_ids, start_pos)  # (B, T, C)
         mask, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache)  # once, for all layers
+        rows = self.norm_rows(attention_mask, T)  # BatchNorm only: the real tokens its statistics count
         for i, block in enumerate(self.blocks):
             cache = None if kv_cache is None else kv_cache.layers[i]
-            x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos)  # (B, T, C)
-        if self.ln_f is not None:
-            x = self.ln_f(x)
+            x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos, rows=rows)  # (B, T, C)
+        x = self._final_norm(self.ln_f, x, rows)
         return self.lm_head(x) if head else x  # (B, T, V) or (B, T, C)

@@ -30,18 +30,19 @@ from ..files import TFKIT_EXPORT, check_new_folder, staged_folder
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
 from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
-from .io import load_model, resolve_checkpoint
+from .io import load_model, resolve_checkpoint, safetensors_writes
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
+SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")  # every HF family
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
              ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"),
-             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings")],
+             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
     "gpt2": [("norm", ("layernorm",), "LayerNorm"), ("norm_placement", ("pre",), "pre-LN"),
              ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"), ("bias", (True,), "biases everywhere"),
-             ("scale_embeddings", (False,), "unscaled embeddings")],
+             ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
-              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings")],
+              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
 }
 HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",
@@ -172,6 +173,7 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
             hf_config.update({k: v for k, v in ids.items() if k in hf_config and hf_config[k] is None})
         else:
             warnings.warn(f"{folder} has no tokenizer: the export has none either", HFInteropWarning, stacklevel=2)
-        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        with safetensors_writes(out / "model.safetensors"):
+            save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     return out

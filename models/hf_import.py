@@ -29,7 +29,7 @@ from .config import ModelConfig, type_problem
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
                        split_to_tfkit)
 from .hf_tokenizer import import_tokenizer
-from .io import assign_weights, parameters_on_meta, save_model
+from .io import assign_weights, load_plain_pickle, parameters_on_meta, pickle_refusal, save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
@@ -307,9 +307,15 @@ def _load_file(file: Path) -> dict[str, Tensor]:
     try:
         if file.suffix == ".safetensors":
             return load_file(str(file))
-        return torch.load(file, map_location="cpu", weights_only=True)  # pickle, but no code execution
     except (SafetensorError, RuntimeError, OSError, EOFError) as err:
         raise CheckpointError(f"{file}: cannot read the weights ({str(err).splitlines()[0]})") from None
+    try:
+        state = load_plain_pickle(file)  # pickle, but no code execution
+    except Exception as err:  # noqa: BLE001 - a hostile or damaged pickle raises many types
+        raise CheckpointError(f"{file}: {pickle_refusal(err, 'weights file')}") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise CheckpointError(f"{file}: expected a state dict (tensor names to tensors), got {type(state).__name__}")
+    return state
 
 
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:

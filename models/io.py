@@ -9,6 +9,10 @@ folder holding both files is complete.
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +27,7 @@ from torch import nn
 from .. import __version__
 from ..errors import CheckpointError
 from ..files import atomic_file, write_atomic
-from ..layout import CHECKPOINTS, CONFIG, STEP_FOLDER, WEIGHTS  # CONFIG, WEIGHTS: the trainer imports them from here
+from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, WEIGHTS  # CONFIG, WEIGHTS: the trainer imports them from here
 from .config import ModelConfig
 
 
@@ -46,18 +50,37 @@ def save_model(model: nn.Module, folder: str | Path, extra: dict | None = None) 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_file(folder / WEIGHTS) as weights_tmp:  # published 0644 like a plain open, not safetensors' 0600
-        save_safetensors_from(model, str(weights_tmp))  # tied weights are stored once and re-tied on load
+        with safetensors_writes(folder / WEIGHTS):
+            save_safetensors_from(model, str(weights_tmp))  # tied weights are stored once and re-tied on load
     config = {"tfkit_version": __version__, "model": model.config.to_dict(), **(extra or {})}
     write_atomic(folder / CONFIG, json.dumps(config, indent=2) + "\n")
     return folder
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+@contextmanager
+def safetensors_writes(path: Path) -> Iterator[None]:
+    """safetensors reports a failed write (a full disk) as a SafetensorError("... I/O error: No space left
+    on device (os error 28)"), not an OSError: re-raised as the OSError it is, naming `path`, so that the CLI's boundary
+    and the callers that handle a full disk see it."""
+    try:
+        yield
+    except SafetensorError as err:
+        code = re.search(r"(?:code: |os error )(\d+)", str(err))
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from err
+
+
+def resolve_checkpoint(path: str | Path, best: bool = False) -> Path:
     """A checkpoint folder is itself; a run folder (or its `checkpoints/`) gives the complete
-    `checkpoints/step-<N>/` with the highest N. Anything else is a CheckpointError naming the path."""
+    `checkpoints/step-<N>/` with the highest N, or with `best` (eval, generate) its complete `best/` when
+    train.keep_best wrote one. Anything else is a CheckpointError naming the path."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint or run folder")
+    if best and not _is_complete(path) and _is_complete(path / BEST):
+        return path / BEST
     if path.is_file() and path.name in (WEIGHTS, CONFIG):
         path = path.parent
     if _is_complete(path):
@@ -78,6 +101,19 @@ def resolve_checkpoint(path: str | Path) -> Path:
         f"{path}: not a checkpoint folder (expected {WEIGHTS} and {CONFIG}) "
         "nor a run folder with a complete checkpoints/step-<N>/"
     )
+
+
+def chosen_note(path: str | Path, folder: Path) -> str | None:
+    """When `resolve_checkpoint(path, best=True)` took a run's best/ over its latest checkpoint, the line
+    that says so (which step, its validation loss, and how to take the latest instead)."""
+    if folder.name != BEST or Path(path) == folder:
+        return None
+    config = read_config(folder)
+    latest = resolve_checkpoint(path)
+    loss = config.get("val_loss")
+    return (f"{path}: using best/ (step {config.get('step')}, validation loss "
+            f"{loss:.4f}) kept by train.keep_best; for the latest weights pass {latest}"
+            if isinstance(loss, float) else f"{path}: using best/ kept by train.keep_best; latest: {latest}")
 
 
 def read_config(path: str | Path) -> dict:
@@ -163,6 +199,33 @@ def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Pat
         for name in names[1:]:
             owner, _, attr = name.rpartition(".")
             setattr(model.get_submodule(owner), attr, first)
+
+
+def load_plain_pickle(file: Path):
+    """`torch.load(file, weights_only=True)`: tensors, numbers, strings and containers, never code. Its
+    warnings about the pickle protocol of a file that is then refused are not the user's news."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def pickle_refusal(err: Exception, what: str) -> str:
+    """Why `load_plain_pickle` failed, in one line and without torch's advice to retry with
+    `weights_only=False` (which would run the code it just refused): a pickle naming a Python global would
+    execute code on load; one the plain-data reader cannot parse is refused too; anything else is a
+    damaged file."""
+    text = str(err)
+    reasons = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(
+        ("Weights only load failed", "Please file an issue", "Check the documentation"))]
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if isinstance(err, pickle.UnpicklingError) and found:
+        return (f"refused: loading this {what} would run code ({found.group(1)}), and tfkit loads pickles only "
+                "when they hold plain tensors and numbers; the file is hostile, damaged or not what it claims")
+    if text.startswith("Weights only load failed"):
+        return (f"refused: this {what} is not a plain-data pickle ({reasons[0] if reasons else 'unreadable'}); "
+                "tfkit never loads one that could run code: the file is hostile, damaged or not what it claims")
+    first = reasons[0] if reasons else type(err).__name__
+    return f"cannot load the {what}, the file is damaged or truncated ({first[:200]})"
 
 
 def _first_problem(err: Exception) -> str:

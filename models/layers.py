@@ -1,8 +1,9 @@
 """The small pieces every family is built from: norms, feed-forward blocks, position encodings, embeddings.
 
 Each design choice tfkit lets you compare is one function or class here, picked by a `ModelConfig` field:
-`norm` (LayerNorm | RMSNorm), `activation` (relu | gelu | swiglu), `positions` (learned | sinusoidal
-added to the embeddings; rope rotating q and k inside attention; alibi as a per-head bias on the scores).
+`norm` (LayerNorm | RMSNorm | BatchNorm), `activation` (relu | gelu | swiglu), `positions` (learned | sinusoidal
+added to the embeddings; rope rotating q and k inside attention; alibi as a per-head bias on the scores;
+none: nothing anywhere, so an encoder is permutation-equivariant and only a causal mask tells order).
 Attention itself lives in attention.py; the blocks that combine it with these pieces in transformer.py.
 """
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .norms import BatchNorm
 
 # Output projections that write into the residual stream; the `normal` init scales them by
 # 1/sqrt(2 * n_layers) so the residual variance does not grow with depth (GPT-2).
@@ -24,6 +26,8 @@ RESIDUAL_OUT = ("o_proj", "down")
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    if cfg.norm == "batchnorm":
+        return BatchNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
@@ -124,9 +128,11 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start_pos: int | Tensor = 0, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, start_pos: int | Tensor = 0, token_type_ids: Tensor | None = None,
+                rows: Tensor | None = None) -> Tensor:
         """ids (B, T) at positions start_pos..start_pos+T-1 -> (B, T, C). start_pos may be a 0-dim tensor
-        (the static decode step): the position rows are then indexed on the device, never read back."""
+        (the static decode step): the position rows are then indexed on the device, never read back.
+        rows: (B, T) bool, the real tokens, for a BatchNorm's statistics (None: every row is real)."""
         x = self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None or self.sinusoid is not None:
             positions = torch.arange(ids.shape[1], device=ids.device) + start_pos  # (T,)
@@ -138,7 +144,7 @@ class Embeddings(nn.Module):
             segments = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
             x = x + self.seg(segments)  # (B, T, C)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x) if rows is None else self.norm(x, rows)
         return self.drop(x)
 
 
@@ -158,5 +164,5 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
         elif isinstance(module, nn.Embedding):
             std = cfg.d_model ** -0.5 if cfg.init == "xavier" else cfg.init_std
             nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, BatchNorm)):
             module.reset_parameters()

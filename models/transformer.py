@@ -34,19 +34,24 @@ class Block(nn.Module):
         self.norm_ffn, self.ffn = make_norm(cfg), FeedForward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn: nn.Module, *args, **kwargs) -> Tensor:
-        """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch before the add."""
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn: nn.Module, *args, rows: Tensor | None = None,
+                  **kwargs) -> Tensor:
+        """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch before the add.
+        rows: the real tokens (B, T), given only to a BatchNorm (`norm_rows`), whose statistics skip padding."""
         if self.pre_norm:
-            return x + self.drop(fn(norm(x), *args, **kwargs))
-        return norm(x + self.drop(fn(x, *args, **kwargs)))
+            return x + self.drop(fn(norm(x) if rows is None else norm(x, rows), *args, **kwargs))
+        y = x + self.drop(fn(x, *args, **kwargs))
+        return norm(y) if rows is None else norm(y, rows)
 
     def forward(self, x: Tensor, mask: AttnMask, *, rope: tuple[Tensor, Tensor] | None = None,
                 cache: LayerKV | None = None, start_pos: int | Tensor = 0, memory: Tensor | None = None,
-                memory_mask: AttnMask | None = None, cross_cache: CrossKV | None = None) -> Tensor:
-        x = self._sublayer(x, self.norm_attn, self.attn, mask, rope=rope, cache=cache, start_pos=start_pos)
+                memory_mask: AttnMask | None = None, cross_cache: CrossKV | None = None,
+                rows: Tensor | None = None) -> Tensor:
+        x = self._sublayer(x, self.norm_attn, self.attn, mask, rope=rope, cache=cache, start_pos=start_pos, rows=rows)
         if self.cross_attn is not None:
-            x = self._sublayer(x, self.norm_cross, self.cross_attn, memory_mask, context=memory, cache=cross_cache)
-        return self._sublayer(x, self.norm_ffn, self.ffn)  # (B, T, C)
+            x = self._sublayer(x, self.norm_cross, self.cross_attn, memory_mask, context=memory, cache=cross_cache,
+                               rows=rows)
+        return self._sublayer(x, self.norm_ffn, self.ffn, rows=rows)  # (B, T, C)
 
 
 class ModelBase(nn.Module):
@@ -70,6 +75,18 @@ class ModelBase(nn.Module):
             raise ConfigError(
                 f"sequence reaches position {start_pos + length} but model.max_seq_len is {self.config.max_seq_len}"
             )
+
+    def norm_rows(self, padding: Tensor | None, length: int) -> Tensor | None:
+        """The real tokens (B, T) of the `length` newest positions, for BatchNorm statistics that skip padding;
+        None for the other norms (they never look across positions) and when nothing is padding."""
+        if self.config.norm != "batchnorm" or padding is None:
+            return None
+        return padding[:, -length:].bool()  # (B, T)
+
+    def _final_norm(self, norm: nn.Module | None, x: Tensor, rows: Tensor | None) -> Tensor:
+        if norm is None:
+            return x
+        return norm(x) if rows is None else norm(x, rows)
 
     def _rope(self, x: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor] | None:
         """RoPE cos/sin for the positions of x (B, T, C), or None when positions are not rope."""
@@ -160,10 +177,10 @@ class Transformer(ModelBase):
         self._check_span(0, src_ids.shape[1], None)
         x = self.src_embed(src_ids)  # (B, S, C)
         mask = self._self_mask(x, causal=False, padding=src_mask)
-        rope = self._rope(x)
+        rope, rows = self._rope(x), self.norm_rows(src_mask, src_ids.shape[1])
         for block in self.encoder:
-            x = block(x, mask, rope=rope)
-        return x if self.enc_norm is None else self.enc_norm(x)  # (B, S, C)
+            x = block(x, mask, rope=rope, rows=rows)
+        return self._final_norm(self.enc_norm, x, rows)  # (B, S, C)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
                kv_cache: KVCache | None = None, start_pos: int | Tensor = 0, tgt_mask: Tensor | None = None,
@@ -181,12 +198,12 @@ class Transformer(ModelBase):
         x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
         self_mask, rope = self._decoder_inputs(x, start_pos, tgt_mask, kv_cache)
         memory_mask = cross_attention_mask(src_mask)
+        rows = self.norm_rows(tgt_mask, T)
         for i, block in enumerate(self.decoder):
             x = block(x, self_mask, rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,
                       cache=None if kv_cache is None else kv_cache.layers[i],
-                      cross_cache=None if kv_cache is None else kv_cache.cross[i])
-        if self.dec_norm is not None:
-            x = self.dec_norm(x)
+                      cross_cache=None if kv_cache is None else kv_cache.cross[i], rows=rows)
+        x = self._final_norm(self.dec_norm, x, rows)
         return self.lm_head(x) if head else x  # (B, T, V) or (B, T, C)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None,

@@ -1,18 +1,25 @@
 """The benchmark suite keeps running: `python -m benchmarks.run --quick` end to end, and the GPU suite's
 refusal on a machine without CUDA. The numbers of a quick run mean nothing; that every section still
-produces its rows, and the JSON its fields, is what these tests hold on to."""
+produces its rows, and the JSON its fields, is what these tests hold on to. The reference GPT (the
+nanoGPT-style baseline) is checked for what makes it a fair one: loss ln V at init, causality, nanoGPT's
+schedule and optimizer groups, and its char-level run scoring every validation byte once."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,3 +66,119 @@ def test_gpu_suite_refuses_without_cuda_in_one_line():
 def test_unknown_section_is_a_usage_error():
     done = bench("--only", "train,warp", timeout=60)
     assert done.returncode == 2 and "warp" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def bm():
+    """The benchmark modules as `python -m benchmarks...` imports them: from the repository root, since
+    benchmarks/ is not an installed package. The path is restored after this module's tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT))
+        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common")
+        yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
+
+
+def test_reference_gpt_loss_at_init_is_about_ln_vocab(bm):
+    """nanoGPT's init (std 0.02, tied head) makes every token about equally likely: loss ~ ln V."""
+    torch.manual_seed(0)
+    vocab = 512
+    model = bm.reference_gpt.ReferenceGPT(vocab, 64, 2, 4, 32)
+    idx, targets = torch.randint(0, vocab, (2, 4, 32)).unbind(0)  # (B, T) each, independent
+    logits, loss = model(idx, targets)
+    assert logits.shape == (4, 32, vocab)
+    assert abs(loss.item() - math.log(vocab)) < 0.1, loss.item()
+    assert model.lm_head.weight is model.wte.weight  # tied: one matrix
+    proj = model.blocks[0].attn.c_proj.weight
+    assert abs(proj.std().item() - 0.02 / math.sqrt(2 * 2)) < 0.002  # residual projections scaled by depth
+
+
+def test_reference_gpt_is_causal(bm):
+    """Changing the token at position t changes no logits before t, and the logits at t."""
+    torch.manual_seed(0)
+    model = bm.reference_gpt.ReferenceGPT(97, 32, 2, 4, 16).eval()
+    idx = torch.randint(0, 97, (1, 16))  # (1, T)
+    changed = idx.clone()
+    changed[0, 9] = (idx[0, 9] + 1) % 97
+    with torch.no_grad():
+        before, after = model(idx)[0], model(changed)[0]  # (1, T, V) each
+    torch.testing.assert_close(after[:, :9], before[:, :9], rtol=0, atol=1e-6)
+    assert (after[:, 9] - before[:, 9]).abs().max() > 1e-3
+
+
+def test_reference_lr_schedule_is_nanogpts(bm):
+    lr = functools.partial(bm.reference_gpt.get_lr, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
+                           lr_decay_iters=2000)
+    assert lr(0) == pytest.approx(1e-3 / 101)  # never 0
+    assert lr(99) == pytest.approx(1e-3 * 100 / 101)
+    assert lr(100) == pytest.approx(1e-3)
+    assert lr(1050) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way down the cosine
+    assert lr(2000) == pytest.approx(1e-4) and lr(2500) == 1e-4
+
+
+def test_reference_optimizer_decays_only_matrices(bm):
+    model = bm.reference_gpt.ReferenceGPT(50, 16, 1, 2, 8)
+    decay, no_decay = bm.reference_gpt.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))  # tied tensor once
+
+
+def test_bits_per_byte_scores_every_character_once(bm):
+    """Non-overlapping windows plus a short tail: the NLL is the sum over every scored position, each
+    predicted from the characters before it in its window."""
+    torch.manual_seed(0)
+    model = bm.reference_gpt.ReferenceGPT(11, 16, 1, 2, 8)
+    stream = torch.randint(0, 11, (22,))  # one character of context, 21 to score: 2 windows of 8, a tail of 5
+    score = bm.nanogpt_char.score_bits_per_byte(model, stream, scored_bytes=30, block_size=8, batch_size=1)
+    with torch.no_grad():
+        expected = 0.0
+        for start in (0, 8, 16):
+            window = stream[start:start + 9]
+            logits, _ = model(window[None, :-1])  # (1, t, V)
+            expected += F.cross_entropy(logits[0], window[1:], reduction="sum").item()
+    assert score["chars"] == 21 and score["nll_nats"] == pytest.approx(expected, rel=1e-5)
+    assert score["bits_per_byte"] == pytest.approx(expected / math.log(2) / 30, rel=1e-5)
+
+
+def test_nanogpt_char_runs_end_to_end(bm, tmp_path, capsys):
+    """Three iterations of the README recipe, shrunk, on a text written here: it trains, evaluates at the
+    interval, and scores the validation tenth in bytes (a non-ASCII character counts 2)."""
+    line = "First Citizen: Before we proceed any further, hear me speak.\nAll: Speak, speak.\n"
+    text = line * 40 + "Caf\u00e9 du th\u00e9\u00e2tre.\n" * 5  # the accents land in the validation tenth
+    data = tmp_path / "tiny.txt"
+    data.write_text(text, encoding="utf-8")
+    code = bm.nanogpt_char.main(["--data", str(data), "--max-iters", "3", "--eval-interval", "2", "--eval-iters", "2",
+                                 "--block-size", "16", "--batch-size", "4", "--n-layer", "1", "--n-head", "2",
+                                 "--n-embd", "32", "--warmup-iters", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("train loss") == 2  # evaluations at iterations 0 and 2
+    val = text[int(len(text) * 0.9):]
+    match = re.search(r"validation: ([\d,]+) characters, ([\d,]+) bytes, ([\d.]+) nats/char, "
+                      r"bits_per_byte ([\d.]+)", out)
+    assert match, out
+    chars, n_bytes, nats, bpb = (float(g.replace(",", "")) for g in match.groups())
+    assert chars == len(val) and n_bytes == len(val.encode("utf-8")) > chars
+    assert 0 < bpb < 8 and bpb == pytest.approx(nats * chars / math.log(2) / n_bytes, rel=1e-3)
+    assert re.search(r"training: [\d.]+ s wall for 4 iterations", out)
+
+
+def test_train_section_has_the_reference_gpt_case(bm):
+    """The CPU suite compares tfkit's step with the reference GPT at the issue's shape, with its goal."""
+    ctx = bm.common.Context("cpu", False, False, torch.device("cpu"))
+    (case,) = [c for c in bm.train_throughput.cases(ctx) if c.baseline == "reference"]
+    cfg = case.cfg
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.vocab_size) == (256, 4, 4, 8192)
+    assert (case.batch, case.seq_len, case.precision) == (16, 256, "fp32")
+    assert case.goal_eager == bm.common.Goal(">= 1.2x reference GPT", 1.2)
+    assert sum(c.baseline == "hf" for c in bm.train_throughput.cases(ctx)) == 3  # the HF rows stay
+
+
+def test_reference_case_measures_both_steps(bm):
+    """The quick shape of the reference case through `measure`: both steps run, a row with a ratio."""
+    ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
+    (case,) = [c for c in bm.train_throughput.cases(ctx) if c.baseline == "reference"]
+    row = bm.train_throughput.measure(ctx, case, compiled=False)
+    assert row.section == "train" and "reference GPT" in row.case and row.ratio > 0
+    assert row.extra["tfkit_params"] == row.extra["reference_params"]  # the same model, parameter for parameter
+    assert set(row.extra["samples_s"]) == {"tfkit", "reference"}

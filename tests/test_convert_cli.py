@@ -67,6 +67,7 @@ def test_writes_a_complete_loadable_checkpoint_with_provenance(run_folder: Path,
     assert config["model"]["n_kv_heads"] is None  # 4 of 4 = MHA
     assert config["converted_from"] == str(source.resolve()) and config["method"] == "mean"
     assert config["objective"] == "clm" and "step" not in config
+    assert config["prior_steps"] == 9  # the updates behind the weights it carries: eval shows 9+0
     before, _ = load_model(source)
     after, cfg = load_model(out)
     assert cfg.kv_heads == 4
@@ -217,3 +218,25 @@ def test_eval_data_that_cannot_be_scored_fails_before_out_is_written(run_folder:
     result = invoke([str(run_folder), "-g", "1", "-o", str(out), "--eval-data", str(tmp_path / "nope.txt")])
     assert_user_error(result, "nope.txt")
     assert not out.exists()
+
+
+def test_eval_counts_the_updates_behind_converted_and_uptrained_weights(run_folder: Path, tmp_path: Path) -> None:
+    from tfkit.cli.evaluate import steps_text
+    from tfkit.trainer.run import prior_steps
+
+    out = tmp_path / "gqa"
+    assert invoke([str(run_folder), "--kv-heads", "2", "--out", str(out)]).exit_code == 0
+    assert prior_steps(out, resumed=False) == 9  # an uptraining run from it starts 9 updates in
+    uptrained = tmp_path / "uptrained" / "checkpoints" / "step-3"
+    model, _ = load_model(out)
+    save_model(model, uptrained, extra={"step": 3, "prior_steps": 9, "objective": "clm"})
+    load_tokenizer(out).save(uptrained)
+    assert prior_steps(uptrained, resumed=True) == 9  # resuming the uptraining keeps counting its own steps
+    assert prior_steps(uptrained, resumed=False) == 12  # and a run initialised from it starts after all 12
+    result = CliRunner().invoke(app, ["eval", str(run_folder), str(out), str(uptrained),
+                                      "--data", str(run_folder.parent / "corpus.txt"), "--max-tokens", "256"])
+    assert result.exit_code == 0, result.output
+    cells = [[c.strip() for c in line.split("│")] for line in result.stdout.splitlines() if line.count("│") > 5]
+    steps = [row[3] for row in cells if row[1] and row[1] != "checkpoint"]
+    assert steps == ["9", "9+0", "9+3"], result.stdout
+    assert (steps_text(None, 0), steps_text(300, 0), steps_text(15, 300)) == ("-", "300", "300+15")

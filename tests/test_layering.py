@@ -1,5 +1,5 @@
-"""The layers of the package, read from the source with `ast`: cli -> trainer -> models -> tokenization ->
-root modules. A lower layer never imports a higher one (imports inside functions included), and every
+"""The layers of the package, read from the source with `ast`: cli -> lab -> trainer -> models ->
+tokenization -> root modules. A lower layer never imports a higher one (imports inside functions included), and every
 rename or temporary folder goes through files.py, the one room for file safety.
 
 Each checker is also run on a bad snippet, so a checker that can no longer fail is itself a failure."""
@@ -12,6 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # the repository root is the `tfkit` package
 ROOT_MODULES = ("errors.py", "files.py", "layout.py", "ranges.py", "progress.py")
 SUBPACKAGES = tuple(sorted(p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name != "benchmarks"))
+# Highest first: a layer may import the layers after it (and the root modules), never one before it.
+LAYERS = ("cli", "lab", "trainer", "models", "tokenization")
+DATA_PACKAGES = ("recipes",)  # YAML shipped in the wheel; no code to layer
 FORBIDDEN_CALLS = {("os", "replace"), ("os", "rename"), ("shutil", "move"), ("tempfile", "mkdtemp")}
 
 
@@ -77,6 +80,16 @@ def test_models_and_tokenization_import_neither_the_trainer_nor_the_cli() -> Non
     assert found == {}
 
 
+def test_every_subpackage_has_its_layer() -> None:
+    assert sorted(set(SUBPACKAGES) - set(DATA_PACKAGES)) == sorted(LAYERS)
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    found = {str(p.relative_to(ROOT)): bad for i, layer in enumerate(LAYERS) for p in modules(layer)
+             if (bad := imports_of(parse(p), p, LAYERS[:i]))}
+    assert found == {}
+
+
 def test_root_modules_import_no_subpackage() -> None:
     found = {name: bad for name in ROOT_MODULES
              if (bad := imports_of(parse(ROOT / name), ROOT / name, SUBPACKAGES))}
@@ -98,6 +111,9 @@ def test_the_checkers_catch_bad_code() -> None:
                                                           "tfkit.trainer.checkpoint.TRAINER_STATE"]
     for source in ("from .. import cli", "import tfkit.cli.main", "from tfkit.trainer import run"):
         assert imports_of(ast.parse(source), path, ("trainer", "cli")), source
+    trainer_module = ROOT / "trainer" / "example.py"
+    assert imports_of(ast.parse("from ..lab.engine import run"), trainer_module, LAYERS[:2]) == [
+        "tfkit.lab.engine", "tfkit.lab.engine.run"]
     assert imports_of(ast.parse("from .errors import ConfigError\nfrom .layout import WEIGHTS"), ROOT / "files.py",
                       SUBPACKAGES) == []
     assert imports_of(ast.parse("from .models.hf_names import EXPORT_ARCHITECTURE"), ROOT / "files.py",

@@ -38,5 +38,5 @@ def test_the_run_says_what_it_trains_and_validates_on_without_progress_output(en
     assert result.exit_code == 0, result.output
     data = next(line for line in result.stdout.splitlines() if line.startswith("data: "))
     assert f"training tokens from {english_file}" in data and "epochs in 2 steps" in data
-    assert "validation tokens from 10% of the training data, held out" in data
+    assert f"validation tokens from 10% of {english_file}, held out in chunks spread through it" in data
     assert "(1 CPU thread)" in result.stdout

@@ -15,7 +15,17 @@ def _float_keys() -> list[str]:
     keys = []
     for section in SECTIONS:
         for name, hint in typing.get_type_hints(typing.get_type_hints(Recipe)[section]).items():
-            if float in (hint, *typing.get_args(hint)):
+            if hint is float or set(typing.get_args(hint)) == {float, type(None)}:
+                keys.append(f"{section}.{name}")
+    return keys
+
+
+def _compound_float_keys() -> list[str]:
+    """Keys that hold floats inside another type: a list of floats, or a duration that may be a number."""
+    keys = []
+    for section in SECTIONS:
+        for name, hint in typing.get_type_hints(typing.get_type_hints(Recipe)[section]).items():
+            if f"{section}.{name}" not in _float_keys() and "float" in str(hint):
                 keys.append(f"{section}.{name}")
     return keys
 
@@ -40,6 +50,20 @@ def test_the_float_keys_are_found():
 def test_every_float_key_rejects_nan_and_infinity(key, value):
     message = _message([f"{key}={value}"])
     assert f"--set {key}={value}: {key}: got {value}, expected " in message
+
+
+def test_the_compound_float_keys_are_found():
+    assert set(_compound_float_keys()) == {"model.attn_scale", "objective.mask_replace", "train.max_time"}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", ".nan", ".inf", "-.inf"])
+@pytest.mark.parametrize("key", _compound_float_keys())
+def test_every_compound_float_key_rejects_nan_and_infinity(key, value):
+    """Given alone (YAML reads `nan` as text, `.nan` as the float) or inside a list, a non-finite number is
+    refused with a line naming the key."""
+    for given in (value, f"[{value}, 0.1, 0.1]"):
+        message = _message([f"{key}={given}"])
+        assert f"--set {key}={given}: {key}: got " in message and "expected" in message
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -6,16 +6,14 @@ import warnings
 
 import pytest
 
-from tfkit.errors import ConfigError, DataError
+from tfkit.errors import DataError
 from tfkit.tokenization.corpus import (
     CorpusStats,
     CorpusWarning,
     corpus_fingerprint,
-    hold_out_tail,
     iter_documents,
     iter_pieces,
     resolve_files,
-    split_documents,
 )
 
 
@@ -141,25 +139,6 @@ def test_bad_corpus_is_one_line_data_error(tmp_path, setup, spec, match):
     with pytest.raises(DataError, match=match) as err:
         list(iter_documents(path))
     assert "\n" not in str(err.value)
-
-
-def test_split_documents_holds_out_the_tail():
-    docs = list(range(20))
-    assert split_documents(docs, 0.1) == (list(range(18)), [18, 19])
-    assert split_documents(docs[:3], 0.01) == ([0, 1], [2])  # at least one when possible
-    with pytest.raises(ConfigError, match="valid_fraction"):
-        split_documents(docs, 1.5)
-
-
-def test_hold_out_tail_keeps_the_last_chars_of_one_big_document():
-    texts = [f"line {i}\n" * 10 for i in range(100)]
-    heldout: list[str] = []
-    trained = list(hold_out_tail(iter(texts), max_chars=500, heldout=heldout))
-    assert len(heldout) == 1 and 400 <= len(heldout[0]) <= 500 and heldout[0].startswith("line")
-    assert "".join(trained) + heldout[0] == "".join(texts)
-    small: list[str] = []
-    list(hold_out_tail(["a\n" * 50], max_chars=10_000, heldout=small))  # capped at 10% of the stream
-    assert len(small[0]) <= 10
 
 
 def test_corpus_fingerprint_tracks_files(tmp_path):

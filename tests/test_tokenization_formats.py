@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from tfkit.cli.main import app
 from tfkit.errors import DataError
-from tfkit.tokenization.corpus import CorpusStats, check_text_field, corpus_size, iter_documents, iter_pieces
+from tfkit.tokenization.corpus import (CorpusStats, check_text_field, corpus_size, iter_documents, iter_pieces,
+                                     text_size)
 from tfkit.tokenization.shards import prepare_tokens
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.trainer.metrics import read_metrics
@@ -98,6 +99,15 @@ def test_each_format_reads_the_documents_of_its_plain_twin(spec, corpora):
     stats = CorpusStats()
     assert list(iter_pieces(str(corpora / spec), stats=stats)) == list(iter_pieces(str(corpora / CASES[spec])))
     assert stats.file_bytes == corpus_size(str(corpora / spec))  # the progress bar ends at its total
+
+
+@pytest.mark.parametrize("spec", sorted(CASES))
+def test_the_decoded_text_size_estimate_is_near_the_text_read(spec, corpora):
+    """Tokenizer training counts characters against text_size: the compressed size would end its bar at
+    3-4x 100%."""
+    chars = sum(len(t) for t in iter_documents(str(corpora / spec)))
+    assert 0.8 * chars <= text_size(str(corpora / spec)) <= 1.5 * chars
+    assert corpus_size(str(corpora / spec)) < 0.6 * chars or not spec.endswith((".gz", ".zst"))
 
 
 @pytest.mark.parametrize("spec", sorted(CASES))
@@ -246,3 +256,23 @@ def test_the_data_libraries_are_imported_only_to_read_their_files():
             "print(sorted(m for m in ('pyarrow', 'zstandard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_seq2seq_pairs_read_from_every_record_format(tmp_path):
+    from tfkit.tokenization.pairs import is_pair_data, read_pairs
+
+    pairs = [(f"source {i}", f"target {i}") for i in range(300)]
+    records = "".join(json.dumps({"src": s, "tgt": t}) + "\n" for s, t in pairs).encode()
+    (tmp_path / "p.jsonl.gz").write_bytes(gzip.compress(records))
+    (tmp_path / "p.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(records))
+    table = pa.table({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]})
+    pq.write_table(table, tmp_path / "p.parquet", row_group_size=100)
+    with pa.OSFile(str(tmp_path / "p.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=64)
+    for name in ("p.jsonl.gz", "p.jsonl.zst", "p.parquet", "p.arrow"):
+        spec = str(tmp_path / name)
+        assert is_pair_data(spec, "src") and not is_pair_data(spec, "text")
+        assert read_pairs(spec, "src", "tgt") == pairs
+    pq.write_table(pa.table({"src": ["a", None], "tgt": ["b", "c"]}), tmp_path / "null.parquet")
+    with pytest.raises(DataError, match=r"null.parquet: row 1: 'src' is null, expected a string"):
+        read_pairs(str(tmp_path / "null.parquet"), "src", "tgt")

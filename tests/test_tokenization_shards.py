@@ -147,12 +147,19 @@ def test_dtype_is_uint16_while_ids_fit_then_uint32(tmp_path):
     assert shards.tokens.tolist() == [1, 65_535, 69_999, 70_000]
 
 
-def test_split_holds_out_the_tail_at_a_document_start(bpe, docs_corpus, tmp_path):
+def test_split_holds_out_chunks_spread_through_the_corpus(bpe, docs_corpus, tmp_path):
     path, _ = docs_corpus
     shards = prepare_tokens(str(path), bpe, tmp_path / "cache", show_progress=False)
     train, valid = shards.split(0.1)
     assert train.num_tokens + valid.num_tokens == shards.num_tokens
     assert abs(valid.num_tokens / shards.num_tokens - 0.1) < 0.05
-    assert train.num_documents + valid.num_documents == shards.num_documents
-    assert valid.tokens[valid.doc_starts[0]] == shards.tokens[shards.doc_starts[train.num_documents]]
-    assert train.tokens[-1] == bpe.eos_id and valid.doc_starts[-1] == valid.num_tokens
+    every = np.asarray(shards.tokens, np.int64)
+    held = np.zeros(shards.num_tokens, bool)
+    for lo, hi in valid.tokens.ranges:
+        held[lo:hi] = True
+    assert np.array_equal(np.asarray(valid.tokens, np.int64), every[held])  # disjoint, together the whole
+    assert np.array_equal(np.asarray(train.tokens, np.int64), every[~held])
+    assert held[: shards.num_tokens // 2].any() and held[shards.num_tokens // 2 :].any()  # spread, not a tail
+    for part in (train, valid):  # documents inside each part, boundaries where the parts' chunks start
+        assert part.doc_starts[0] == 0 and part.doc_starts[-1] == part.num_tokens
+        assert np.all(np.diff(part.doc_starts) > 0)

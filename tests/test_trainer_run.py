@@ -271,6 +271,8 @@ def test_init_from_starts_a_new_run_from_the_checkpoint_weights(reference, tmp_p
     rows = read_metrics(tmp_path / "init" / "metrics.jsonl")
     assert rows[0]["step"] == 0 and rows[0]["val_loss"] == pytest.approx(ref_result.final.loss, abs=1e-6)
     assert result.state.step == 4  # a new run: the step restarts
+    config = json.loads((tmp_path / "init" / "checkpoints" / "step-4" / "config.json").read_text())
+    assert (config["step"], config["prior_steps"]) == (4, MAX_STEPS)  # eval shows MAX_STEPS+4
     assert (tmp_path / "init" / "tokenizer" / "tokenizer.json").read_bytes() == \
         (ref_dir / "tokenizer" / "tokenizer.json").read_bytes()  # the checkpoint's tokenizer, not a new one
     with pytest.raises(ConfigError, match=r"model\.d_model is 64 but the checkpoint has 32.*model\.n_layers"):

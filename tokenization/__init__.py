@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "corpus_fingerprint": "corpus", "iter_documents": "corpus", "iter_pieces": "corpus", "split_documents": "corpus",
+    "corpus_fingerprint": "corpus", "iter_documents": "corpus", "iter_pieces": "corpus", "sample_documents": "holdout",
     "TokenizerSpec": "spec", "TfkitTokenizer": "tokenizer", "check_vocab_fits": "tokenizer",
     "load_tokenizer": "tokenizer", "train_tokenizer": "train",
 }

@@ -14,7 +14,6 @@ the examples in order with fixed seeds, so every evaluation sees the same batche
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
@@ -22,7 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from .corpus import resolve_files
+from .pairs import read_pairs
+from .mask_replace import MASK_REPLACE, mask_replace_problem
 from .masking import IGNORE_INDEX, mask_tokens, replacement_ids, row_keys, word_start_table
 from .shards import TokenShards
 from .train import TfkitTokenizer
@@ -177,11 +177,16 @@ class MlmDataset(_PureDataset):
     name = "rows"
 
     def __init__(self, tokens: np.ndarray, max_len: int, seed: int, tokenizer: TfkitTokenizer, *,
-                 mask_prob: float = 0.15, whole_word: bool = False):
+                 mask_prob: float = 0.15, whole_word: bool = False,
+                 mask_replace: Sequence[float] = MASK_REPLACE):
         if max_len < 3:
             raise ConfigError(f"data.seq_len: got {max_len}, MLM needs at least 3 ([CLS] token [SEP])")
         if not 0.0 < mask_prob < 1.0:
             raise ConfigError(f"objective.mask_prob: got {mask_prob}, expected 0 < value < 1")
+        problem = mask_replace_problem(mask_replace)
+        if problem:
+            raise ConfigError(problem)
+        self.mask_replace = tuple(float(v) for v in mask_replace)  # [MASK], random, unchanged
         tok = tokenizer
         self.cls_id = _require(tok.cls_id if tok.cls_id is not None else tok.bos_id, "[CLS]/BOS token", tok)
         self.sep_id = _require(tok.sep_id if tok.sep_id is not None else tok.eos_id, "[SEP]/EOS token", tok)
@@ -212,7 +217,8 @@ class MlmDataset(_PureDataset):
         special = self.is_special[ids]  # (B, L): [CLS], [SEP], separators
         starts = None if self.word_starts is None else torch.from_numpy(self.word_starts[ids.numpy()])
         input_ids, labels = mask_tokens(ids, special, mask_id=self.mask_id, replacements=self.replacements,
-                                        mask_prob=self.mask_prob, keys=row_keys(keys), word_starts=starts)
+                                        mask_prob=self.mask_prob, keys=row_keys(keys), word_starts=starts,
+                                        replace=self.mask_replace)
         if starts is not None:  # whole words can overshoot K: the words past it stay unmasked
             begins = starts | special  # a special token ends the word before it
             begins[:, 0] = True
@@ -259,34 +265,6 @@ def _words_past(selected: torch.Tensor, starts: torch.Tensor, k: int) -> torch.T
     upto = torch.cumsum(selected.long(), dim=1)  # (B, L) selected tokens up to here
     word_end = torch.zeros_like(upto).scatter_reduce(1, unit, upto, reduce="amax")  # (B, L) per word: at its end
     return selected & (torch.gather(word_end, 1, unit) > k)
-
-
-def read_pairs(spec: str, source_field: str = "source", target_field: str = "target") -> list[tuple[str, str]]:
-    """(source, target) pairs from TSV (`source<TAB>target`) or JSONL files (a path, glob or folder)."""
-    pairs: list[tuple[str, str]] = []
-    for path in resolve_files(spec):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                if path.suffix.lower() == ".tsv":
-                    cols = line.rstrip("\r\n").split("\t")
-                    if len(cols) != 2:
-                        raise DataError(f"{where}: expected 2 tab-separated columns (source, target), got {len(cols)}")
-                    pairs.append((cols[0], cols[1]))
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: invalid JSON ({e.msg})") from None
-                missing = [k for k in (source_field, target_field) if not isinstance(record.get(k), str)]
-                if missing:
-                    raise DataError(f"{where}: no string field {missing[0]!r} (set source_field/target_field)")
-                pairs.append((record[source_field], record[target_field]))
-    if not pairs:
-        raise DataError(f"seq2seq data {spec}: no pairs found")
-    return pairs
 
 
 def _noise_spans(n: int, density: float, mean_span: float, rng: np.random.Generator) -> np.ndarray:

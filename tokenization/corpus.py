@@ -34,13 +34,13 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from ..errors import ConfigError, DataError
-from .formats import DATASET_FILES, dataset_dict_error, dataset_files, open_bytes, read_arrow, read_parquet
+from .formats import (DATASET_FILES, dataset_dict_error, dataset_files, decoded_size, open_bytes, read_arrow,
+                      read_parquet)
 from .stdlib_corpus import stdlib_documents, stdlib_fingerprint
 
 TEXT_SUFFIXES = (".txt", ".md")
@@ -49,8 +49,6 @@ SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv", ".parquet", ".arrow", *COM
 FIELD_SUFFIXES = (".json", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")  # records with fields
 CHUNK_BYTES = 1 << 20  # piece size for streaming large plain-text files
 _SURROGATES = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of undecodable bytes
-
-T = TypeVar("T")
 
 
 class CorpusWarning(UserWarning):
@@ -314,6 +312,14 @@ def corpus_size(spec: str) -> int:
     return sum(p.stat().st_size for p in resolve_files(spec))
 
 
+def text_size(spec: str, text_field: str = "text") -> int:
+    """Approximate size of the corpus's text once decoded (bytes, or characters for stdlib): for progress
+    bars that count characters, such as tokenizer training (`formats.decoded_size`)."""
+    if spec.startswith("stdlib:"):
+        return corpus_size(spec)
+    return sum(decoded_size(p, text_field) for p in resolve_files(spec))
+
+
 def corpus_fingerprint(spec: str, text_field: str = "text") -> str:
     """Cheap cache key: resolved paths, sizes and mtimes (Python version for stdlib), no reading."""
     h = hashlib.sha256(f"text_field={text_field}".encode())
@@ -324,48 +330,3 @@ def corpus_fingerprint(spec: str, text_field: str = "text") -> str:
             st = path.stat()
             h.update(f"|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
-
-
-def split_documents(docs: Sequence[T], valid_fraction: float) -> tuple[list[T], list[T]]:
-    """Hold out the LAST `valid_fraction` of documents (deterministic; at least one if there are two).
-
-    The tail rather than a random sample because a corpus is often in time or source order, and a
-    held-out tail measures generalisation to text the model has not seen rather than interleaved text.
-    """
-    if not 0.0 < valid_fraction < 1.0:
-        raise ConfigError(f"data.valid_fraction: got {valid_fraction}, expected 0 < value < 1")
-    n_valid = max(1, round(len(docs) * valid_fraction)) if len(docs) >= 2 else 0
-    cut = len(docs) - n_valid
-    return list(docs[:cut]), list(docs[cut:])
-
-
-def hold_out_tail(
-    texts: Iterable[str], max_chars: int, heldout: list[str], max_fraction: float = 0.1
-) -> Iterator[str]:
-    """Yield the stream minus its last ~`max_chars` characters (at most `max_fraction` of it), which are
-    appended to `heldout` when the stream ends.
-
-    One pass and bounded memory: the tail is buffered before being released, so the held-out slice of a
-    single huge file (one document) still exists, cut at a line boundary. The head of the piece that
-    straddles the cut is yielded last, which is harmless for tokenizer training.
-    """
-    buffer: list[str] = []
-    buffered = total = 0
-    for text in texts:
-        buffer.append(text)
-        buffered += len(text)
-        total += len(text)
-        while len(buffer) > 1 and buffered - len(buffer[0]) >= max_chars:
-            buffered -= len(buffer[0])
-            yield buffer.pop(0)
-    keep = min(max_chars, int(total * max_fraction))
-    if keep <= 0 or not buffer:
-        yield from buffer
-        return
-    joined = "".join(buffer)
-    start = len(joined) - keep
-    newline = joined.find("\n", start)
-    start = newline + 1 if 0 <= newline < len(joined) - 1 else start
-    if start > 0:
-        yield joined[:start]
-    heldout.append(joined[start:])

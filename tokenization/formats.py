@@ -138,6 +138,33 @@ def open_bytes(path: Path, compression: str | None, stats: CorpusStats) -> io.Bu
                                            (zstandard.ZstdError,)), 1 << 20)
 
 
+def decoded_size(path: Path, text_field: str) -> int:
+    """About how many bytes of text `path` holds once decoded, for progress bars that count the text
+    (tokenizer training): a compressed file's own size would let them run past 100%. gzip records the
+    size of its last member (mod 4 GiB) in its last 4 bytes, zstd frames usually their content size, and
+    Parquet the uncompressed size of every column chunk; where none says, 4x the file (typical for text)."""
+    size, name = path.stat().st_size, path.name.lower()
+    try:
+        if name.endswith(".gz"):
+            with open(path, "rb") as f:
+                f.seek(-4, io.SEEK_END)
+                isize = int.from_bytes(f.read(4), "little")
+            return isize if isize >= size else 4 * size  # a multi-member or > 4 GiB file wraps ISIZE
+        if name.endswith(".zst"):
+            zstandard = need("zstandard", path, "reading zstd")
+            with open(path, "rb") as f:
+                content = zstandard.get_frame_parameters(f.read(18)).content_size
+            return content if 0 < content < 1 << 62 else 4 * size  # unknown: 2**64 - 1
+        if name.endswith(".parquet"):
+            pq = need("pyarrow.parquet", path, "reading Parquet")
+            meta = pq.ParquetFile(path).metadata
+            chunks = [meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
+            return sum(chunk.total_uncompressed_size for chunk in chunks if chunk.path_in_schema == text_field) or size
+    except Exception:  # a damaged or odd file is reported by its reader, with the path; here only a bar is at stake
+        return size
+    return size
+
+
 # ---------------------------------------------------------------- Parquet and Arrow
 
 
@@ -169,6 +196,30 @@ def _texts(column, stats: CorpusStats) -> list[str]:
 
 def read_parquet(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
     """One document per row: the `text_field` column, a record batch at a time, row group by row group."""
+    for batch in _parquet_batches(path, [text_field], stats):
+        yield from _texts(batch.column(0), stats)
+
+
+def read_arrow(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
+    """One document per row of an Arrow IPC stream or file (see the module docstring), batch by batch."""
+    for batch in _arrow_batches(path, [text_field], stats):
+        yield from _texts(batch.column(0), stats)
+
+
+def read_rows(path: Path, fields: list[str], stats: CorpusStats) -> Iterator[tuple]:
+    """The `fields` of each row of a Parquet or Arrow file, as tuples (seq2seq pairs: source, target);
+    a null stays None for the caller to name."""
+    batches = _parquet_batches if path.name.lower().endswith(".parquet") else _arrow_batches
+    for batch in batches(path, fields, stats):
+        columns = [batch.column(i) for i in range(len(fields))]
+        for column in columns:
+            _texts(column, stats)  # counts the bytes read; the values come from to_pylist below
+        yield from zip(*(column.to_pylist() for column in columns))
+
+
+def _parquet_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iterator[Any]:
+    """Record batches of the `columns` (each checked to hold strings), row group by row group; progress
+    in `stats.file_bytes` as the share of the rows read."""
     pq = need("pyarrow.parquet", path, "reading Parquet")
     import pyarrow as pa
 
@@ -176,10 +227,11 @@ def read_parquet(path: Path, text_field: str, stats: CorpusStats) -> Iterator[st
         shard = pq.ParquetFile(path)  # reads the footer only
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({_reason(e)})") from None
-    _text_column(path, shard.schema_arrow, text_field)
+    for column in columns:
+        _text_column(path, shard.schema_arrow, column)
     size, rows, done, counted = path.stat().st_size, max(shard.metadata.num_rows, 1), 0, 0
     for group in range(shard.num_row_groups):
-        batches = shard.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=[text_field])
+        batches = shard.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
         while True:
             try:
                 batch = next(batches, None)
@@ -187,16 +239,16 @@ def read_parquet(path: Path, text_field: str, stats: CorpusStats) -> Iterator[st
                 raise DataError(f"{path}: row group {group}: damaged Parquet data ({_reason(e)})") from None
             if batch is None:
                 break
-            texts = _texts(batch.column(0), stats)
             done += batch.num_rows
             stats.file_bytes += size * done // rows - counted  # progress: the share of the rows read
             counted = size * done // rows
-            yield from texts
+            yield batch
     stats.file_bytes += size - counted
 
 
-def read_arrow(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
-    """One document per row of an Arrow IPC stream or file (see the module docstring), batch by batch."""
+def _arrow_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iterator[Any]:
+    """Record batches of an Arrow IPC stream or file, reduced to the `columns` (each checked to hold
+    strings), in that order."""
     pa = need("pyarrow", path, "reading Arrow")
     with pa.OSFile(str(path)) as source:  # not a memory map: pages read stay out of the process's memory
         is_file_format = source.read(6) == b"ARROW1"
@@ -204,15 +256,15 @@ def read_arrow(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]
         batch_no, counted = -1, 0  # batch_no: the record batch being read (-1: the schema)
         try:
             reader = pa.ipc.open_file(source) if is_file_format else pa.ipc.open_stream(source)
-            column = _text_column(path, reader.schema, text_field)
+            indices = [_text_column(path, reader.schema, column) for column in columns]
             batch_no = 0
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches)) if is_file_format else reader
             for batch in batches:
-                texts = _texts(batch.column(column), stats)
+                batch = batch.select(indices)
                 batch_no += 1
                 stats.file_bytes += source.tell() - counted
                 counted = source.tell()
-                yield from texts
+                yield batch
         except (pa.ArrowException, OSError) as e:
             where = f"record batch {batch_no}: " if batch_no >= 0 else ""
             raise DataError(f"{path}: {where}damaged Arrow data ({_reason(e)})") from None

@@ -4,7 +4,8 @@
 selects round(mask_prob * n) per sequence, at least one, uniformly without replacement (an exact count
 rather than independent coin flips, as BERT's `create_masked_lm_predictions`, so short sequences are never
 left without a target); then 80% of the selected become [MASK], 10% a random non-special token, 10% stay
-unchanged. Labels hold the original id at selected positions and -100 elsewhere (ignored by the loss).
+unchanged (`replace`, the recipe's `objective.mask_replace`). Labels hold the original id at selected
+positions and -100 elsewhere (ignored by the loss).
 
 Whole-word masking selects *words* instead: all pieces of a word are masked together, words are taken in
 random order until the target count is reached (the last word may overshoot by its length - 1).
@@ -22,6 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+
+from .mask_replace import MASK_REPLACE
 
 IGNORE_INDEX = -100  # label value the cross-entropy loss skips
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: spreads consecutive counters apart
@@ -81,13 +84,15 @@ def mask_tokens(
     mask_prob: float,
     keys: np.ndarray,
     word_starts: torch.Tensor | None = None,
+    replace: Sequence[float] = MASK_REPLACE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (masked input_ids, labels), both (B, T) int64; the inputs are not modified.
 
     input_ids: (B, T) ids. special_mask: (B, T) bool, True where the token must never be selected
     ([CLS], [SEP], padding). replacements: the ids drawn for the 10% random replacement
     (`replacement_ids`). keys: (B,) uint64 row keys (`row_keys`). word_starts: (B, T) bool for whole-word
-    masking (None = per token).
+    masking (None = per token). replace: the shares of the selected tokens that become [MASK], a random
+    token and stay unchanged (three non-negative numbers summing to 1, checked by `mask_replace_problem`).
     """
     B, T = input_ids.shape
     maskable = ~special_mask  # (B, T)
@@ -105,10 +110,13 @@ def mask_tokens(
         selected = _whole_words(score, special_mask, word_starts, target)  # (B, T)
 
     labels = torch.where(selected, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
-    action = uniform(keys, T, stream=1)  # (B, T): < 0.8: [MASK]; < 0.9: random token; else keep
+    # The thresholds are replace[0] and 1 - replace[2], not replace[0] + replace[1]: 0.8 + 0.1 rounds to
+    # 0.9000000000000001 and 1 - 0.1 to 0.9, the constant the default split has always used.
+    to_mask, to_random = replace[0], 1.0 - replace[2]
+    action = uniform(keys, T, stream=1)  # (B, T): < to_mask: [MASK]; < to_random: random token; else keep
     pick = (uniform(keys, T, stream=2) * len(replacements)).long().clamp_(max=len(replacements) - 1)  # (B, T)
-    out = torch.where(selected & (action < 0.8), torch.full_like(input_ids, mask_id), input_ids)
-    out = torch.where(selected & (action >= 0.8) & (action < 0.9), replacements[pick], out)
+    out = torch.where(selected & (action < to_mask), torch.full_like(input_ids, mask_id), input_ids)
+    out = torch.where(selected & (action >= to_mask) & (action < to_random), replacements[pick], out)
     return out, labels
 
 

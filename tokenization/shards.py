@@ -38,10 +38,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..errors import DataError
 from ..files import staged_folder
 from ..progress import progress_bar
 from .corpus import CorpusStats, corpus_fingerprint, corpus_size, iter_pieces
+from .holdout import complement, heldout_chunks
+from .spans import TokenSpans
 from .train import TfkitTokenizer
 
 log = logging.getLogger("tfkit.tokenization")
@@ -62,7 +63,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class TokenShards:
     """A memory-mapped token stream and its document boundaries (see the module docstring)."""
 
-    tokens: np.ndarray  # (N,) np.memmap of uint16/uint32 ids
+    tokens: np.ndarray | TokenSpans  # (N,) np.memmap of uint16/uint32 ids (TokenSpans: a split's part)
     doc_starts: np.ndarray  # (D + 1,) int64, last entry == N
     vocab_size: int
     separator_id: int | None  # token appended after each document (None: nothing appended)
@@ -86,21 +87,22 @@ class TokenShards:
     def dtype(self) -> np.dtype:
         return self.tokens.dtype
 
-    def split(self, valid_fraction: float) -> tuple["TokenShards", "TokenShards"]:
-        """(train, valid) views: the LAST `valid_fraction` of tokens, cut at a document start when one
-        lies in the last half of the tail (else mid-document), for recipes without a valid corpus."""
-        if not 0.0 < valid_fraction < 1.0:
-            raise DataError(f"data.valid_fraction: got {valid_fraction}, expected 0 < value < 1")
-        cut = int(self.num_tokens * (1 - valid_fraction))
-        later = self.doc_starts[(self.doc_starts >= cut) & (self.doc_starts < self.num_tokens)]
-        if len(later) and later[0] - cut <= (self.num_tokens - cut) // 2:
-            cut = int(later[0])
-        return self._view(0, cut), self._view(cut, self.num_tokens)
+    def split(self, valid_fraction: float, min_chunk: int = 256) -> tuple["TokenShards", "TokenShards"]:
+        """(train, valid) for recipes without a valid corpus: `valid_fraction` of the tokens held out as
+        seeded chunks of at least `min_chunk` tokens where the corpus allows, spread through it (holdout.py
+        says why not the tail), the training data the chunks between them; both views of the one memmap."""
+        held = heldout_chunks(self.num_tokens, valid_fraction, min_chunk)
+        return self._view(complement(held, self.num_tokens)), self._view(held)
 
-    def _view(self, lo: int, hi: int) -> "TokenShards":
-        inside = self.doc_starts[(self.doc_starts > lo) & (self.doc_starts < hi)] - lo
-        starts = np.concatenate([[0], inside, [hi - lo]]).astype(np.int64)
-        return TokenShards(self.tokens[lo:hi], starts, self.vocab_size, self.separator_id, self.meta, self.from_cache)
+    def _view(self, ranges: list[tuple[int, int]]) -> "TokenShards":
+        """The shards restricted to `ranges` of tokens, in order; every range starts a document (a chunk
+        may begin mid-document), and so does every document start inside one."""
+        tokens = TokenSpans(self.tokens, ranges)
+        starts = [np.asarray(self.doc_starts[(self.doc_starts > lo) & (self.doc_starts < hi)]) - lo + at
+                  for (lo, hi), at in zip(tokens.ranges, tokens.offsets[:-1])]
+        firsts = tokens.offsets[:-1]
+        doc_starts = np.unique(np.concatenate([firsts, *starts, [len(tokens)]]).astype(np.int64))
+        return TokenShards(tokens, doc_starts, self.vocab_size, self.separator_id, self.meta, self.from_cache)
 
 
 def _batches(spec: str, text_field: str, stats: CorpusStats) -> Generator[tuple[list[str], list[bool]], None, None]:
@@ -194,6 +196,32 @@ class _Writer:
         self.tokens.close()
 
 
+def cache_problem(folder: Path) -> str | None:
+    """What is wrong with a token cache folder (meta.json unreadable or of the wrong shape, tokens.bin or
+    doc_starts.bin missing or of another size than meta.json records), None when it can be opened."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"meta.json is not readable JSON ({type(exc).__name__})"
+    types = {"dtype": str, "num_tokens": int, "vocab_size": int, "num_documents": int}
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t) or isinstance(meta.get(k), bool)
+                                         for k, t in types.items()):
+        return "meta.json does not hold the dtype, num_tokens, vocab_size and num_documents tfkit writes"
+    try:
+        dtype = np.dtype(meta["dtype"])
+    except TypeError:
+        return f"meta.json names an unknown dtype {meta['dtype']!r}"
+    if meta["dtype"] not in ("uint16", "uint32") or meta["num_tokens"] < 0 or meta["num_documents"] < 0:
+        return "meta.json holds impossible values"
+    sizes = {"tokens.bin": meta["num_tokens"] * dtype.itemsize, "doc_starts.bin": (meta["num_documents"] + 1) * 8}
+    for name, size in sizes.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            found = path.stat().st_size if path.is_file() else "missing"
+            return f"{name} is {found} bytes, meta.json says {size} (truncated or damaged)"
+    return None
+
+
 def _open(folder: Path, from_cache: bool) -> TokenShards:
     meta = json.loads((folder / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
@@ -214,8 +242,11 @@ def prepare_tokens(
     corpus_key = corpus_fingerprint(spec, text_field)
     key = hashlib.sha256(f"{tokenizer.fingerprint()}|{corpus_key}|v{FORMAT_VERSION}".encode()).hexdigest()[:16]
     folder = Path(cache_dir) / f"tokens-{key}"
-    if (folder / "meta.json").is_file():
+    damaged = (folder / "meta.json").is_file() and cache_problem(folder)
+    if (folder / "meta.json").is_file() and not damaged:
         return _open(folder, from_cache=True)
+    if damaged:  # a cache is derived data: a damaged one is tokenized again, not a reason to stop
+        log.warning("token cache %s is damaged (%s): tokenizing %s again", folder, damaged, spec)
     # Another process may publish the same cache first: theirs is then kept, and read below. A folder
     # already there without meta.json was not written by tfkit's staging (which publishes whole
     # folders only): damaged, so it is replaced.

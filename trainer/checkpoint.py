@@ -23,6 +23,8 @@ source checkpoint) is `run_folder`'s concern.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import random
 import shutil
 from pathlib import Path
@@ -32,9 +34,13 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from ..files import staged_folder
-from ..layout import CHECKPOINTS, CONFIG, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS
-from ..models.io import load_weights_into, save_model
+from ..files import set_aside, staged_folder
+from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS
+from ..models.io import load_plain_pickle, load_weights_into, pickle_refusal, save_model
+
+
+class NonFiniteWeights(CheckpointError):
+    """A checkpoint was asked of weights that hold NaN or inf: it is never written."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -106,6 +112,8 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, trainer_state: d
     Saving a step that exists already (e.g. interrupted right after a save) replaces it."""
     root = run_dir / CHECKPOINTS
     final = root / f"step-{step}"
+    if not weights_finite(model):
+        raise NonFiniteWeights(f"step {step}: the weights are not finite (NaN or inf); no checkpoint was written")
     with staged_folder(final, durable=True) as tmp:
         save_model(model, tmp, extra={**extra, "step": step})
         for name in TOKENIZER_FILES:
@@ -114,6 +122,30 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, trainer_state: d
         torch.save(trainer_state, tmp / TRAINER_STATE)
     prune(root, keep_last)
     return final
+
+
+def save_best(run_dir: Path, step: int, model: nn.Module, tokenizer_dir: Path, extra: dict, val_loss: float) -> Path:
+    """Write `run_dir/best/` (train.keep_best): the weights, config.json with their step and validation loss,
+    and the tokenizer, replacing the previous best whole. No trainer state: a run resumes from its latest
+    checkpoint, never from an earlier best."""
+    final = run_dir / BEST
+    if not weights_finite(model):
+        raise NonFiniteWeights(f"step {step}: the weights are not finite (NaN or inf); the best checkpoint was kept")
+    with staged_folder(final, durable=True) as tmp:
+        save_model(model, tmp, extra={**extra, "step": step, "val_loss": val_loss})
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, tmp / name)
+    return final
+
+
+def best_loss(run_dir: Path) -> float:
+    """The validation loss of the run folder's best/ (inf when there is none yet)."""
+    try:
+        loss = json.loads((run_dir / BEST / CONFIG).read_text(encoding="utf-8")).get("val_loss")
+    except (OSError, ValueError, AttributeError):
+        return math.inf
+    return float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else math.inf
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -159,10 +191,72 @@ def resolve_resume(path: str | Path) -> Path:
 
 
 def load_trainer_state(folder: Path) -> dict:
+    """The trainer state of a checkpoint, read without executing code and checked for the structure
+    `Trainer.save` writes; a damaged, foreign or hostile file is one CheckpointError line."""
+    file = folder / TRAINER_STATE
     try:
-        return torch.load(folder / TRAINER_STATE, weights_only=True, map_location="cpu")
+        state = load_plain_pickle(file)
     except Exception as err:  # noqa: BLE001 - torch raises many types for a corrupt file
-        raise CheckpointError(f"{folder / TRAINER_STATE}: cannot load the trainer state ({err})") from err
+        raise CheckpointError(f"{file}: {pickle_refusal(err, 'trainer state')}") from None
+    problem = _state_problem(state)
+    if problem:
+        raise CheckpointError(f"{file}: not a tfkit trainer state ({problem}); the checkpoint is damaged or "
+                              "not one of tfkit's")
+    return state
+
+
+def _state_problem(state: object) -> str | None:
+    """What is wrong with a loaded trainer state's structure (`Trainer.save`'s payload), None if nothing."""
+    if not isinstance(state, dict):
+        return f"expected a dict, got {type(state).__name__}"
+    missing = [key for key in ("state", "rng", "scaler", "optimizer") if key not in state]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not isinstance(state["state"], dict) or not all(
+            isinstance(v, float if k == "seconds" else int) and not isinstance(v, bool)
+            for k, v in state["state"].items()):
+        return "'state' must map counters to integers (and seconds to a number)"
+    rng = state["rng"]
+    if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor) or "python" not in rng:
+        return "'rng' must hold the python and torch generator states"
+    optimizer = state["optimizer"]
+    if (not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict)
+            or not isinstance(optimizer.get("param_groups"), list)
+            or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in optimizer["param_groups"])):
+        return "'optimizer' must hold 'state' and 'param_groups'"
+    if not isinstance(state["scaler"], dict):
+        return "'scaler' must be a dict"
+    return None
+
+
+def checkpoint_step(folder: Path, config: dict) -> int:
+    """The step a checkpoint's config.json records, as an integer; anything else is a CheckpointError."""
+    step = config.get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{folder / CONFIG}: 'step' is {step!r}, expected a non-negative integer (the "
+                              "checkpoint is damaged)")
+    return step
+
+
+def weights_finite(model: nn.Module) -> bool:
+    """Whether every parameter and buffer of `model` is finite (one read of the device for all of them)."""
+    flags = [torch.isfinite(t).all() for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+DIVERGED_PREFIX = "diverged-"  # checkpoints/diverged-step-<N>/: weights a divergence started from, set aside
+
+
+def set_aside_diverged(run_dir: Path, step: int) -> Path | None:
+    """After a divergence that began at `step` (the updates from the weights of step `step` on were all
+    non-finite), rename the checkpoints of steps >= `step` to `diverged-step-<N>`: their weights are the
+    ones that diverged (a loss of 1e12, or NaN from the next update), so neither the report nor
+    `--resume auto` may take them for good ones; they stay for inspection. Returns the newest checkpoint
+    left, the last good one, or None."""
+    for found_step, folder in list_checkpoints(run_dir):
+        if found_step >= step:
+            set_aside(folder, DIVERGED_PREFIX + folder.name)
+    return latest_checkpoint(run_dir)
 
 
 def load_weights(model: nn.Module, folder: Path) -> None:

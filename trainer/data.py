@@ -10,7 +10,6 @@ resumed run or a second run with the same tokenizer skips tokenization.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,8 +20,11 @@ from rich.console import Console
 
 from ..errors import CheckpointError, ConfigError
 from ..layout import TOKENIZER_FILES
-from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset, read_pairs
-from ..tokenization.corpus import corpus_size, iter_documents, resolve_files, split_documents
+from ..progress import Transcript
+from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
+from ..tokenization.pairs import is_pair_data, read_pairs
+from ..tokenization.corpus import iter_documents, text_size
+from ..tokenization.holdout import hold_out_spread, sample_documents
 from ..tokenization.shards import prepare_tokens
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
 from .distributed import DistInfo, barrier
@@ -32,7 +34,7 @@ from .recipe import Recipe
 HELDOUT_CHARS = 200_000  # validation text used for the tokenizer report (bytes per token, unknown rate)
 
 
-def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: Console) -> None:
+def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: Console | Transcript) -> None:
     """Fill `out` with the run's tokenizer: the checkpoint's (resume / init_from), the one at
     `tokenizer.path`, or a new one trained on at most `tokenizer.max_train_mb` of `data.train`."""
     if source is not None:
@@ -42,6 +44,8 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, out / name)
+        copied = load_tokenizer(out)
+        console.print(f"tokenizer: {copied.kind}, vocab {copied.vocab_size}, copied from {source}", highlight=False)
         return
     if recipe.tokenizer.path:
         tokenizer = load_tokenizer(recipe.tokenizer.path)  # validates it
@@ -52,21 +56,30 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                 f"objective {recipe.objective.name} needs; train one with `tfkit train-tokenizer ... "
                 "--special-token '<|mask|>'` (bpe) or use kind wordpiece or unigram")
         tokenizer.save(out)  # writes the standard files
+        console.print(f"tokenizer: {tokenizer.kind}, vocab {tokenizer.vocab_size}, from {recipe.tokenizer.path}",
+                      highlight=False)
         return
     spec = TokenizerSpec(**{f.name: getattr(recipe.tokenizer, f.name) for f in dataclasses.fields(TokenizerSpec)})
     limit = int(recipe.tokenizer.max_train_mb * 1e6) if recipe.tokenizer.max_train_mb else None
 
-    def texts() -> Iterator[str]:  # a fresh stream per call: wordpiece reads the corpus twice
-        return _first_chars(tokenizer_texts(recipe), limit)
+    size = text_size(recipe.data.train, recipe.data.text_field)
+    total = min(size, limit or size)
+    heldout: list[str] = []  # the report's text: the valid corpus, or blocks held out of the training text
 
-    heldout = None
+    def texts() -> Iterator[str]:  # a fresh stream per call: wordpiece reads the corpus twice
+        stream = _first_chars(tokenizer_texts(recipe), limit)
+        if recipe.data.valid:
+            return stream
+        heldout.clear()
+        return hold_out_spread(stream, HELDOUT_CHARS, heldout, max_fraction=recipe.data.valid_fraction)
+
     if recipe.data.valid:
         heldout = list(_first_chars(tokenizer_texts(recipe, recipe.data.valid), HELDOUT_CHARS))
-    total = corpus_size(recipe.data.train)
-    console.print(f"training a {spec.kind} tokenizer (vocab {spec.vocab_size}) on "
-                  f"{min(total, limit or total) / 1e6:.1f} MB of {recipe.data.train}", highlight=False)
+    amount = f"{total / 1e6:.1f} MB" if total >= 100_000 else f"{total / 1e3:.1f} kB"
+    console.print(f"training a {spec.kind} tokenizer (vocab {spec.vocab_size}) on {amount} of "
+                  f"{recipe.data.train}", highlight=False)
     report = train_tokenizer(spec, texts, out, show_progress=recipe.log.progress, heldout=heldout, force=True,
-                             progress_total=min(total, limit or total))
+                             progress_total=total)
     summary = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     console.print("tokenizer: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                             for k, v in list(summary.items())[:6]), highlight=False)
@@ -83,7 +96,8 @@ def _first_chars(texts: Iterable[str], limit: int | None) -> Iterator[str]:
         yield text
 
 
-def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, info: DistInfo, console: Console):
+def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, info: DistInfo,
+                   console: Console | Transcript):
     """(train, valid) datasets of the recipe's objective. Rank 0 tokenizes into the shard cache first;
     the other ranks then open the cached shards (a memmap, no second tokenization)."""
     cache = Path(recipe.data.cache_dir) if recipe.data.cache_dir else run_dir / "data"
@@ -92,18 +106,19 @@ def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, inf
     return datasets if info.is_main else _build(recipe, tokenizer, cache, console, report=False, bars=False)
 
 
-def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Console, report: bool, bars: bool):
+def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Console | Transcript, report: bool,
+           bars: bool):
     """`report`: print what the run trains and validates on (rank 0, whatever log.progress says);
     `bars`: progress bars while tokenizing (log.progress)."""
     d, seed, name = recipe.data, recipe.train.seed, recipe.objective.name
-    where = d.valid if d.valid else f"{d.valid_fraction:.0%} of the training data, held out"
+    where = d.valid if d.valid else f"{d.valid_fraction:.0%} of {d.train}, held out in chunks spread through it"
     if name == "seq2seq" and is_pair_data(d.train, d.source_field):
         lengths = dict(max_src_len=d.seq_len, max_tgt_len=d.seq_len)
         pairs = read_pairs(d.train, d.source_field, d.target_field)
         if d.valid:
             valid_pairs = read_pairs(d.valid, d.source_field, d.target_field)
         else:
-            pairs, valid_pairs = split_documents(pairs, d.valid_fraction)
+            pairs, valid_pairs = sample_documents(pairs, d.valid_fraction)
         out = (Seq2SeqDataset.from_pairs(pairs, tokenizer, seed, **lengths),
                Seq2SeqDataset.from_pairs(valid_pairs, tokenizer, seed, **lengths))
         if report:
@@ -118,12 +133,14 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
         if d.valid:
             valid = prepare_tokens(d.valid, tokenizer, cache, text_field=d.text_field, show_progress=bars)
         else:
-            train, valid = train.split(d.valid_fraction)
+            train, valid = train.split(d.valid_fraction, min_chunk=2 * (d.seq_len + 1))
         if report:
-            epochs = recipe.train.max_steps * recipe.train.batch_size * d.seq_len / max(train.num_tokens, 1)
-            console.print(f"data: {train.num_tokens:,} training tokens from {d.train} ({epochs:.2g} epochs in "
-                          f"{recipe.train.max_steps:,} steps); {valid.num_tokens:,} validation tokens from {where} "
-                          f"(cache {cache})", highlight=False)
+            per_step = recipe.train.batch_size * d.seq_len / max(train.num_tokens, 1)  # epochs per update
+            epochs = (f"{1000 * per_step:.2g} epochs per 1,000 steps; train.max_time decides the steps"
+                      if recipe.train.max_time else
+                      f"{recipe.train.max_steps * per_step:.2g} epochs in {recipe.train.max_steps:,} steps")
+            console.print(f"data: {train.num_tokens:,} training tokens from {d.train} ({epochs}); "
+                          f"{valid.num_tokens:,} validation tokens from {where} (cache {cache})", highlight=False)
         out = tuple(_dataset(recipe, tokenizer, shards) for shards in (train, valid))
     return out
 
@@ -134,7 +151,7 @@ def _dataset(recipe: Recipe, tokenizer: TfkitTokenizer, shards):
         return ClmDataset.from_shards(shards, d.seq_len, seed)
     if o.name == "mlm":
         return MlmDataset.from_shards(shards, tokenizer, d.seq_len, seed, mask_prob=o.mask_prob,
-                                      whole_word=o.whole_word_mask)
+                                      whole_word=o.whole_word_mask, mask_replace=o.mask_replace)
     return Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=d.seq_len, max_tgt_len=d.seq_len)
 
 
@@ -142,25 +159,6 @@ def truncation_note(dataset: Seq2SeqDataset) -> str:
     """'3 sources and 12 targets (of N pairs)': what a length limit cut, which the loss never sees."""
     cut = dataset.truncated
     return f"{cut['source']:,} sources and {cut['target']:,} targets (of {dataset.num_examples:,} pairs)"
-
-
-def is_pair_data(spec: str, source_field: str) -> bool:
-    """Seq2seq data given as pairs (TSV, or JSONL records with `source_field`) rather than plain text,
-    which becomes denoising pairs."""
-    if spec.startswith("stdlib:"):
-        return False
-    files = resolve_files(spec)
-    if any(p.suffix.lower() == ".tsv" for p in files):
-        return True
-    for path in files:
-        if path.suffix.lower() == ".jsonl":
-            with open(path, encoding="utf-8", errors="replace") as f:
-                first = next((line for line in f if line.strip()), "")
-            try:
-                return isinstance(json.loads(first), dict) and source_field in json.loads(first)
-            except json.JSONDecodeError:
-                return False
-    return False
 
 
 def tokenizer_texts(recipe: Recipe, spec: str | None = None) -> Iterator[str]:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..progress import progress_bar
 from ..models import kv_cache_bytes_per_token, load_model, read_config, resolve_checkpoint
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
@@ -49,6 +49,7 @@ from ..tokenization.corpus import CorpusWarning
 from ..tokenization.shards import TokenShards, prepare_tokens
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
 from .data import is_pair_data, truncation_note
+from .model_overrides import with_model_overrides
 from .objectives import compute_loss, count_inputs, move_batch
 from .optim import autocast_context
 from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, ObjectiveSection
@@ -234,13 +235,14 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
                         max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
                         device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
                         cache_dir: str | Path | None = None, show_progress: bool = True,
-                        text_field: str = "text") -> dict:
+                        text_field: str = "text", overrides: list[str] | None = None) -> dict:
     """Score one checkpoint (folder or run folder) on `data_spec`; returns the metrics dict (module doc).
 
     Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
     (both None: the whole corpus). seq_len defaults to the length the checkpoint trained at
     (`trained_seq_len`; only None does: 0 is an error, not "the default"). `text_field` is the
-    JSON/JSONL key holding the text.
+    JSON/JSONL key holding the text. `overrides` (`model.KEY=VALUE`, eval's --set) evaluate the weights under
+    another setting of a model key that keeps every weight (trainer/model_overrides.py).
     """
     if dtype not in PRECISIONS:
         raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
@@ -248,8 +250,12 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    model, cfg = load_model(folder, device=device)
+    model, cfg = with_model_overrides(*load_model(folder, device=device), overrides or [])
     tokenizer = load_tokenizer(folder)
+    if tokenizer.vocab_size > cfg.vocab_size:  # its ids would index past the embedding table
+        raise CheckpointError(f"{folder}: its tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                              f"(config.json model.vocab_size) has {cfg.vocab_size}; the tokenizer files do not "
+                              "belong to these weights")
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
     config = read_config(folder)
     seq_len = trained_seq_len(config) if seq_len is None else seq_len
@@ -292,7 +298,8 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     return {
         "checkpoint": str(folder),
         "arch": cfg.arch,
-        "step": config.get("step"),
+        "step": config.get("step"),  # this checkpoint's own training run
+        "prior_steps": config.get("prior_steps") or 0,  # updates its initial weights had had (uptraining)
         "objective": objective,
         "data": data_spec,
         "loss": loss,
@@ -310,4 +317,5 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg),
         "tokens_per_sec": fed / seconds if seconds else None,
         "data_fingerprint": digest.hexdigest()[:16],
+        "set": list(overrides or []),  # the model keys evaluated under another value than the checkpoint's
     }

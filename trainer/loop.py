@@ -53,6 +53,9 @@ from .recipe import Recipe, TrainSection
 from .schedules import lr_at
 
 if TYPE_CHECKING:
+    from .budget import TimeBudget
+
+if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
 
 
@@ -68,13 +71,15 @@ class TrainState:
     bad_steps: int = 0  # skipped updates (non-finite loss or gradient norm), in total
     bad_in_a_row: int = 0  # ... consecutively, up to now
     interrupted: int = 0  # signal number that stopped the run (0 = none)
+    seconds: float = 0.0  # training time spent, all starts of the run (what train.max_time counts)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainState":
-        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
+        return cls(**{k: float(v) if k == "seconds" else int(v) for k, v in data.items()
+                      if k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -95,6 +100,13 @@ class Loop:
     peak_flops: float | None = None  # per device; None = MFU not reported
     state: TrainState = field(default_factory=TrainState)
     loader: Prefetcher | None = field(default=None, repr=False)  # made by the first update, closed by run_loop
+    budget: TimeBudget | None = None  # train.max_time: sets `horizon` from the pace of the updates
+    horizon: int = 0  # the step the run ends at: train.max_steps, or what the time budget leaves
+    window_cap: int = 1 << 62  # the most updates before the next read: the time budget's, else no limit
+
+    @property
+    def end(self) -> int:
+        return self.horizon or self.recipe.train.max_steps
 
     def __post_init__(self) -> None:
         if not self.optimizer.defaults.get("fused"):
@@ -145,6 +157,7 @@ class Window:
     applied: Tensor  # () int64: updates applied so far in the window (the index into lrs)
     bad_run: Tensor  # () int64: bad updates in a row, carried in from state.bad_in_a_row
     first_batch: int  # global micro-batch of the window's first attempt
+    end: int  # the run's last step as this window sees it (the schedule's horizon)
     records: list[Tensor] = field(default_factory=list)  # per attempt, (7,) float64: see _attempt
 
     @classmethod
@@ -153,17 +166,17 @@ class Window:
         device wait for nothing)."""
         r, s, device = loop.recipe, loop.state, loop.info.device
         d_model = loop.model.config.d_model
-        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, r.train.max_steps, d_model) for k in range(n)]
+        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, d_model) for k in range(n)]
         return cls(torch.tensor(lrs, dtype=torch.float32, device=device),
                    torch.zeros((), dtype=torch.int64, device=device),
-                   torch.full((), s.bad_in_a_row, dtype=torch.int64, device=device), s.batches)
+                   torch.full((), s.bad_in_a_row, dtype=torch.int64, device=device), s.batches, loop.end)
 
 
-def window_length(step: int, train: TrainSection) -> int:
-    """Updates from `step` to the next log row, validation, checkpoint or the end of the run: the most
-    the loop may run before it reads."""
+def window_length(step: int, train: TrainSection, end: int | None = None) -> int:
+    """Updates from `step` to the next log row, validation, checkpoint or the end of the run (`end`,
+    default train.max_steps): the most the loop may run before it reads."""
     every = (train.log_every, train.eval_every, train.save_every)
-    return min([train.max_steps - step] + [n - step % n for n in every])
+    return min([(end or train.max_steps) - step] + [n - step % n for n in every])
 
 
 def _attempt(loop: Loop, window: Window, micro: list[dict[str, Tensor]], counts: Tensor) -> None:
@@ -245,7 +258,7 @@ def _replay(loop: Loop, window: Window) -> Iterator[dict]:
     r, s = loop.recipe, loop.state
     lr = None
     for loss_sum, correct, count, tokens, grad_norm, applied, bad in torch.stack(window.records).tolist():
-        lr = lr_at(s.step, r.schedule, r.optim.lr, r.train.max_steps, loop.model.config.d_model)
+        lr = lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.model.config.d_model)
         loss = loss_sum / max(count, 1.0)
         s.batches += r.train.grad_accum
         s.tokens += int(tokens)
@@ -285,13 +298,17 @@ def train_step(loop: Loop, stop: StopFlag) -> dict | None:
 
 
 def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -> TrainState:
-    """Train until `train.max_steps` updates are applied or a signal arrives; returns the final state.
+    """Train until `train.max_steps` updates are applied (or the time budget's horizon is reached) or a
+    signal arrives; returns the final state.
 
     Checkpoints every `save_every` updates (the caller saves the final one), validates every
     `eval_every`. Raises TrainingDiverged after `max_bad_steps` consecutive skipped updates."""
     r, s, info = loop.recipe, loop.state, loop.info
     loop.train_module.train()
     loop.optimizer.zero_grad(set_to_none=True)
+    loop.horizon = r.train.max_steps
+    if loop.budget is not None:
+        loop.budget.start(s.step)
     bar = progress_bar(total=r.train.max_steps, initial=s.step, desc="pretrain", unit="step", dynamic_ncols=True,
                        enabled=info.is_main and r.log.progress)
     loop.loader = Prefetcher(loop.dataset, micro_batch_size(r), r.train.grad_accum, info)
@@ -310,12 +327,14 @@ def _train(loop: Loop, stop: StopFlag, bar: tqdm, last_checkpoint: Callable[[], 
     """Windows of updates until the end, a stop or a divergence; their rows, validations, checkpoints."""
     r, s, info = loop.recipe, loop.state, loop.info
     window_tokens, counted, window_start = 0, s.tokens, time.perf_counter()
-    while s.step < r.train.max_steps:
+    unlogged = None  # the last row, when it was not logged: written if the time budget ends the run on it
+    while s.step < _plan(loop, bar, info):
         if _stop_voted(stop, info):
             s.interrupted = int(stop.signum) or signal.SIGTERM  # a rank that saw no signal still stops
             return
         reached = False  # did the window end with an applied update, so at its boundary (unless stopped)?
-        for row in _replay(loop, _run_window(loop, stop, window_length(s.step, r.train))):
+        n = min(window_length(s.step, r.train, loop.end), loop.window_cap)
+        for row in _replay(loop, _run_window(loop, stop, n)):
             window_tokens, counted = window_tokens + s.tokens - counted, s.tokens
             reached = not row.get("skipped")
             if not reached:
@@ -330,7 +349,9 @@ def _train(loop: Loop, stop: StopFlag, bar: tqdm, last_checkpoint: Callable[[], 
                         f"checkpoint: {last_checkpoint() or 'none'}; try a lower optim.lr or optim.grad_clip")
                 continue
             bar.update(1)
-            if s.step % r.train.log_every == 0 or s.step == r.train.max_steps:
+            unlogged = row
+            if s.step % r.train.log_every == 0 or s.step == loop.end:
+                unlogged = None
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
                 row["tokens"] = s.tokens
                 row["tokens_per_sec"] = window_tokens / elapsed
@@ -338,18 +359,48 @@ def _train(loop: Loop, stop: StopFlag, bar: tqdm, last_checkpoint: Callable[[], 
                     row["mfu"] = loop.flops_per_token * row["tokens_per_sec"] / (loop.peak_flops * info.world_size)
                 window_tokens, window_start = 0, time.perf_counter()
                 bar.set_postfix(_postfix(row), refresh=False)
-                _say(bar, _log_line(row, r.train.max_steps), info.is_main)
+                _say(bar, _log_line(row, loop.end), info.is_main)
                 loop.log(row)
+        s.seconds = loop.budget.spent() if loop.budget is not None else s.seconds
         if not reached:
             continue
         paused = time.perf_counter()  # validation and checkpoints do not count against tokens/s
-        if s.step % r.train.eval_every == 0 and s.step < r.train.max_steps:
+        if s.step % r.train.eval_every == 0 and s.step < loop.end:
             val = loop.validate(s.step)
             _say(bar, f"step {s.step}: val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  "
                       f"val_acc {val['val_accuracy']:.3f}", info.is_main)
-        if s.step % r.train.save_every == 0 and s.step < r.train.max_steps:
+            _took(loop, "validation", paused)
+        if s.step % r.train.save_every == 0 and s.step < loop.end:
+            saving = time.perf_counter()
             loop.save(s)
+            _took(loop, "checkpoint", saving)
         window_start += time.perf_counter() - paused
+    if unlogged is not None and s.step == unlogged["step"]:  # the budget ended the run between log rows
+        unlogged.update(tokens=s.tokens, tokens_per_sec=window_tokens / max(time.perf_counter() - window_start, 1e-9))
+        loop.log(unlogged)
+
+
+def _plan(loop: Loop, bar: tqdm, info: DistInfo) -> int:
+    """The step the run ends at and the longest next window, re-estimated from the time budget before each
+    window (short windows until the pace is known); the same on every rank (rank 0's, shared), or the
+    ranks' collectives would part. The progress bar's total follows the horizon."""
+    if loop.budget is None:
+        return loop.end
+    plan = [loop.budget.horizon(loop.state.step, loop.recipe.train.max_steps), loop.budget.window_cap(loop.state.step)]
+    if info.enabled:
+        shared = torch.tensor([float(v) if info.is_main else 0.0 for v in plan], dtype=torch.float64,
+                              device=info.device)
+        plan = [int(v) for v in all_reduce_sum(shared, info).tolist()]
+    horizon, loop.window_cap = plan
+    if horizon != loop.horizon:
+        loop.horizon = bar.total = horizon
+        bar.refresh()
+    return horizon
+
+
+def _took(loop: Loop, what: str, since: float) -> None:
+    if loop.budget is not None:
+        loop.budget.took(what, time.perf_counter() - since)
 
 
 def _postfix(row: dict) -> dict:

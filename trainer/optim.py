@@ -16,17 +16,19 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from .muon import build_muon_adamw, muon_parameters
 from .recipe import OptimSection
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, exclude: Iterable[nn.Parameter] = ()) -> list[dict]:
     """Two AdamW groups: `decay` (linear-layer matrices) and `no_decay` (norms, biases, embeddings).
 
     Membership is decided by the module that owns a tensor, not by its name, so it does not depend on how
-    the model files happen to name things. Shared tensors (tied embeddings) are counted once.
+    the model files happen to name things. Shared tensors (tied embeddings) are counted once; `exclude`d
+    ones (the matrices Muon updates) not at all.
     """
     embedding_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    decay, no_decay, seen = [], [], set()
+    decay, no_decay, seen = [], [], {id(p) for p in exclude}
     for _, param in model.named_parameters():
         if not param.requires_grad or id(param) in seen:
             continue
@@ -44,7 +46,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device) -> torch.optim.AdamW:
     """AdamW over `param_groups`, the fused kernel (one launch for every tensor on GPUs, one pass per tensor on
     CPUs). The training loop needs it: its step takes the learning rate as a device tensor and skips a
-    non-finite update on the device (`found_inf`), so the host never reads either (trainer/loop.py)."""
+    non-finite update on the device (`found_inf`), so the host never reads either (trainer/loop.py).
+    `optim.name: muon` gives `muon.MuonAdamW`, a fused AdamW that steps the blocks' matrices by Muon."""
+    if optim.name == "muon":
+        matrices = muon_parameters(model)
+        return build_muon_adamw(model, matrices, param_groups(model, optim.weight_decay, exclude=matrices), optim)
     return torch.optim.AdamW(
         param_groups(model, optim.weight_decay),
         lr=optim.lr,  # replaced every step by the schedule (loop._optimizer_step, set_lr)

@@ -21,10 +21,11 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shorten
 from ..models.config import type_problem
 from ..models.sizes import sized_config
 from ..ranges import POSITIVE
+from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, DataSection, EvalSection,  # noqa: F401 - re-exported
                        LogSection, ModelSection, ObjectiveSection, OptimSection, ScheduleSection, TokenizerSection,
                        TrainSection)
@@ -55,6 +56,8 @@ class Recipe:
         if decays and self.schedule.min_lr > self.optim.lr:
             out.append(f"schedule.min_lr: {self.schedule.min_lr:g} exceeds optim.lr={self.optim.lr:g}, the peak it "
                        "decays from (expected min_lr <= lr)")
+        if not out:  # sizes the libraries accept and a model this machine holds, once the keys are valid
+            out += recipe_resource_problems(self)
         return out
 
     def warnings(self) -> list[str]:
@@ -116,14 +119,44 @@ POST_NORM_PEAK_LR = 2e-3
 _hints = functools.cache(typing.get_type_hints)  # per section class: 63 calls per recipe otherwise
 
 
+MAX_YAML_NODES = 100_000  # a recipe has ~70 keys; YAML aliases can make 9 lines expand to 9**8 values
+
+
+class AliasBomb(ValueError):
+    """A YAML document whose aliases expand beyond MAX_YAML_NODES values."""
+
+
+def check_expansion(value: Any, limit: int = MAX_YAML_NODES) -> None:
+    """Raise AliasBomb when `value`, with every alias expanded, holds more than `limit` values.
+
+    The loader shares one object per anchor, so loading a "billion laughs" document is cheap; what is not
+    is everything that walks it afterwards (the type checks, the message quoting a bad value: 25 MB for
+    9**7 values, 33 s and 1.8 GB for 9**8). The walk stops as soon as it passes the limit."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            raise AliasBomb(f"its YAML aliases expand to more than {limit:,} values (expected a recipe of a few "
+                            "dozen keys; write the values out instead of repeating anchors)")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
 def safe_load(text: str) -> Any:
     """`yaml.safe_load` through libyaml's C parser where PyYAML has it: the same safe loader (plain types
     only, no Python objects), ten times faster, which `tfkit recipes list` (every bundled recipe) notices.
-    Invalid YAML is parsed again by the pure-Python loader, whose errors name the offending character."""
+    Invalid YAML is parsed again by the pure-Python loader, whose errors name the offending character.
+    A document whose aliases expand beyond MAX_YAML_NODES values raises AliasBomb (`check_expansion`)."""
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+        value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
     except yaml.YAMLError:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
+    check_expansion(value)
+    return value
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
@@ -132,6 +165,8 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     path = find_recipe(name_or_path)
     try:
         raw = safe_load(path.read_text(encoding="utf-8"))
+    except AliasBomb as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -154,9 +189,22 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
             set_by[key] = item
     problems: list[str] = []
     recipe = recipe_from_dict(raw, default_name=path.stem, problems=problems)
-    if problems or set_problems:
-        raise ConfigError(_blame(path, problems, set_by, set_problems))
+    if problems or set_problems:  # each problem a readable length, though it quotes a 2 MB value
+        raise ConfigError(_blame(path, [shorten(p, 300) for p in problems], set_by, set_problems))
+    validate_on_own_corpus(recipe.data, valid_given="data.valid" in set_by)
     return recipe
+
+
+def validate_on_own_corpus(data: DataSection, valid_given: bool) -> None:
+    """A built-in corpus's validation split validates that corpus only: `--set data.train=grimm.txt` on a
+    recipe whose data.valid is stdlib:docs:valid would measure Python docstrings, another domain, and say
+    nothing about the user's text. So unless `--set data.valid=...` chose it, such a split becomes null:
+    the run holds out part of data.train (seeded chunks spread through it) and says so."""
+    if valid_given or not data.train or not data.valid or not data.valid.startswith("stdlib:"):
+        return
+    corpus = data.valid.split(":")[1] if data.valid.count(":") >= 1 else ""  # stdlib:docs:valid -> docs
+    if not (data.train == f"stdlib:{corpus}" or data.train.startswith(f"stdlib:{corpus}:")):
+        data.valid = None
 
 
 def _blame(path: Path, problems: list[str], set_by: dict[str, str], set_problems: list[str]) -> str:
@@ -283,7 +331,8 @@ def _override_value(text: str, hint: Any) -> Any:
     A null spelling still means None where the key allows it."""
     try:
         value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        check_expansion(value)
+    except (yaml.YAMLError, AliasBomb):
         return text
     if hint in (str, str | None) and not isinstance(value, str):
         return None if hint == str | None and text.strip() in _YAML_NULLS else text

@@ -64,6 +64,7 @@ def recipe_keys(section: str | None = None) -> list[Key]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            kind = getattr(hints[f.name], "__name__", None) or str(hints[f.name]).replace("typing.", "")
+            hint = hints[f.name]  # list[float] says what it holds; a bare __name__ would say only "list"
+            kind = str(hint).replace("typing.", "") if typing.get_args(hint) else getattr(hint, "__name__", str(hint))
             keys.append(Key(f"{name}.{f.name}", kind, default, _meaning(cls, f.name)))
     return keys

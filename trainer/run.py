@@ -18,6 +18,8 @@ Where a run starts from:
 
 from __future__ import annotations
 
+import contextlib
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,16 +28,20 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from ..errors import CheckpointError, TfkitError
+from ..files import LOCK_FILE, is_disk_full
+from ..layout import TRAINER_STATE
 from ..models import build_model
 from ..models.io import read_config, resolve_checkpoint
-from ..progress import console as output_console
+from ..progress import Transcript, console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import checkpoint as ckpt
+from .budget import TimeBudget, parse_duration
 from . import run_folder
 from .data import build_datasets, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
-from .loop import Loop, TrainState, micro_batch_size, run_loop
+from .loop import Loop, TrainingDiverged, TrainState, micro_batch_size, run_loop
 from .metrics import MetricsWriter, peak_flops, plot_loss
 from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
@@ -73,14 +79,23 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
         except BaseException:
             trainer.discard_new_run_folder()
             raise
-        trainer.train()
-        result = trainer.finish()
+        try:
+            trainer.train()
+            result = trainer.finish()
+        except (TfkitError, OSError) as exc:
+            if trainer.checkpoint is None and not isinstance(exc, TrainingDiverged):
+                trainer.close()  # e.g. the baseline validation found no batch: nothing of this run is worth keeping
+                trainer.discard_new_run_folder()
+            if isinstance(exc, OSError) and is_disk_full(exc):  # a full disk names the checkpoint that is intact
+                raise run_folder.disk_full_during_run(exc, trainer.run_dir, trainer.checkpoint) from exc
+            raise
         # Leave together: rank 0 still writes the report and the plot after the last collective, and a
         # rank that tears its connections down meanwhile can abort in gloo's threads.
         barrier(info)
         return result
     finally:
         trainer.close()
+        trainer.lock.close()  # the run folder's lock, held since build
         shutdown(info)
 
 
@@ -95,6 +110,10 @@ class Trainer:
         self.checkpoint: Path | None = None  # the last checkpoint written (or resumed from)
         self.run_dir: Path | None = None
         self.made_dirs: list[Path] = []  # run_dir and the parents this process created, deepest first
+        self.lock = contextlib.ExitStack()  # rank 0 holds the run folder's lock (files.folder_lock) until the end
+        self.lock_created = False  # whether this process made the lock file (a refused start removes it)
+        self.start_block = Transcript(console)  # what the run says it will do, also kept in the run folder
+        self.best_loss: float | None = None  # train.keep_best: the best validation loss so far (read lazily)
 
     # --- build: everything before the first step ----------------------------------------------------------
 
@@ -124,7 +143,9 @@ class Trainer:
                 console.print(f"warning: the recipe changed since step {resumed_step} (the one that trained up to "
                               f"it is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
                               style="yellow", markup=False, highlight=False)
-            _describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from)
+            _describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
+                      self.start_block)
+            run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
 
     def _prepare_run_folder(self, run_dir: str | Path | None, resume: str | None) -> None:
         """The run folder and the checkpoint the run starts from (checked on every rank, before rank 0
@@ -132,12 +153,17 @@ class Trainer:
         recipe, info = self.recipe, self.info
         chosen = str(run_folder.choose_run_dir(recipe, run_dir, resume)) if info.is_main else None
         self.run_dir = Path(broadcast_object(chosen, info))
+        if info.is_main:  # before reading the folder: a second process on it is refused before either writes
+            self._lock_run_dir()
         self.resume_from = run_folder.find_resume(self.run_dir, resume)
+        if self.resume_from is not None and info.is_main:
+            run_folder.check_run_files(self.run_dir)
         if self.resume_from is not None:
             run_folder.check_tokenizer_kept(recipe, self.resume_from)
         self.init_from = (None if self.resume_from or not recipe.train.init_from
                           else resolve_checkpoint(recipe.train.init_from))
         self.source = self.resume_from or self.init_from  # the checkpoint that supplies model config and tokenizer
+        self.prior_steps = prior_steps(self.source, resumed=self.resume_from is not None)
         if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
             run_folder.model_config(recipe, None, self.source)
         self.recipe = recipe = run_folder.source_data(recipe, self.source)  # data.train: null = the source's
@@ -145,14 +171,16 @@ class Trainer:
             set_threads(read_config(self.resume_from).get("cpu_threads") or "auto")
         if info.is_main:
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
-            self.made_dirs = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, console)
+            prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, self.start_block)
         barrier(info)
         self.tokenizer = load_tokenizer(self.run_dir / "tokenizer")
         self.cfg = run_folder.model_config(recipe, self.tokenizer, self.source)
         check_vocab_fits(self.tokenizer, self.cfg.vocab_size)
-        self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info, console)
+        self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info, self.start_block)
+
+    def _lock_run_dir(self) -> None:
+        """Make the run folder and hold its lock for the life of the run (`run_folder.lock_run_dir`)."""
+        self.made_dirs, self.lock_created = run_folder.lock_run_dir(self.run_dir, self.lock)
 
     def _build_model(self) -> None:
         """The same initial weights on every rank (from `train.seed`, or the source checkpoint's), wrapped
@@ -181,15 +209,21 @@ class Trainer:
         if self.resume_from is None:
             return
         self.saved = ckpt.load_trainer_state(self.resume_from)
-        self.parallel.load_optimizer(self.model, self.optimizer, self.saved["optimizer"])
-        if self.saved["scaler"]:  # empty when the checkpoint was not fp16: keep the fresh scaler
-            self.scaler.load_state_dict(self.saved["scaler"])
+        try:
+            self.parallel.load_optimizer(self.model, self.optimizer, self.saved["optimizer"])
+            if self.saved["scaler"]:  # empty when the checkpoint was not fp16: keep the fresh scaler
+                self.scaler.load_state_dict(self.saved["scaler"])
+        except (CheckpointError, KeyError, ValueError, TypeError, RuntimeError) as exc:  # a damaged or foreign state
+            raise CheckpointError(f"{self.resume_from / TRAINER_STATE}: does not fit this model and optimizer "
+                                  f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         self.state = TrainState.from_dict(self.saved["state"])
         self.state.interrupted = 0
 
     def discard_new_run_folder(self) -> None:
         """After a failed start, remove the run folder if this run made it: a refused or broken start
         leaves nothing behind (an empty runs/NAME-TIME/ only misleads `--resume auto` and the user)."""
+        if self.lock_created and not self.made_dirs and self.info.is_main:  # a folder it did not make: as it was
+            (self.run_dir / LOCK_FILE).unlink(missing_ok=True)
         if not self.made_dirs or not self.info.is_main:
             return
         shutil.rmtree(self.made_dirs[0], ignore_errors=True)
@@ -206,17 +240,53 @@ class Trainer:
                    "optimizer": self.parallel.optimizer_state(self.model, self.optimizer)}
         weights = self.parallel.full_weights(self.model, self.cfg)
         if info.is_main:
-            self.checkpoint = ckpt.save_checkpoint(self.run_dir, state.step, weights, payload,
-                                                   self.run_dir / "tokenizer", self._config_extra(),
-                                                   recipe.train.keep_last)
+            try:
+                self.checkpoint = ckpt.save_checkpoint(self.run_dir, state.step, weights, payload,
+                                                       self.run_dir / "tokenizer", self._config_extra(),
+                                                       recipe.train.keep_last)
+            except ckpt.NonFiniteWeights as exc:  # never written, never named as good, never resumed
+                console.print(f"warning: {exc}; the last good one is {self.checkpoint or 'none'}", style="yellow",
+                              markup=False, highlight=False)
         barrier(info)
         return self.checkpoint
 
+    def last_good_checkpoint(self) -> Path | None:
+        """At a divergence (the loop's state stopped at the step whose weights every update since failed
+        from): those weights' checkpoints are set aside (`checkpoint.set_aside_diverged`), and the newest
+        one left is the last good one."""
+        if self.info.is_main:
+            self.checkpoint = ckpt.set_aside_diverged(self.run_dir, self.state.step)
+        return self.checkpoint
+
+
     def validate(self, step: int) -> dict:
-        """Validation loss at `step`, logged; the row is returned to the loop."""
-        row = self._validation().row(step)
+        """Validation loss at `step`, logged (and the weights kept when best, train.keep_best); the row is
+        returned to the loop."""
+        result = self._validation()
+        row = result.row(step)
         self.metrics.log(row)
+        if step > 0:  # the untrained baseline is never the model to keep
+            self.keep_if_best(step, result.loss)
         return row
+
+    def keep_if_best(self, step: int, loss: float) -> None:
+        """train.keep_best: write run_dir/best/ when `loss` beats every validation so far (of every start
+        of this run: a resume reads the kept one's loss). Small corpora overfit, and the best weights are
+        then not the last ones. Every rank takes part (FSDP gathers the weights); rank 0 writes."""
+        if not self.recipe.train.keep_best or not math.isfinite(loss):
+            return
+        if self.best_loss is None:
+            self.best_loss = ckpt.best_loss(self.run_dir) if self.resume_from else math.inf
+        if loss >= self.best_loss:
+            return
+        self.best_loss = loss  # on every rank (the loss is all-reduced): the next decision is the same everywhere
+        weights = self.parallel.full_weights(self.model, self.cfg)
+        if self.info.is_main:
+            try:
+                ckpt.save_best(self.run_dir, step, weights, self.run_dir / "tokenizer", self._config_extra(), loss)
+            except ckpt.NonFiniteWeights as exc:
+                console.print(f"warning: {exc}", style="yellow", markup=False, highlight=False)
+        barrier(self.info)
 
     def _validation(self) -> ValidationResult:
         r = self.recipe
@@ -227,6 +297,7 @@ class Trainer:
         """What a checkpoint's config.json records about the training run, beside the model."""
         r = self.recipe
         extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len,
+                 "prior_steps": self.prior_steps,  # updates the initial weights had had (init_from), before step 0
                  "cpu_threads": torch.get_num_threads(),  # a resumed `auto` run computes with as many
                  "data": {"train": r.data.train, "valid": r.data.valid, "valid_fraction": r.data.valid_fraction,
                           "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
@@ -239,15 +310,22 @@ class Trainer:
     def train(self) -> TrainState:
         """The untrained baseline (fresh) or the checkpoint's RNG (resume), this rank's dropout stream, the
         loop until `train.max_steps` (or a signal), and the last checkpoint."""
-        state = self.state
+        state, max_time = self.state, self.recipe.train.max_time
+        if max_time is not None:  # the budget counts from here, the baseline validation included
+            self.loop.budget = TimeBudget(parse_duration(max_time), spent_before=state.seconds)
         if self.saved is not None:
             ckpt.set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
         else:
+            validating = time.perf_counter()
             self.validate(0)  # the untrained baseline every curve starts from
+            if self.loop.budget is not None:
+                self.loop.budget.took("validation", time.perf_counter() - validating)
         ckpt.seed_rank(self.recipe.train.seed, self.info.rank, state.step)
         self.steps_before, self.tokens_before, started = state.step, state.tokens, time.perf_counter()
-        run_loop(self.loop, last_checkpoint=lambda: self.checkpoint)
+        run_loop(self.loop, last_checkpoint=self.last_good_checkpoint)
         self.train_time = time.perf_counter() - started
+        if self.loop.budget is not None:
+            state.seconds = self.loop.budget.spent()
         if state.step > self.steps_before or state.interrupted or not self.checkpoint:
             self.save(state)
         return state
@@ -259,7 +337,10 @@ class Trainer:
         result = RunResult(self.run_dir, state, None, self.checkpoint, 0.0)
         if not state.interrupted:
             result.final = self._validation()
-            if state.step > self.steps_before or self.saved is None:  # a finished run's final row is logged
+            self.keep_if_best(state.step, result.final.loss)
+            # a finished run's final row is logged, also by a resume of a run killed just before logging it
+            if (state.step > self.steps_before or self.saved is None
+                    or (info.is_main and not run_folder.has_validation_row(self.run_dir, state.step))):
                 self.metrics.log(result.final.row(state.step))
             if recipe.model.arch == "gpt" and recipe.eval.sample_prompt:
                 whole = self.parallel.full_weights(self.model, self.cfg)
@@ -271,7 +352,7 @@ class Trainer:
             if recipe.log.plot and plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png"):
                 console.print(f"loss curve: {self.run_dir / 'loss.png'}", highlight=False)
             trained = state.tokens - self.tokens_before
-            _report(result, self.model, trained / max(self.train_time, 1e-9) if trained else None)
+            _report(result, self.model, trained / max(self.train_time, 1e-9) if trained else None, recipe)
         return result
 
     def close(self) -> None:
@@ -281,7 +362,21 @@ class Trainer:
             self.metrics = None
 
 
-def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from, init_from) -> None:
+def prior_steps(source: Path | None, resumed: bool) -> int:
+    """Optimizer updates behind the weights a run starts from, before its own step 0: none for a fresh
+    run, the resumed checkpoint's own count on resume, and all of an `init_from` checkpoint's (its prior
+    steps and its steps; a converted checkpoint carries its source's), so an uptrained model reads as
+    300+15 steps rather than 15."""
+    if source is None:
+        return 0
+    config = read_config(source)
+    before = config.get("prior_steps") if isinstance(config.get("prior_steps"), int) else 0
+    step = config.get("step") if isinstance(config.get("step"), int) else 0
+    return before if resumed else before + step
+
+
+def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from, init_from,
+              console: Transcript) -> None:
     """What is about to run, including the global batch in tokens (the number that sets the LR)."""
     t = recipe.train
     per_rank = micro_batch_size(recipe) // info.world_size
@@ -295,8 +390,10 @@ def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_
     console.print(
         f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
         f" = {t.batch_size * per_sequence:,} tokens "
-        f"({t.grad_accum} micro-batch(es) of {per_rank} sequences per rank), {t.max_steps} steps, "
-        f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
+        f"({t.grad_accum} micro-batch(es) of {per_rank} sequences per rank), "
+        + (f"as many steps as fit in {t.max_time} (at most {t.max_steps:,}), " if t.max_time
+           else f"{t.max_steps} steps, ")
+        + f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
     origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
     console.print(f"run folder {run_dir} ({origin})", highlight=False)
     for warning in recipe.warnings():
@@ -313,7 +410,7 @@ def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
     return recipe.eval.sample_prompt + continuation(tokenizer, prompt, new)
 
 
-def _report(result: RunResult, model, tokens_per_sec: float | None) -> None:
+def _report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recipe) -> None:
     """The final table: what a user compares between runs."""
     table = Table(title=f"pretrain: {result.run_dir.name}", show_header=False)
     table.add_column(style="bold")
@@ -322,7 +419,9 @@ def _report(result: RunResult, model, tokens_per_sec: float | None) -> None:
         table.add_row("validation loss", f"{result.final.loss:.4f}")
         table.add_row("perplexity", f"{result.final.perplexity:.2f}")
         table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
-    table.add_row("steps", f"{result.state.step:,}")
+    budget = recipe.train.max_time
+    table.add_row("steps", f"{result.state.step:,}" + (f" (fitted in train.max_time={budget}, "
+                                                       f"{result.state.seconds:.0f} s)" if budget else ""))
     table.add_row("tokens", f"{result.state.tokens:,}")
     table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
     table.add_row("parameters", f"{model.num_params():,}")

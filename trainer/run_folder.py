@@ -3,7 +3,9 @@
 A run folder holds `recipe.yaml` (the resolved recipe, rewritten on resume), `tokenizer/`, `data/`,
 `checkpoints/step-<N>/`, `metrics.jsonl` and, when a resume changed the recipe,
 `recipe-before-step-<N>.yaml`. The checks here run before anything is written: a folder tfkit did not
-make is never overwritten, and checkpoints of two runs (or of two branches of one) are never mixed.
+make is never overwritten, and checkpoints of two runs (or of two branches of one) are never mixed. A
+run holds the folder's lock (`.tfkit.lock`, `files.folder_lock`) from before its first read to its end,
+so a second `pretrain` on the same folder is refused instead of training beside it.
 
 The model config of a resumed or `init_from` run is the checkpoint's: a recipe key that contradicts it
 is an error, except the MAY_DIFFER keys that do not change the weights' shapes.
@@ -11,24 +13,29 @@ is an error, except the MAY_DIFFER keys that do not change the weights' shapes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import re
+import shutil
 import time
 from pathlib import Path
 
 import yaml
 
-from ..errors import CheckpointError, ConfigError
-from ..files import write_atomic
-from ..layout import CHECKPOINTS, RECIPE_FILE, STEP_FOLDER
+from ..errors import CheckpointError, ConfigError, disk_full
+from ..files import LOCK_FILE, folder_lock, write_atomic
+from ..layout import CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
 from ..models.config import ModelConfig
 from ..models.io import read_config
-from .checkpoint import latest_checkpoint, list_checkpoints, resolve_resume
+from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
+from .recipe import AliasBomb, safe_load
 
 MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
 AUTO_SUFFIX = r"-\d{8}-\d{6}(-\d+)?"  # what choose_run_dir appends to the recipe name: -YYYYmmdd-HHMMSS[-N]
-RUN_ENTRIES = {RECIPE_FILE, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard"}
+RUN_ENTRIES = {RECIPE_FILE, START_LOG, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard",
+               LOCK_FILE}
 
 
 def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Path:
@@ -75,6 +82,38 @@ def check_run_dir(run_dir: Path, fresh: bool) -> None:
                               f"{', ...' if len(foreign) > 3 else ''}); choose another --run-dir")
 
 
+def lock_run_dir(run_dir: Path, stack: contextlib.ExitStack) -> tuple[list[Path], bool]:
+    """Make `run_dir` and take its lock into `stack` (held until the stack closes, at the end of the run):
+    a second `pretrain` on the same folder is refused in one line (`files.folder_lock`). Returns the
+    folders this process made, deepest first (a failed start removes them again), and whether it made
+    the lock file (a refused start into a user's folder removes it, leaving the folder as it was)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        check_run_dir(run_dir, fresh=True)  # names the file in the way
+    made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    created = not (run_dir / LOCK_FILE).exists()
+    try:
+        stack.enter_context(folder_lock(run_dir))
+    except CheckpointError:  # another process holds it: nothing here is this process's to remove
+        raise
+    except OSError:  # no lock file could be made (a full disk): what this process made goes again
+        if made:
+            shutil.rmtree(made[0], ignore_errors=True)
+        for parent in made[1:]:  # e.g. runs/, when this process made it: only while empty
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+        raise
+    return made, created
+
+
+def disk_full_during_run(exc: OSError, run_dir: Path, checkpoint: Path | None) -> Exception:
+    """The one line for a disk that filled during training: the path, and the checkpoint that is intact."""
+    kept = (f"the last complete checkpoint {checkpoint} is intact (continue with --resume auto --run-dir "
+            f"{run_dir} once there is space)" if checkpoint else
+            "no checkpoint was complete yet; what was written before is intact")
+    return disk_full(exc, kept)
+
+
 def find_resume(run_dir: Path, resume: str | None) -> Path | None:
     """The checkpoint to resume from, None for a fresh start.
 
@@ -82,6 +121,8 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
     start into a folder that holds checkpoints; resuming into a folder that holds checkpoints of another
     run, or later checkpoints of this one (resuming step-10 of a run that reached step-20 would replace
     step-20). Branching from an older step goes to a new --run-dir."""
+    if resume is not None and not resume.strip():
+        raise CheckpointError("--resume '': empty, expected auto, a run folder or one of its checkpoints/step-<N>/")
     if resume == "auto":
         return latest_checkpoint(run_dir)
     if not resume:
@@ -146,11 +187,11 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
     is the one to keep."""
     step, changes = None, []
     if resumed_from is not None:
-        step = int(read_config(resumed_from).get("step", 0))
+        step = checkpoint_step(resumed_from, read_config(resumed_from))
         previous = _previous_recipe(run_dir, resumed_from)
         if previous is not None:
             kept = previous.read_bytes()  # copied byte for byte below
-            earlier = yaml.safe_load(kept.decode("utf-8")) or {}
+            earlier = _read_run_recipe(previous, kept)
             if isinstance(earlier.get("tokenizer"), dict):  # the run keeps its tokenizer (check_tokenizer_kept)
                 recipe = dataclasses.replace(recipe, tokenizer=type(recipe.tokenizer)(**earlier["tokenizer"]))
             changes = recipe_changes(earlier, recipe.to_dict())
@@ -159,6 +200,55 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
                 write_atomic(before, kept)
     write_atomic(run_dir / RECIPE_FILE, RECIPE_HEADER + recipe.to_yaml())
     return step, changes
+
+
+def _read_run_recipe(path: Path, data: bytes) -> dict:
+    """A run folder's recipe.yaml as a dict, or one CheckpointError line when it is damaged."""
+    try:
+        earlier = safe_load(data.decode("utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError, AliasBomb) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: damaged, not the recipe tfkit pretrain wrote ({reason}); restore it, or "
+                              "resume into a new folder with --run-dir") from None
+    if not isinstance(earlier, dict):
+        raise CheckpointError(f"{path}: damaged, expected a mapping of recipe sections, got {type(earlier).__name__}; "
+                              "restore it, or resume into a new folder with --run-dir")
+    return earlier
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Before a resume writes anything: the files of the run folder it reads and rewrites are readable.
+    recipe.yaml (compared with the new recipe) and metrics.jsonl (cut back to the resumed step) are
+    checked here, so that a damaged one is one line naming it, not a traceback halfway through the setup.
+    A torn last line of metrics.jsonl is what a killed run leaves, and is dropped as before."""
+    recipe = run_dir / RECIPE_FILE
+    if recipe.is_file():
+        _read_run_recipe(recipe, recipe.read_bytes())
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return
+    lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue  # the torn last row of a killed run
+            raise CheckpointError(f"{metrics}:{number}: damaged, not a JSON row; remove the line or resume into "
+                                  "a new folder with --run-dir") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step", 0), int) or isinstance(row.get("step"), bool):
+            raise CheckpointError(f"{metrics}:{number}: damaged, expected a JSON object with an integer 'step', got "
+                                  f"{line[:60]!r}; remove the line or resume into a new folder with --run-dir")
+
+
+def has_validation_row(run_dir: Path, step: int) -> bool:
+    """Whether metrics.jsonl holds the validation row of `step`."""
+    from .metrics import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    return path.is_file() and any(row.get("step") == step and "val_loss" in row for row in read_metrics(path))
 
 
 def _previous_recipe(run_dir: Path, resumed_from: Path) -> Path | None:
@@ -201,3 +291,13 @@ def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
         raise ConfigError(f"{source}: the recipe's model does not match the checkpoint's: " + "; ".join(conflicts)
                           + " (set these keys to the checkpoint's values)")
     return dataclasses.replace(saved, **{k: getattr(wanted, k) for k in MAY_DIFFER}).validate()
+
+
+def append_start_block(run_dir: Path, lines: list[str], step: int) -> None:
+    """Add what this start printed (corpora and how validation was chosen, tokenizer, tokens, epochs,
+    model, device, threads, precision, warnings) to the run folder's start.log, under a header with the
+    time and the step it starts from: the record stays with the run whatever log.progress or the terminal
+    kept. Appended, never rewritten: a resume adds its own block below the first."""
+    header = f"# {time.strftime('%Y-%m-%d %H:%M:%S')}: {'resumed at step ' + str(step) if step else 'started'}"
+    with open(run_dir / START_LOG, "a", encoding="utf-8") as f:
+        f.write("\n".join([header, *lines]) + "\n\n")

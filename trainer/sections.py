@@ -7,16 +7,20 @@ every invalid value of its own keys (checks across sections live on `Recipe`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
-from ..models.config import ModelConfig
+from ..errors import ConfigError
+from ..models.config import ModelConfig, type_problem
 from ..ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
+from ..tokenization.mask_replace import MASK_REPLACE, mask_replace_problem
 from ..tokenization.spec import TokenizerSpec
+from .budget import parse_duration
 
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 FUSED_LOSS = ("auto", "on", "off")
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
@@ -48,9 +52,9 @@ class TokenizerSection(TokenizerSpec):
 @dataclass
 class DataSection:
     train: str | None = "stdlib:docs:train"  # file, glob, folder, .jsonl, stdlib:docs|code; null = the init_from checkpoint's data
-    valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of the training documents
+    valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of data.train (chunks spread through it); a stdlib split that does not match data.train becomes null unless given by --set
     valid_fraction: float = 0.05  # with valid: null, the share of data.train held out for validation
-    text_field: str = "text"  # JSONL field holding the text
+    text_field: str = "text"  # JSON/JSONL key or Parquet/Arrow column holding the text
     source_field: str = "source"  # seq2seq JSONL: field of the source text
     target_field: str = "target"  # seq2seq JSONL: field of the target text
     seq_len: int = 256  # tokens per training sequence (<= model.max_seq_len)
@@ -68,6 +72,9 @@ class ObjectiveSection:
     name: str = "clm"  # mlm (bert) | clm (gpt) | seq2seq (transformer)
     mask_prob: float = 0.15  # mlm: fraction of non-special tokens chosen for prediction
     whole_word_mask: bool = False  # mlm: mask every piece of a chosen word together
+    # mlm: shares of the chosen tokens that become [MASK], a random token, and stay unchanged (BERT's 80/10/10);
+    # three non-negative numbers summing to 1
+    mask_replace: list[float] = field(default_factory=lambda: list(MASK_REPLACE))
     label_smoothing: float = 0.0  # 0.1 in the original Transformer
     # clm / seq2seq output head: on = the chunked head + cross-entropy of trainer/fused_loss.py (no (N, V)
     # logits), off = logits then F.cross_entropy, auto = on for CPUs, off for GPUs (fused_loss.use_fused_loss).
@@ -77,9 +84,14 @@ class ObjectiveSection:
     def __post_init__(self) -> None:
         if isinstance(self.fused_loss, bool):
             self.fused_loss = "on" if self.fused_loss else "off"
+        if isinstance(self.mask_replace, list) and all(type_problem(v, float) is None for v in self.mask_replace):
+            self.mask_replace = [float(v) for v in self.mask_replace]  # YAML's [1, 0, 0] holds ints
 
     def problems(self, prefix: str = "objective") -> list[str]:
         out = float_problems(self, prefix, mask_prob=OPEN_FRACTION, label_smoothing=FRACTION)
+        replace = mask_replace_problem(self.mask_replace, f"{prefix}.mask_replace")
+        if replace:
+            out.append(replace)
         if self.name not in OBJECTIVE_FOR_ARCH.values():
             out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq")
         if self.fused_loss not in FUSED_LOSS:
@@ -89,16 +101,26 @@ class ObjectiveSection:
 
 @dataclass
 class OptimSection:
+    # adamw (every parameter) | muon (the blocks' matrices by Muon, momentum orthogonalised by Newton-Schulz;
+    # embeddings, output head, norms and biases by AdamW with the keys below; trainer/muon.py)
+    name: str = "adamw"
     lr: float = 3e-4  # peak learning rate (the noam schedule scales it as a multiplier)
     weight_decay: float = 0.1  # decoupled (AdamW); never applied to norms, biases, embeddings
     beta1: float = 0.9  # AdamW's first-moment decay
     beta2: float = 0.95  # AdamW's second-moment decay (0.999 in BERT, 0.95 in GPT-3)
     eps: float = 1e-8  # AdamW's denominator floor
     grad_clip: float | None = 1.0  # max global gradient norm; null = no clipping
+    muon_lr: float = 0.02  # muon: peak learning rate of the Muon matrices (the schedule scales it as it scales lr)
+    muon_momentum: float = 0.95  # muon: momentum of the Muon matrices (Nesterov)
+    muon_weight_decay: float = 0.0  # muon: decoupled weight decay of the Muon matrices (lr * wd per step)
 
     def problems(self, prefix: str = "optim") -> list[str]:
-        return float_problems(self, prefix, lr=POSITIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION,
-                              beta2=FRACTION, eps=POSITIVE, grad_clip=POSITIVE)
+        out = float_problems(self, prefix, lr=POSITIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION,
+                             beta2=FRACTION, eps=POSITIVE, grad_clip=POSITIVE, muon_lr=POSITIVE,
+                             muon_momentum=FRACTION, muon_weight_decay=NON_NEGATIVE)
+        if self.name not in OPTIMIZERS:
+            out.append(f"{prefix}.name: got {self.name!r}, expected one of {', '.join(OPTIMIZERS)}")
+        return out
 
 
 @dataclass
@@ -121,7 +143,10 @@ class ScheduleSection:
 
 @dataclass
 class TrainSection:
-    max_steps: int = 1000  # optimizer steps
+    max_steps: int = 1000  # optimizer steps (with max_time: the most the run may take)
+    # a time budget such as 90s, 3m or 1h30m: the run ends, last checkpoint and validation written, when it is
+    # spent, its schedule decaying over the steps that fit (trainer/budget.py); null = max_steps decides
+    max_time: str | int | float | None = None
     batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
     grad_accum: int = 1  # micro-batches per optimizer step
     seed: int = 1337  # initial weights, batch order, masks and dropout: one seed, one run
@@ -136,6 +161,7 @@ class TrainSection:
     threads: int | str = "auto"  # CPU threads for torch: auto = the cores idle right now (within this process's), or N
     max_bad_steps: int = 10  # consecutive NaN/inf steps (skipped) before the run stops
     init_from: str | None = None  # checkpoint or run folder whose weights start this run
+    keep_best: bool = False  # also keep the weights of the best validation loss in <run>/best/ (eval and generate take them)
     distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
 
     def problems(self, prefix: str = "train") -> list[str]:
@@ -155,6 +181,11 @@ class TrainSection:
             out.append(f"{prefix}.device: got {self.device!r}, expected auto, cpu, cuda or cuda:N")
         if self.threads != "auto" and (isinstance(self.threads, str) or not 1 <= self.threads <= 4096):
             out.append(f"{prefix}.threads: got {self.threads!r}, expected auto or a number of threads >= 1")
+        if self.max_time is not None:
+            try:
+                parse_duration(self.max_time, f"{prefix}.max_time")
+            except ConfigError as exc:
+                out.append(str(exc))
         return out
 
 

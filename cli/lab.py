@@ -1,0 +1,76 @@
+"""`tfkit lab list | run CLAIM | report DIR`: a design claim as paired, controlled runs and a verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..progress import console as output_console
+from .options import Overrides
+
+app = typer.Typer(help="Test Transformer design claims: paired runs, controls, held-out scores, verdicts.",
+                  no_args_is_help=True)
+console = output_console()
+
+
+@app.command("list")
+def list_claims() -> None:
+    """List the claims shipped with tfkit (recipes/lab/*.yaml) and what each costs."""
+    from ..lab.spec import bundled_specs, load_spec, summary
+
+    table = Table("claim", "base", "variants", "cost", "description")
+    for name, path in sorted(bundled_specs().items()):
+        spec = load_spec(str(path))
+        minutes = spec.cost.get("cpu_minutes")
+        table.add_row(name, spec.base, str(len(spec.variants)), f"~{minutes} CPU-min" if minutes else "-", summary(path))
+    console.print(table)
+
+
+@app.command("run")
+def run(
+    claim: Annotated[str, typer.Argument(help="A bundled claim (tfkit lab list) or a spec file.")],
+    data: Annotated[Optional[str], typer.Option("--data", help="Training corpus of every run (data.train).")] = None,
+    evals: Annotated[Optional[list[str]], typer.Option("--eval", help="A held-out text to score on (repeatable); "
+                                                       "default: the spec's, else the base recipe's data.valid.")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", help="Paired seeds per variant.")] = 2,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="train.max_steps of every run from scratch.")] = None,
+    overrides: Overrides = None,
+    jobs: Annotated[int, typer.Option("--jobs", help="Trainings run at the same time (processes).")] = 1,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Lab folder; an existing lab of the same claim and "
+                                                "options is continued. Default: labs/CLAIM-TIMESTAMP.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A few steps at a tiny size: checks the lab runs, "
+                                        "not the claim.")] = False,
+) -> None:
+    """Train every variant for every seed, add the controls, score on held-out text, write the verdicts."""
+    from ..lab.engine import prepare, run as run_lab
+    from ..lab.plan import LabOptions
+    from ..lab.report import MARKDOWN, write_report
+    from ..lab.spec import load_spec
+
+    spec = load_spec(claim)
+    options = LabOptions(seeds=seeds, steps=steps, data=data, evals=list(evals or []), sets=list(overrides or []),
+                         jobs=jobs, quick=quick)
+    lab = prepare(spec, options, out)
+    trainings = sum(j.kind != "convert" for j in lab.jobs)
+    cost = f", about {spec.cost['cpu_minutes']} CPU-minutes at full size" if spec.cost.get("cpu_minutes") else ""
+    console.print(f"lab {spec.claim}: {trainings} trainings and {len(lab.jobs) - trainings} conversions over "
+                  f"{len(lab.seeds)} seed(s){cost}; folder {lab.folder}", highlight=False, markup=False)
+    results = write_report(lab.folder, run_lab(lab), spec)
+    _show(lab.folder, results, MARKDOWN)
+
+
+@app.command("report")
+def report(folder: Annotated[Path, typer.Argument(help="A lab folder (holding results.json).")]) -> None:
+    """Rebuild results.md, the verdicts and the plots of a lab folder from its results.json."""
+    from ..lab.report import MARKDOWN, report_folder
+
+    _show(folder, report_folder(folder), MARKDOWN)
+
+
+def _show(folder: Path, results: dict, markdown: str) -> None:
+    console.print((folder / markdown).read_text(encoding="utf-8"), highlight=False, markup=False)
+    written = ", ".join(str(folder / name) for name in ["results.json", markdown, *results.get("plots", [])])
+    console.print(f"wrote {written}", highlight=False, markup=False)

@@ -1,0 +1,354 @@
+"""The lab engine: one spec, many runs, one folder of results.
+
+What the hand-made comparisons needed and this does every time:
+- one tokenizer per distinct tokenizer setting, trained once (`tokenizers/`), and one token cache
+  (`data/`) shared by every run and every evaluation, so variants differ only in what the spec changes;
+- paired seeds: seed i of every variant uses the same `train.seed`, hence the same batches
+  (batch k is a pure function of the seed and k) and a difference per seed, not only of means;
+- every checkpoint scored on the same tokens of every eval text (`evaluate` with one fixed seed and the
+  same cache; the data fingerprint of each score proves it);
+- resume: a training whose final checkpoint exists, a conversion that was published, a score that was
+  written are never redone; an interrupted training continues from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..files import staged_folder, write_atomic
+from ..layout import CHECKPOINTS, CONFIG
+from ..progress import console as output_console, progress_bar
+from ..trainer.recipe import Recipe, load_recipe
+from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
+from .spec import LabSpec
+from .scoring import eval_label, read_curves, score_job
+from . import probes as measure
+
+LAB_FILE = "lab.json"
+SPEC_COPY = "spec.yaml"
+RESULTS = "results.json"
+
+
+@dataclass
+class Lab:
+    spec: LabSpec
+    options: LabOptions
+    folder: Path
+    jobs: list[Job]
+    recipes: dict[str, Recipe]  # job key -> recipe, for trainings
+    evals: dict[str, str]  # label -> corpus spec
+    seeds: list[int]
+
+
+def default_folder(claim: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("labs") / f"{claim}-{stamp}"
+
+
+def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
+    """Check everything (spec, every recipe, the options, the folder) before any compute; one error."""
+    if options.seeds < 1:
+        raise ConfigError(f"--seeds: got {options.seeds}, expected a positive integer")
+    if options.jobs < 1:
+        raise ConfigError(f"--jobs: got {options.jobs}, expected a positive integer")
+    try:
+        base = load_recipe(spec.base_path(), base_overrides(spec, options))
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.path}: base {spec.base}: {exc}") from None
+    seeds = seed_values(base.train.seed, options.seeds)
+    jobs = plan_jobs(spec, seeds)
+    recipes = resolve_recipes(spec, options, jobs)
+    texts = options.evals or spec.eval or ([base.data.valid] if base.data.valid else [])
+    if not texts:
+        raise ConfigError(f"{spec.path}: no held-out text to score on: pass --eval FILE (data.valid is null)")
+    evals: dict[str, str] = {}
+    for text in texts:
+        label, n = eval_label(text), 2
+        while label in evals:
+            label, n = f"{eval_label(text)}-{n}", n + 1
+        evals[label] = text
+    for factor in spec.probes.get("lengths") or []:
+        for key, recipe in recipes.items():
+            if factor * recipe.data.seq_len > recipe.model.max_seq_len:
+                raise ConfigError(f"{spec.path}: probes.lengths: {factor}x data.seq_len={recipe.data.seq_len} exceeds "
+                                  f"model.max_seq_len={recipe.model.max_seq_len} of {key}; raise model.max_seq_len")
+    _check_conversions(spec, recipes, jobs)
+    folder = Path(out) if out else default_folder(spec.claim)
+    _claim_folder(folder, spec, options)
+    return Lab(spec, options, folder, jobs, recipes, evals, seeds)
+
+
+def _check_conversions(spec: LabSpec, recipes: dict[str, Recipe], jobs: list[Job]) -> None:
+    """A head count the source model cannot be regrouped into fails now, not after its training."""
+    from ..models.convert import check_regrouping
+
+    for job in (j for j in jobs if j.kind == "convert"):
+        source = recipes[f"{job.source}/seed-{job.seed}"]
+        try:
+            check_regrouping(source.model.config(), job.kv_heads, job.method)
+        except ConfigError as exc:
+            raise ConfigError(f"{spec.path}: convert.kv_heads: {exc}") from None
+
+
+def _claim_folder(folder: Path, spec: LabSpec, options: LabOptions) -> None:
+    """A new folder, or a lab of the same claim and options (which is then continued, never mixed)."""
+    record = {"claim": spec.claim, "options": options.to_dict()}
+    marker = folder / LAB_FILE
+    if marker.is_file():
+        found = json.loads(marker.read_text(encoding="utf-8"))
+        if found != record:
+            raise ConfigError(f"{folder}: holds a lab of {found.get('claim')!r} with options {found.get('options')}, "
+                              f"not {record['options']}; continue it with the same options or choose another --out")
+        return
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ConfigError(f"--out {folder}: exists and is not a lab folder (no {LAB_FILE}); choose another --out")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / SPEC_COPY, spec.path.read_text(encoding="utf-8"))
+    write_atomic(marker, json.dumps(record, indent=2) + "\n")
+
+
+def _tokenizer_key(recipe: Recipe) -> str:
+    t = recipe.tokenizer
+    material = json.dumps([{k: v for k, v in vars(t).items() if k != "path"}, recipe.data.train,
+                           recipe.data.text_field], sort_keys=True, default=str)
+    return f"{t.kind}-{t.vocab_size}-{hashlib.sha256(material.encode()).hexdigest()[:8]}"
+
+
+def _log(lab: Lab, name: str) -> Path:
+    path = lab.folder / "logs" / f"{name.replace('/', '_')}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def share_data(lab: Lab) -> None:
+    """Train each distinct tokenizer once and point every recipe at it and at the lab's token cache; set
+    what every run of a lab shares (its seed, quiet logs, no sample, one kept checkpoint)."""
+    from ..tokenization.shards import prepare_tokens
+    from ..tokenization.train import load_tokenizer
+    from ..trainer.data import is_pair_data, prepare_tokenizer
+
+    shared: set[tuple[str, str]] = set()
+    for key, recipe in lab.recipes.items():
+        job_seed = int(key.rsplit("seed-", 1)[1])
+        recipe.log.progress = recipe.log.tensorboard = recipe.log.plot = False
+        recipe.data.cache_dir = str(lab.folder / "data")
+        if not recipe.tokenizer.path and not recipe.train.init_from:
+            folder = lab.folder / "tokenizers" / _tokenizer_key(recipe)
+            if not (folder / "tokenizer.json").is_file():
+                with open(_log(lab, f"tokenizer-{folder.name}"), "a", encoding="utf-8") as log, \
+                        contextlib.redirect_stdout(log), staged_folder(folder) as tmp:
+                    prepare_tokenizer(recipe, tmp, None, output_console())
+            recipe.tokenizer.path = str(folder)
+        d = recipe.data
+        for text in (d.train, d.valid):  # tokenized once here, not by each (maybe concurrent) run
+            if text and (recipe.tokenizer.path, text) not in shared and not is_pair_data(text, d.source_field):
+                shared.add((recipe.tokenizer.path, text))
+                prepare_tokens(text, load_tokenizer(recipe.tokenizer.path), d.cache_dir, text_field=d.text_field,
+                               show_progress=False)
+        recipe.train.seed = job_seed
+        recipe.train.keep_last = 1
+        recipe.eval.sample_prompt = None
+        if lab.options.jobs > 1:  # the cores shared between the concurrent trainings
+            recipe.train.threads = max(1, (os.cpu_count() or 1) // lab.options.jobs)
+
+
+def final_checkpoint(run_dir: Path, steps: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{steps}"
+
+
+def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float]:
+    """One training (fresh, or continued from its last checkpoint); its output goes to `log_path`.
+    Returns (the signal that interrupted it or 0, seconds). Module-level: worker processes run it."""
+    from ..trainer.run import pretrain
+
+    started = time.perf_counter()
+    with open(log_path, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        interrupted = pretrain(recipe, run_dir=run_dir, resume="auto").interrupted
+    return interrupted, time.perf_counter() - started
+
+
+class Progress:
+    """One bar over the whole lab (on a terminal) and one plain line per finished unit of work."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.console = total, 0, output_console()
+        self.bar = progress_bar(total=total, unit="job", desc="lab")
+
+    def step(self, what: str, started: float | None) -> None:
+        self.done += 1
+        self.bar.update(1)
+        took = "done before" if started is None else f"{time.perf_counter() - started:.1f} s"
+        self.bar.clear()
+        self.console.print(f"[{self.done:>3}/{self.total}] {what}: {took}", highlight=False, markup=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _train_phase(lab: Lab, jobs: list[Job], progress: Progress, timing: dict) -> None:
+    pending = []
+    for job in jobs:
+        recipe, run_dir = lab.recipes[job.key], lab.folder / job.folder
+        if job.kind == "uptrain":
+            recipe.train.init_from = str(checkpoint_of(lab, _job(lab, job.source, job.seed)))
+        if (final_checkpoint(run_dir, recipe.train.max_steps) / CONFIG).is_file():
+            progress.step(f"{job.kind} {job.key}", None)
+        else:
+            pending.append((job, recipe, run_dir))
+    if lab.options.jobs > 1 and len(pending) > 1:
+        with ProcessPoolExecutor(min(lab.options.jobs, len(pending)), mp_context=get_context("spawn")) as pool:
+            futures = [(job, pool.submit(train_job, recipe, run_dir, _log(lab, job.key)))
+                       for job, recipe, run_dir in pending]
+            for job, future in futures:
+                _finished(job, *future.result(), progress, timing, lab)
+        return
+    for job, recipe, run_dir in pending:
+        _finished(job, *train_job(recipe, run_dir, _log(lab, job.key)), progress, timing, lab)
+
+
+def _finished(job: Job, interrupted: int, seconds: float, progress: Progress, timing: dict, lab: Lab) -> None:
+    if interrupted:
+        progress.close()
+        progress.console.print(f"lab interrupted during {job.key}; continue it with: tfkit lab run "
+                               f"{lab.spec.path} --out {lab.folder} (and the same options)", highlight=False)
+        raise KeyboardInterrupt
+    timing[job.key] = seconds
+    progress.step(f"{job.kind} {job.key}", time.perf_counter() - seconds)
+
+
+def checkpoint_of(lab: Lab, job: Job) -> Path:
+    """The checkpoint a finished job left: the final step of a run, or a converted folder."""
+    if job.kind == "convert":
+        return lab.folder / job.folder
+    return final_checkpoint(lab.folder / job.folder, lab.recipes[job.key].train.max_steps)
+
+
+def _convert(lab: Lab, job: Job, progress: Progress) -> None:
+    from ..models.convert import convert_checkpoint
+
+    out = lab.folder / job.folder
+    if (out / CONFIG).is_file():
+        progress.step(f"convert {job.key}", None)
+        return
+    started = time.perf_counter()
+    convert_checkpoint(checkpoint_of(lab, _job(lab, job.source, job.seed)), out, job.kv_heads, job.method, seed=job.seed)
+    progress.step(f"convert {job.key}", started)
+
+
+def scoring_recipe(lab: Lab, job: Job) -> Recipe:
+    """The recipe whose eval settings score `job`: its own, or (a conversion) its source's."""
+    while job.kind == "convert":
+        job = _job(lab, job.source, job.seed)
+    return lab.recipes[job.key]
+
+
+def run(lab: Lab) -> dict:
+    """Train, convert, score and probe every job of the lab; returns the results (results.json)."""
+    share_data(lab)
+    units = len(lab.jobs) * 2 + probe_units(lab)  # each job is trained or converted, then scored
+    progress, timing = Progress(units), {}
+    try:
+        _train_phase(lab, [j for j in lab.jobs if j.kind == "train"], progress, timing)
+        for job in (j for j in lab.jobs if j.kind == "convert"):
+            _convert(lab, job, progress)
+        _train_phase(lab, [j for j in lab.jobs if j.kind == "uptrain"], progress, timing)
+        rows: dict = {}
+        for job in lab.jobs:
+            started = time.perf_counter()
+            scores, fresh = score_job(lab, job, checkpoint_of(lab, job), scoring_recipe(lab, job))
+            row = rows.setdefault(job.name, {"kind": job.kind, "scores": {}})
+            for label, value in scores.items():
+                row["scores"].setdefault(label, {})[str(job.seed)] = value
+            progress.step(f"score {job.key}", started if fresh else None)
+        probes = run_probes(lab, rows, progress)
+    finally:
+        progress.close()
+    s = lab.spec
+    return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
+            "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
+            "rows": rows, "curves": read_curves(lab), "probes": probes,
+            "timing_s": timing, "cost": s.cost}
+
+
+def probe_units(lab: Lab) -> int:
+    p = lab.spec.probes
+    runs = sum(len((p[key] or {}).get("runs", [lab.spec.reference])) for key in ("flash_equality", "mask_leak")
+               if key in p)
+    return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p)
+
+
+def _job(lab: Lab, name: str, seed: int) -> Job:
+    return next(j for j in lab.jobs if j.name == name and j.seed == seed)
+
+
+def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
+    """The spec's probes (probes.py): attention reliance per seed and eval text (the ablated model is also
+    a row of the table), flash/naive logit equality per seed, activation memory once."""
+    p, out = lab.spec.probes, {}
+    if "attention_reliance" in p:
+        cfg = p["attention_reliance"] or {}
+        name = cfg.get("run", lab.spec.reference)
+        threshold = float(cfg.get("threshold", 0.25))
+        ablated_name = f"{name}-no-attn"
+        values: dict = {}
+        for seed in lab.seeds:
+            started, job = time.perf_counter(), _job(lab, name, seed)
+            folder = lab.folder / "probes" / ablated_name / f"seed-{seed}"
+            measure.ablate_attention(checkpoint_of(lab, job), folder)
+            probe_job = Job(ablated_name, seed, "probe")
+            scores, fresh = score_job(lab, probe_job, folder, scoring_recipe(lab, job))
+            row = rows.setdefault(ablated_name, {"kind": "probe", "scores": {}})
+            for label, value in scores.items():
+                row["scores"].setdefault(label, {})[str(seed)] = value
+                base = rows[name]["scores"][label][str(seed)]["loss"]
+                values.setdefault(label, {})[str(seed)] = value["loss"] - base
+            progress.step(f"probe attention reliance {job.key}", started if fresh else None)
+        out["attention_reliance"] = {"run": name, "threshold": threshold, "values": values}
+    for key, name, measure_fn in (("flash_equality", "flash_max_diff", measure.flash_max_diff),
+                                  ("mask_leak", "mask_leak", measure.mask_leak)):
+        if key not in p:
+            continue
+        values = {}
+        for run in (p[key] or {}).get("runs", [lab.spec.reference]):
+            for seed in lab.seeds:
+                started, job = time.perf_counter(), _job(lab, run, seed)
+                recipe, label = scoring_recipe(lab, job), next(iter(lab.evals))
+                batch = first_batch(lab, checkpoint_of(lab, job), lab.evals[label], recipe)
+                values.setdefault(run, {})[str(seed)] = measure_fn(checkpoint_of(lab, job), batch)
+                progress.step(f"probe {name} {job.key}", started)
+        out[name] = {"values": values}
+    if "memory" in p:
+        cfg = p["memory"] or {}
+        started, job = time.perf_counter(), _job(lab, cfg.get("run", lab.spec.reference), lab.seeds[0])
+        lengths = [64, 128] if lab.options.quick else list(cfg.get("seq_lens", [256, 512, 1024, 2048]))
+        out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
+        progress.step(f"probe activation memory {job.key}", started)
+    return out
+
+
+def first_batch(lab: Lab, checkpoint: Path, text: str, recipe: Recipe) -> dict:
+    """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with."""
+    from ..tokenization.train import load_tokenizer
+    from ..trainer.evaluate import eval_batches
+    from ..models import read_config
+
+    objective = read_config(checkpoint).get("objective", "clm")
+    batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
+                              batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
+                              cache_dir=lab.folder / "data", show_progress=False)
+    return next(iter(batches))
+
+
+def save_results(lab: Lab, results: dict) -> Path:
+    path = lab.folder / RESULTS
+    write_atomic(path, json.dumps(results, indent=2) + "\n")
+    return path

@@ -1,0 +1,160 @@
+"""What a lab runs: the spec's variants and seeds expanded into jobs, and every job's recipe resolved.
+
+Jobs come in dependency order: trainings from scratch (the spec's variants, plus a from-scratch baseline
+for every key/value head count a conversion produces), then conversions of the `convert.from` variant,
+then uptraining of each conversion for a fraction of the original steps together with its control, the
+`convert.from` model trained for the same extra steps (an uptrained GQA model must beat more training of
+the model it came from, not only the conversion it started at). Every recipe is loaded here, before any
+compute is spent, so a bad key in any variant is one error naming the variant."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..trainer.recipe import Recipe, load_recipe
+from .spec import LabSpec
+
+# --quick: the engine, not the science. Tiny model, tokenizer and run; applied after the spec's own `set`,
+# before the variants' overrides (so a variant still differs from the reference in what it is about).
+QUICK = ("model.d_model=32", "model.n_layers=1", "model.n_heads=4", "model.max_seq_len=64", "data.seq_len=32",
+         "tokenizer.vocab_size=320", "tokenizer.max_train_mb=0.1", "train.max_steps=8", "train.batch_size=4",
+         "train.log_every=4", "train.eval_every=4", "train.save_every=8", "schedule.warmup_steps=2",
+         "eval.batches=2", "eval.batch_size=4")
+
+
+@dataclass
+class LabOptions:
+    """What `tfkit lab run` was asked for; stored in the lab folder so a resumed lab runs the same plan."""
+    seeds: int = 2
+    steps: int | None = None  # train.max_steps of every run from scratch
+    data: str | None = None  # data.train of the base recipe
+    evals: list[str] = field(default_factory=list)  # held-out texts; empty = the spec's, else data.valid
+    sets: list[str] = field(default_factory=list)  # --set overrides of the base recipe
+    jobs: int = 1  # trainings run at the same time
+    quick: bool = False
+
+    def to_dict(self) -> dict:
+        return {"seeds": self.seeds, "steps": self.steps, "data": self.data, "evals": self.evals,
+                "sets": self.sets, "quick": self.quick}
+
+
+@dataclass
+class Job:
+    """One run of the lab: a training (`train`, `uptrain`) or a conversion (`convert`) for one seed."""
+    name: str  # the row of the results table
+    seed: int
+    kind: str  # train | convert | uptrain
+    overrides: list[str] = field(default_factory=list)  # the variant's own, on top of the base
+    source: str | None = None  # name of the job whose checkpoint this one starts from
+    kv_heads: int | None = None
+    method: str | None = None
+    fraction: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/seed-{self.seed}"
+
+    @property
+    def folder(self) -> str:
+        """Relative to the lab folder: runs/NAME/seed-S (a run folder) or converted/NAME/seed-S (a checkpoint)."""
+        safe = re.sub(r"[^\w.+%-]", "_", self.name)
+        return f"{'converted' if self.kind == 'convert' else 'runs'}/{safe}/seed-{self.seed}"
+
+
+def conversion_name(kv_heads: int, method: str) -> str:
+    return f"kv{kv_heads}-{method}"
+
+
+def uptrain_suffix(fraction: float) -> str:
+    return f"+up{fraction * 100:g}%"
+
+
+def scratch_names(spec: LabSpec) -> dict[int, str]:
+    """kv_heads -> the from-scratch baseline of that layout: a variant setting exactly that head count, or
+    `scratch-kvK`, which the plan adds."""
+    out = {}
+    for k in (spec.convert or {}).get("kv_heads", []):
+        own = [n for n, o in spec.variants.items() if f"model.n_kv_heads={k}" in o]
+        out[k] = own[0] if own else f"scratch-kv{k}"
+    return out
+
+
+def derived_names(spec: LabSpec) -> list[str]:
+    """Row names the plan adds to the spec's variants: conversions, uptrained models, controls, baselines."""
+    conv = spec.convert or {}
+    names = [n for n in scratch_names(spec).values() if n not in spec.variants]
+    for k in conv.get("kv_heads", []):
+        for m in conv.get("methods", []):
+            names.append(conversion_name(k, m))
+            names += [conversion_name(k, m) + uptrain_suffix(f) for f in (spec.uptrain or {}).get("fractions", [])]
+    names += [f"{conv.get('from')}{uptrain_suffix(f)}" for f in (spec.uptrain or {}).get("fractions", [])]
+    return names
+
+
+def seed_values(base_seed: int, n: int) -> list[int]:
+    return [base_seed + i for i in range(n)]
+
+
+def plan_jobs(spec: LabSpec, seeds: list[int]) -> list[Job]:
+    """Every job of the lab, a job always after the ones it starts from."""
+    conv, up = spec.convert or {}, spec.uptrain or {}
+    trains = [(n, o) for n, o in spec.variants.items()]
+    trains += [(n, [f"model.n_kv_heads={k}"]) for k, n in scratch_names(spec).items() if n not in spec.variants]
+    jobs = [Job(name, s, "train", list(o)) for s in seeds for name, o in trains]
+    for s in seeds:
+        for k in conv.get("kv_heads", []):
+            for m in conv.get("methods", []):
+                jobs.append(Job(conversion_name(k, m), s, "convert", source=conv["from"], kv_heads=k, method=m))
+    for s in seeds:
+        for f in up.get("fractions", []):
+            for k in conv.get("kv_heads", []):
+                for m in conv.get("methods", []):
+                    jobs.append(Job(conversion_name(k, m) + uptrain_suffix(f), s, "uptrain",
+                                    [f"model.n_kv_heads={k}"], source=conversion_name(k, m), kv_heads=k, fraction=f))
+            jobs.append(Job(f"{conv['from']}{uptrain_suffix(f)}", s, "uptrain", [], source=conv["from"], fraction=f))
+    return jobs
+
+
+def base_overrides(spec: LabSpec, options: LabOptions) -> list[str]:
+    """The overrides every recipe of the lab gets, in order: spec, --quick, --data, --steps, --set."""
+    out = list(spec.set)
+    if options.quick:
+        out += [*QUICK, *spec.quick]
+    if options.data:
+        out.append(f"data.train={options.data}")
+    if options.steps:
+        out.append(f"train.max_steps={options.steps}")
+    return out + list(options.sets)
+
+
+def job_recipe(spec: LabSpec, options: LabOptions, job: Job, by_name: dict[str, Job]) -> Recipe:
+    """The recipe of a training job: base, lab overrides, the variant's (a job that starts from another
+    also gets its source's, and uptraining its steps and the spec's uptrain.set)."""
+    chain, extra = [], []
+    if job.kind == "uptrain":
+        source = by_name[job.source]
+        root = by_name[source.source] if source.kind == "convert" else source  # the model trained from scratch
+        steps = load_recipe(spec.base_path(), base_overrides(spec, options) + root.overrides).train.max_steps
+        chain = root.overrides
+        extra = [f"train.max_steps={max(1, round(job.fraction * steps))}", *(spec.uptrain or {}).get("set", [])]
+    return load_recipe(spec.base_path(), base_overrides(spec, options) + chain + job.overrides + extra)
+
+
+def resolve_recipes(spec: LabSpec, options: LabOptions, jobs: list[Job]) -> dict[str, Recipe]:
+    """job key -> recipe for every training job; one ConfigError naming each variant whose recipe fails."""
+    by_name = {j.name: j for j in jobs}
+    recipes, problems = {}, []
+    for job in jobs:
+        if job.kind == "convert":
+            continue
+        try:
+            recipes[job.key] = job_recipe(spec, options, job, by_name)
+        except ConfigError as exc:
+            line = f"variant {job.name}: {exc}"
+            if line not in problems:
+                problems.append(line)
+    if problems:
+        raise ConfigError(f"{spec.path}: " + "; ".join(problems))
+    return recipes

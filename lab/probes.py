@@ -1,0 +1,123 @@
+"""Measurements a loss table alone does not give, each on a finished checkpoint.
+
+- `ablate_attention`: the checkpoint with every attention block's output projection zeroed, so attention
+  adds nothing to the residual stream. Its loss minus the model's is the model's *attention reliance*: when
+  removing attention costs almost nothing, the model barely uses it and a comparison of head layouts
+  (MHA/GQA/MQA) on that text says nothing about attention.
+- `flash_max_diff`: the largest |logit| difference between the fused (SDPA) and the naive attention path
+  on the same weights and tokens: the two must compute the same function.
+- `mask_leak`: the largest change of the logits at the first half of a sequence when the second half is
+  replaced; the causal mask (GPT) or the padding mask (BERT, second half marked as padding) makes it 0.
+- `activation_memory`: the bytes one training step keeps for backward at each sequence length, flash
+  against naive, counted from the tensors autograd saves (unique storages, parameters excluded). The
+  naive path keeps the (B, H, T, T) scores and probabilities, the fused one does not; counting saved
+  tensors measures that on any device, deterministically, without a GPU's allocator statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..files import staged_folder
+from ..layout import CONFIG, TOKENIZER_FILES
+from ..models import build_model, load_model, read_config, save_model
+from ..models.attention import Attention
+from ..models.config import ModelConfig
+
+DROPPED = ("tfkit_version", "model")
+
+
+def ablate_attention(checkpoint: Path, out: Path) -> Path:
+    """Write `checkpoint` with zeroed attention output projections to `out` (published whole); keeps the
+    source's tokenizer and training facts (train_seq_len, objective) so it is scored exactly as the source."""
+    if (out / CONFIG).is_file():
+        return out
+    model, _ = load_model(checkpoint)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, Attention):
+                for param in module.o_proj.parameters():
+                    param.zero_()
+    extra = {k: v for k, v in read_config(checkpoint).items() if k not in DROPPED}
+    extra["ablated"] = "attention output projections zeroed"
+    with staged_folder(out) as tmp:
+        save_model(model, tmp, extra=extra)
+        for name in TOKENIZER_FILES:
+            if (checkpoint / name).is_file():
+                shutil.copy2(checkpoint / name, tmp / name)
+    return out
+
+
+def _logits(model: nn.Module, batch: dict) -> torch.Tensor:
+    return model(batch["input_ids"], token_type_ids=batch["token_type_ids"]) if "token_type_ids" in batch \
+        else model(batch["input_ids"])
+
+
+@torch.no_grad()
+def flash_max_diff(checkpoint: Path, batch: dict) -> float:
+    """max |logits(flash) - logits(naive)| over one batch, the same weights in both models."""
+    model, cfg = load_model(checkpoint)
+    other = build_model(dataclasses.replace(cfg, attention="naive" if cfg.attention == "flash" else "flash"))
+    other.load_state_dict(model.state_dict())
+    other.eval()
+    return float((_logits(model, batch).float() - _logits(other, batch).float()).abs().max())
+
+
+def _saved_bytes(model: nn.Module, ids: torch.Tensor) -> int:
+    """Bytes of the unique tensors autograd saves for backward during one forward + loss of `ids`."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.device.type != "meta":
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = _logits(model, {"input_ids": ids})  # (1, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+    loss.backward()
+    return sum(seen.values())
+
+
+def activation_memory(checkpoint: Path, seq_lens: list[int]) -> dict:
+    """{"seq_lens": [...], "flash": [MiB...], "naive": [MiB...]}: one training step of the checkpoint's
+    architecture (fresh weights; memory does not depend on their values) at batch 1 and each length."""
+    cfg = read_config(checkpoint)["model"]
+    out: dict = {"seq_lens": list(seq_lens)}
+    for impl in ("flash", "naive"):
+        row = []
+        for t in seq_lens:
+            config = ModelConfig.from_dict({**cfg, "attention": impl, "max_seq_len": max(t, cfg["max_seq_len"])})
+            torch.manual_seed(0)
+            model = build_model(config)
+            ids = torch.randint(0, config.vocab_size, (1, t))
+            row.append(_saved_bytes(model, ids) / 2**20)
+        out[impl] = row
+    out["ratio"] = out["naive"][-1] / max(out["flash"][-1], 1e-9)
+    return out
+
+
+@torch.no_grad()
+def mask_leak(checkpoint: Path, batch: dict) -> float:
+    """How much the logits at positions < T/2 change when the tokens from T/2 on are replaced: causal
+    masking (GPT) or padding masking (BERT, those tokens marked as padding) must make it 0."""
+    model, cfg = load_model(checkpoint)
+    ids = batch["input_ids"]  # (B, T)
+    half = ids.shape[1] // 2
+    other = ids.clone()
+    other[:, half:] = torch.randint(0, cfg.vocab_size, other[:, half:].shape, generator=torch.Generator().manual_seed(0))
+    if cfg.arch == "gpt":
+        a, b = model(ids), model(other)
+    else:
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[:, half:] = False
+        a, b = model(ids, attention_mask=keep), model(other, attention_mask=keep)
+    return float((a[:, :half].float() - b[:, :half].float()).abs().max())

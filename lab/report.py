@@ -1,0 +1,120 @@
+"""What a lab leaves behind: results.json, results.md (table, verdicts, warnings, probes) and plots.
+
+`write_report` is pure rendering over the results dict, so `tfkit lab report DIR` rebuilds the same files
+from results.json and the spec copied into the lab folder, e.g. after editing an expectation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..files import write_atomic
+from .spec import LabSpec, load_spec
+from .verdict import judge, reliance_warning, summary
+
+RESULTS, MARKDOWN = "results.json", "results.md"
+UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte"}
+
+
+def _cell(stats: dict | None) -> str:
+    if stats is None:
+        return "-"
+    spread = f" ± {stats['sd']:.3f}" if stats["n"] > 1 else ""
+    return f"{stats['mean']:.3f}{spread}"
+
+
+def _delta(stats: dict | None) -> str:
+    return "-" if stats is None or stats["delta"] is None else f"{stats['delta']:+.3f}"
+
+
+def table(results: dict, stats: dict) -> list[str]:
+    """Markdown rows: variant x eval label, mean ± sd over seeds and the paired delta to the reference."""
+    labels = list(dict.fromkeys(label for row in stats.values() for label in row))
+    head = ["variant", "kind"] + [x for label in labels for x in (label, f"Δ {label}")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for name, row in results["rows"].items():
+        cells = [name + (" (ref)" if name == results["reference"] else ""), row["kind"]]
+        for label in labels:
+            cells += [_cell(stats.get(name, {}).get(label)), _delta(stats.get(name, {}).get(label))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def probe_lines(results: dict) -> list[str]:
+    probes, out = results.get("probes", {}), []
+    if "attention_reliance" in probes:
+        p = probes["attention_reliance"]
+        for label, seeds in p["values"].items():
+            values = ", ".join(f"{v:.3f}" for v in seeds.values())
+            out.append(f"- attention reliance of {p['run']} on {label}: removing attention costs {values} nats "
+                       f"(seeds {', '.join(seeds)}; threshold {p['threshold']:g})")
+    for key, what in (("flash_max_diff", "flash vs naive attention: max |logit difference|"),
+                      ("mask_leak", "mask leak: max |logit change| at positions the mask hides changes from")):
+        for run, seeds in probes.get(key, {}).get("values", {}).items():
+            out.append(f"- {what}, {run}: " + ", ".join(f"{v:.2e}" for v in seeds.values()))
+    if "memory" in probes:
+        m = probes["memory"]
+        out.append(f"- activation memory of one training step (batch 1), {m['run']}: naive / flash = "
+                   f"{m['ratio']:.1f}x at T={m['seq_lens'][-1]}")
+        out += ["", "| T | flash MiB | naive MiB |", "| --- | --- | --- |"]
+        out += [f"| {t} | {f:.1f} | {n:.1f} |" for t, f, n in zip(m["seq_lens"], m["flash"], m["naive"])]
+    return out
+
+
+def render(results: dict) -> str:
+    r = results
+    seeds = ", ".join(map(str, r["seeds"]))
+    lines = [f"# tfkit lab: {r['claim']}", ""]
+    if r.get("title"):
+        lines += [r["title"] + (f" ({r['source']})" if r.get("source") else ""), ""]
+    lines += [f"{r['metric']} ({UNITS[r['metric']]}, lower is better) on "
+              + ", ".join(f"{k} = `{v}`" for k, v in r["evals"].items())
+              + f"; {len(r['seeds'])} paired seed(s) ({seeds}); mean ± sd over seeds; Δ = paired difference "
+              f"to the reference {r['reference']}.", ""]
+    lines += table(r, r["summary"]) + ["", "## Verdicts", ""]
+    lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
+    if r["warnings"]:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
+    probes = probe_lines(r)
+    if probes:
+        lines += ["", "## Probes", ""] + probes
+    if r.get("timing_s"):
+        total = sum(r["timing_s"].values())
+        lines += ["", f"Training wall time: {total / 60:.1f} min over {len(r['timing_s'])} run(s) this session."]
+    return "\n".join(lines) + "\n"
+
+
+def complete(results: dict, spec: LabSpec) -> dict:
+    """results + summary, verdicts and warnings computed from the spec's expectations."""
+    results = dict(results)
+    results["summary"] = summary(results)
+    verdicts = [judge(exp, results) for exp in spec.expect]
+    results["verdicts"] = [v.to_dict() for v in verdicts]
+    warnings = [reliance_warning(results, label) for label in results["evals"]]
+    results["warnings"] = [w for w in warnings if w]
+    return results
+
+
+def write_report(folder: Path, results: dict, spec: LabSpec) -> dict:
+    """results.json and results.md (atomically) and the plots when matplotlib is installed."""
+    results = complete(results, spec)
+    write_atomic(folder / RESULTS, json.dumps(results, indent=2) + "\n")
+    write_atomic(folder / MARKDOWN, render(results))
+    from .plots import write_plots
+
+    results["plots"] = write_plots(folder, results)
+    return results
+
+
+def report_folder(folder: Path) -> dict:
+    """Rebuild a lab folder's report from its results.json and spec copy (`tfkit lab report DIR`)."""
+    path, spec_copy = folder / RESULTS, folder / "spec.yaml"
+    if not path.is_file() or not spec_copy.is_file():
+        raise ConfigError(f"{folder}: not a finished lab folder (expected {RESULTS} and spec.yaml); "
+                          "run `tfkit lab run CLAIM --out DIR` first")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return write_report(folder, results, load_spec(str(spec_copy)))

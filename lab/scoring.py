@@ -1,0 +1,77 @@
+"""Scores of the lab's checkpoints: every checkpoint on the same tokens of every eval text, cached.
+
+`evaluate` (trainer/evaluate.py) is run with one fixed seed, the lab's token cache and the eval batch
+settings of the recipe that trained the checkpoint, so two checkpoints with the same tokenizer are
+scored on identical batches (the `data_fingerprint` of each score says so). Each checkpoint's scores go
+to scores/NAME-seed-S.json as soon as they exist: a resumed lab scores only what is missing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..files import write_atomic
+from ..trainer.recipe import Recipe
+
+if TYPE_CHECKING:
+    from .engine import Lab
+    from .plan import Job
+
+KEPT = ("loss", "bits_per_byte", "token_accuracy", "tokens", "seq_len", "data_fingerprint", "params")
+
+
+def eval_label(text: str) -> str:
+    """A short column name for an eval text: `stdlib:docs:valid` -> docs-valid, a file -> its stem."""
+    if text.startswith("stdlib:"):
+        return "-".join(text.split(":")[1:])
+    return Path(text).stem or text
+
+
+def labels(lab: Lab) -> dict[str, tuple[str, int]]:
+    """label -> (eval text, length factor): each eval text, and with the lengths probe each text scored
+    at `factor` times the training length (`docs-valid@2x`)."""
+    out = {label: (text, 1) for label, text in lab.evals.items()}
+    for factor in lab.spec.probes.get("lengths") or []:
+        out.update({f"{label}@{factor}x": (text, factor) for label, text in lab.evals.items()})
+    return out
+
+
+def scores_file(lab: Lab, job: Job) -> Path:
+    safe = re.sub(r"[^\w.+%-]", "_", job.name)
+    return lab.folder / "scores" / f"{safe}-seed-{job.seed}.json"
+
+
+def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, cache_dir: Path) -> dict:
+    from ..trainer.evaluate import evaluate
+
+    result = evaluate(checkpoint, text, batch_size=recipe.eval.batch_size or recipe.train.batch_size,
+                      max_batches=recipe.eval.batches, seq_len=recipe.data.seq_len * factor, seed=0,
+                      cache_dir=cache_dir, show_progress=False)
+    return {k: result[k] for k in KEPT}
+
+
+def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dict, bool]:
+    """({label: metrics}, whether anything was computed now) for one checkpoint."""
+    path = scores_file(lab, job)
+    have = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    missing = {k: v for k, v in labels(lab).items() if k not in have}
+    for label, (text, factor) in missing.items():
+        have[label] = score_checkpoint(checkpoint, text, recipe, factor, lab.folder / "data")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(have, indent=2) + "\n")
+    return have, bool(missing)
+
+
+def read_curves(lab: Lab) -> dict:
+    """{name: {seed: [[step, val_loss], ...]}} of every training's metrics.jsonl."""
+    from ..trainer.metrics import read_metrics
+
+    out: dict = {}
+    for job in lab.jobs:
+        path = lab.folder / job.folder / "metrics.jsonl"
+        if job.kind != "convert" and path.is_file():
+            rows = [[r["step"], r["val_loss"]] for r in read_metrics(path) if "val_loss" in r]
+            out.setdefault(job.name, {})[str(job.seed)] = rows
+    return out

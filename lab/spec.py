@@ -1,0 +1,271 @@
+"""A lab spec: one claim about a Transformer design choice, as YAML, checked before any compute is spent.
+
+Loading is strict in the way recipes are (trainer/recipe.py): unknown keys get a suggestion, every
+problem in the file is collected and reported at once as one ConfigError naming the file and the key.
+Whether each variant's recipe is valid is checked by the planner (`plan.resolve_recipes`), which loads
+every recipe the lab would train before the first step."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "variants", "convert",
+            "uptrain", "probes", "expect", "cost", "quick")
+METRICS = ("loss", "bits_per_byte")
+METHODS = ("mean", "first", "random")
+PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory")
+PROBE_NAMES = ("attention_reliance", "flash_max_diff", "mask_leak", "memory_ratio")  # what `expect: probe:` may name
+DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
+
+
+@dataclass
+class Expectation:
+    """One ordering the literature predicts. Exactly one form is set:
+    better/than (A's metric lower than B's), same (A and B within `tol`), probe (a probe value of `run`
+    below or above a threshold)."""
+    source: str
+    better: str | None = None
+    than: str | None = None
+    same: tuple[str, str] | None = None
+    tol: float = DEFAULT_MARGIN
+    probe: str | None = None
+    run: str | None = None
+    below: float | None = None
+    above: float | None = None
+    on: str | None = None  # eval label; None = the first eval set
+    margin: float = DEFAULT_MARGIN
+
+    def describe(self) -> str:
+        if self.better:
+            return f"{self.better} < {self.than}"
+        if self.same:
+            return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
+        bound = f"< {self.below:g}" if self.below is not None else f"> {self.above:g}"
+        return f"{self.probe} of {self.run} {bound}"
+
+
+@dataclass
+class LabSpec:
+    claim: str
+    path: Path
+    base: str
+    title: str = ""
+    source: str = ""
+    set: list[str] = field(default_factory=list)
+    reference: str = ""
+    metric: str = "loss"
+    eval: list[str] = field(default_factory=list)  # empty = the base recipe's data.valid
+    variants: dict[str, list[str]] = field(default_factory=dict)
+    convert: dict[str, Any] | None = None  # {from, kv_heads: [..], methods: [..]}
+    uptrain: dict[str, Any] | None = None  # {fractions: [..], set: [..]}
+    probes: dict[str, Any] = field(default_factory=dict)
+    expect: list[Expectation] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)
+    quick: list[str] = field(default_factory=list)
+
+    def base_path(self) -> str:
+        """The base recipe: a bundled name, or a path relative to the spec file."""
+        candidate = self.path.parent / self.base
+        return str(candidate) if candidate.is_file() else self.base
+
+
+def bundled_specs() -> dict[str, Path]:
+    """Claim name -> path of every spec shipped in the package (recipes/lab/*.yaml)."""
+    folder = resources.files("tfkit.recipes") / "lab"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def find_spec(name_or_path: str) -> Path:
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    bundled = bundled_specs()
+    if name_or_path in bundled:
+        return bundled[name_or_path]
+    close = difflib.get_close_matches(name_or_path, list(bundled), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"lab claim {name_or_path!r}: no such spec file and no bundled claim of that name{hint} "
+                      f"(bundled: {', '.join(sorted(bundled))})")
+
+
+def summary(path: Path) -> str:
+    """The first comment line of a spec file: its one-line description."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def load_spec(name_or_path: str) -> LabSpec:
+    """Read and check a spec; one ConfigError lists every problem, prefixed by the file."""
+    path = find_spec(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(f"{path}{f' line {mark.line + 1}' if mark else ''}: not valid YAML") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}")
+    problems: list[str] = []
+    spec = _build(raw, path, problems)
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    return spec
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _strings(value: Any, key: str, problems: list[str]) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{key}: expected a list of strings, got {value!r}")
+        return []
+    return value
+
+
+def _numbers(value: Any, key: str, problems: list[str], kind: type = float) -> list:
+    ok = isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                    and (kind is float or isinstance(v, int)) and v > 0 for v in value)
+    if not ok:
+        what = "positive integers" if kind is int else "positive numbers"
+        problems.append(f"{key}: expected a non-empty list of {what}, got {value!r}")
+        return []
+    return list(value)
+
+
+def _mapping(value: Any, key: str, allowed: tuple[str, ...], problems: list[str]) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{key}: expected a mapping, got {type(value).__name__}")
+        return {}
+    for name in value:
+        if name not in allowed:
+            problems.append(f"{key}.{name}: unknown key{_suggest(name, allowed)} (expected {', '.join(allowed)})")
+    return value
+
+
+def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
+    for key in raw:
+        if key not in TOP_KEYS:
+            problems.append(f"{key}: unknown key{_suggest(key, TOP_KEYS)}")
+    base = raw.get("base")
+    if not isinstance(base, str) or not base:
+        problems.append(f"base: expected a recipe name or path, got {base!r}")
+    variants_raw = raw.get("variants")
+    variants: dict[str, list[str]] = {}
+    if not isinstance(variants_raw, dict) or not variants_raw:
+        problems.append("variants: expected a mapping of name -> list of SECTION.KEY=VALUE overrides")
+    else:
+        for name, items in variants_raw.items():
+            variants[str(name)] = _strings(items, f"variants.{name}", problems)
+    spec = LabSpec(claim=str(raw.get("claim") or path.stem), path=path, base=base if isinstance(base, str) else "",
+                   title=str(raw.get("title") or ""), source=str(raw.get("source") or ""),
+                   set=_strings(raw.get("set"), "set", problems), variants=variants,
+                   eval=_strings(raw.get("eval"), "eval", problems), quick=_strings(raw.get("quick"), "quick", problems))
+    spec.reference = str(raw.get("reference") or next(iter(variants), ""))
+    spec.metric = str(raw.get("metric", "loss"))
+    if spec.metric not in METRICS:
+        problems.append(f"metric: got {spec.metric!r}, expected one of {', '.join(METRICS)}")
+    spec.cost = _mapping(raw.get("cost"), "cost", ("cpu_minutes", "runs", "note"), problems)
+    names = set(variants)
+    if raw.get("convert") is not None:
+        conv = _mapping(raw["convert"], "convert", ("from", "kv_heads", "methods"), problems)
+        if conv.get("from") not in variants:
+            problems.append(f"convert.from: got {conv.get('from')!r}, expected one of the variants "
+                            f"({', '.join(variants)})")
+        methods = _strings(conv.get("methods", ["mean"]), "convert.methods", problems)
+        for m in methods:
+            if m not in METHODS:
+                problems.append(f"convert.methods: got {m!r}, expected one of {', '.join(METHODS)}")
+        spec.convert = {"from": conv.get("from"), "methods": methods,
+                        "kv_heads": _numbers(conv.get("kv_heads"), "convert.kv_heads", problems, int)}
+    if raw.get("uptrain") is not None:
+        up = _mapping(raw["uptrain"], "uptrain", ("fractions", "set"), problems)
+        if spec.convert is None:
+            problems.append("uptrain: needs a convert step (uptraining continues the converted checkpoints)")
+        fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
+        spec.uptrain = {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
+    spec.probes = _mapping(raw.get("probes"), "probes", PROBES, problems)
+    from .plan import derived_names  # the names conversions, uptraining and controls add
+
+    names |= set(derived_names(spec))
+    if spec.reference not in names:
+        problems.append(f"reference: got {spec.reference!r}, expected one of {', '.join(sorted(names))}")
+    for key, probe in spec.probes.items():
+        if key == "lengths":
+            _numbers(probe, "probes.lengths", problems, int)
+            continue
+        if probe is not None and not isinstance(probe, dict):
+            problems.append(f"probes.{key}: expected a mapping of settings, got {probe!r}")
+            continue
+        runs = [(probe or {}).get("run")] + list((probe or {}).get("runs") or [])
+        for run in runs:
+            if run is not None and run not in names:
+                problems.append(f"probes.{key}: run {run!r} is none of {', '.join(sorted(names))}")
+    expect = raw.get("expect") or []
+    if not isinstance(expect, list):
+        problems.append("expect: expected a list of expectations")
+        expect = []
+    for i, item in enumerate(expect):
+        spec.expect.extend(_expectation(item, f"expect[{i}]", names, problems))
+    return spec
+
+
+EXPECT_KEYS = ("better", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")
+
+
+def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
+    item = _mapping(item, key, EXPECT_KEYS, problems)
+    if not item:
+        problems.append(f"{key}: expected a mapping with better/than, same or probe, and source")
+        return []
+    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
+    forms = [f for f in ("better", "same", "probe") if f in item]
+    if len(forms) != 1:
+        problems.append(f"{key}: expected exactly one of better (with than), same or probe, got {forms or 'none'}")
+        return []
+    if not exp.source:
+        problems.append(f"{key}.source: every expectation names its source (paper, section)")
+    for name in ("tol", "margin", "below", "above"):
+        if name in item and (isinstance(item[name], bool) or not isinstance(item[name], (int, float))):
+            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number")
+            return []
+    exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
+    referenced = []
+    if forms == ["better"]:
+        exp.better, exp.than = item.get("better"), item.get("than")
+        referenced = [("better", exp.better), ("than", exp.than)]
+    elif forms == ["same"]:
+        pair = item["same"]
+        if not (isinstance(pair, list) and len(pair) == 2):
+            problems.append(f"{key}.same: expected a list of two variant names, got {pair!r}")
+            return []
+        exp.same = (pair[0], pair[1])
+        referenced = [("same", pair[0]), ("same", pair[1])]
+    else:
+        exp.probe, exp.run = item.get("probe"), item.get("run")
+        exp.below, exp.above = item.get("below"), item.get("above")
+        if exp.probe not in PROBE_NAMES:
+            problems.append(f"{key}.probe: got {exp.probe!r}, expected one of {', '.join(PROBE_NAMES)}")
+        if (exp.below is None) == (exp.above is None):
+            problems.append(f"{key}: a probe expectation needs exactly one of below or above")
+        referenced = [("run", exp.run)]
+    for field_name, name in referenced:
+        if name not in names:
+            problems.append(f"{key}.{field_name}: got {name!r}, expected one of {', '.join(sorted(names))}")
+    return [exp]

@@ -1,0 +1,101 @@
+"""Processes that are killed or run side by side (subprocesses, so marked slow): SIGKILL at random points
+of a run, then `--resume auto` ends bit-exactly where the uninterrupted run ended; SIGINT and SIGTERM
+save, exit 130 and 143; two `pretrain` on one run folder: one trains, the other is refused in one line."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from fault_helpers import environment
+from safetensors.torch import load_file
+
+from tfkit.trainer import checkpoint as ckpt
+from tfkit.trainer.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def _start(recipe, run, *extra):
+    return subprocess.Popen([sys.executable, "-m", "tfkit", "pretrain", str(recipe), "--run-dir", str(run), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment())
+
+
+def _wait_for(proc, text: str, timeout: float = 120) -> list[str]:
+    """Read the process's output until a line holds `text` (or it ends)."""
+    seen, deadline = [], time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line or time.monotonic() > deadline:
+            break
+    return seen
+
+
+def _same_as_reference(run, reference) -> None:
+    ours = load_file(str(run / "checkpoints" / "step-4" / "model.safetensors"))
+    theirs = load_file(str(reference / "checkpoints" / "step-4" / "model.safetensors"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    rows = lambda folder: {(r["step"], k): r[k] for r in read_metrics(folder / "metrics.jsonl")  # noqa: E731
+                           for k in ("loss", "val_loss") if k in r}
+    assert rows(run) == rows(reference)
+
+
+KILL_POINTS = random.Random(20).sample([i / 10 for i in range(10)], 3)  # fractions of the training time
+
+
+@pytest.mark.parametrize("fraction", KILL_POINTS, ids=[f"sigkill-at-{f:.1f}" for f in KILL_POINTS])
+def test_sigkill_at_a_random_point_then_resume_is_bit_exact(fraction, tiny_run, tmp_path):
+    from fault_helpers import cli
+
+    recipe, reference = tiny_run
+    run = tmp_path / "run"
+    proc = _start(recipe, run, "--set", "train.max_steps=4")
+    _wait_for(proc, "run folder")  # training starts: the setup is done
+    time.sleep(fraction * 1.5)
+    proc.kill()
+    proc.wait()
+    for _, folder in ckpt.list_checkpoints(run):  # every complete checkpoint loads
+        ckpt.load_trainer_state(folder)
+    args = ["pretrain", recipe, "--run-dir", run] + (["--resume", "auto"] if (run / "recipe.yaml").exists() else [])
+    result = cli(args)
+    assert result.exit_code == 0, result.output
+    _same_as_reference(run, reference)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_a_signal_saves_exits_with_its_code_and_the_run_resumes_exactly(sig, code, tiny_run, tmp_path):
+    from fault_helpers import cli
+
+    recipe, reference = tiny_run
+    run = tmp_path / "run"
+    proc = _start(recipe, run, "--set", "train.max_steps=4")
+    _wait_for(proc, "step 1/4")
+    proc.send_signal(sig)
+    proc.communicate(timeout=120)
+    assert proc.returncode == code
+    assert ckpt.latest_checkpoint(run) is not None
+    assert cli(["pretrain", recipe, "--run-dir", run, "--resume", "auto"]).exit_code == 0
+    _same_as_reference(run, reference)
+
+
+def test_two_pretrain_processes_on_one_run_folder(tiny_run, tmp_path):
+    recipe, _ = tiny_run
+    run = tmp_path / "run"
+    first = _start(recipe, run, "--set", "train.max_steps=100000", "--set", "train.save_every=50")
+    _wait_for(first, "run folder")
+    second = _start(recipe, run, "--resume", "auto", "--set", "train.max_steps=100000")
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 2, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and "in use by another tfkit process" in lines[0] and str(run) in lines[0], out
+    assert first.poll() is None, "the first run did not hold the folder while the second was refused"
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert first.returncode == 143
+    step = ckpt.latest_checkpoint(run)
+    assert step is not None and ckpt.load_trainer_state(step)["state"]["step"] > 0

@@ -1,0 +1,29 @@
+"""Every shipped lab spec runs end to end in its --quick form: the engine (training, conversion, uptraining,
+controls, scoring, probes, report), not the science. One in-process CLI run per spec, tiny sizes."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tfkit.cli.main import app
+from tfkit.lab.spec import bundled_specs, load_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("claim", sorted(bundled_specs()))
+def test_every_shipped_spec_runs_quick(claim, tmp_path):
+    out = tmp_path / claim
+    result = CliRunner().invoke(app, ["lab", "run", claim, "--quick", "--seeds", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    spec = load_spec(claim)
+    assert set(spec.variants) <= set(results["rows"])
+    for name, row in results["rows"].items():  # every row scored on every eval text, with a finite loss
+        for label in results["evals"]:
+            assert 0 < row["scores"][label]["1337"]["loss"] < 20, (name, label)
+    assert len(results["verdicts"]) == len(spec.expect)
+    assert all(v["status"] != "missing" for v in results["verdicts"]), results["verdicts"]
+    markdown = (out / "results.md").read_text()
+    assert f"# tfkit lab: {claim}" in markdown and "## Verdicts" in markdown

@@ -1,0 +1,86 @@
+"""`train.max_time`: train for the minutes a user gives, not for a step count guessed in advance.
+
+A user with three minutes wants the best model three minutes can make, and a fixed `max_steps` is a guess
+about this machine's speed: too many and the run is cut before its learning rate decays, too few and the
+time is wasted. So the budget sets the *horizon*: the step the run ends at, re-estimated after every
+window of updates from the time the updates so far took (periodic validations and checkpoints included,
+at their share), minus what the end of the run needs (the final validation and checkpoint, as long as
+the last ones took). The schedule decays over that horizon, so the learning rate reaches its floor when
+the time is up and the last checkpoint is written inside the budget. `train.max_steps` stays a cap.
+
+Time-limited runs are not reproducible step for step (the horizon depends on the machine), which is why
+the budget is opt-in; the steps that fit are recorded in the run report and metrics.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from ..errors import ConfigError
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s)")
+MARGIN = 0.02  # of the budget, kept free for what the estimate cannot see (the report, closing files)
+FIRST_WINDOW = 3  # updates timed before the first estimate of the pace
+WINDOW_SHARE = 0.05  # a window of updates lasts at most about this share of the budget
+
+
+def parse_duration(value: str | int | float, key: str = "train.max_time") -> float:
+    """Seconds in `90`, `90s`, `3m`, `1h30m` or `1.5h`; a clear error naming `key` otherwise."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: got {value!r}, expected a duration such as 90s, 3m or 1h30m")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        parts = _PART.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ConfigError(f"{key}: got {value!r}, expected a duration such as 90s, 3m or 1h30m")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if not 0 < seconds < 1e8:
+        raise ConfigError(f"{key}: got {value!r}, expected a positive duration such as 90s, 3m or 1h30m")
+    return seconds
+
+
+class TimeBudget:
+    """The horizon of a time-limited run, from the pace of its updates (see the module docstring)."""
+
+    def __init__(self, seconds: float, spent_before: float = 0.0, clock=time.perf_counter):
+        self.seconds = seconds
+        self.spent_before = spent_before  # seconds a resumed run had already spent
+        self.clock = clock
+        self.started = clock()
+        self.first_step: int | None = None  # the step the pace is measured from
+        self.paced_from = self.started
+        self.ending: dict[str, float] = {}  # "validation" / "checkpoint" -> seconds the last one took
+
+    def spent(self) -> float:
+        return self.spent_before + self.clock() - self.started
+
+    def start(self, step: int) -> None:
+        """The loop begins at `step`: the pace is measured from here (not from the data preparation)."""
+        self.first_step, self.paced_from = step, self.clock()
+
+    def took(self, what: str, seconds: float) -> None:
+        """A validation or checkpoint took `seconds`: the end of the run will need about as long."""
+        self.ending[what] = seconds
+
+    def window_cap(self, step: int) -> int:
+        """The most updates the loop may run before it next asks for the horizon: a few until the pace is
+        known (on a slow machine one default window of 50 updates could outlast the whole budget), then
+        about WINDOW_SHARE of the budget's worth."""
+        done = step - (self.first_step if self.first_step is not None else step)
+        if done <= 0:
+            return FIRST_WINDOW
+        pace = (self.clock() - self.paced_from) / done
+        return max(1, int(WINDOW_SHARE * self.seconds / max(pace, 1e-9)))
+
+    def horizon(self, step: int, cap: int) -> int:
+        """The step to end at: the updates that still fit at the pace so far, after the end's needs; `cap`
+        (train.max_steps) until a first update has been timed."""
+        done = step - (self.first_step if self.first_step is not None else step)
+        if done <= 0:
+            return cap
+        pace = (self.clock() - self.paced_from) / done  # seconds per update, pauses included
+        left = self.seconds * (1 - MARGIN) - self.spent() - sum(self.ending.values())
+        return max(step, min(cap, step + int(left / pace)))

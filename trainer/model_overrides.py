@@ -1,0 +1,95 @@
+"""`tfkit eval CKPT --set model.KEY=VALUE`: a trained checkpoint under another setting of its model.
+
+Some model keys change only how the weights are used, not which weights there are: the attention path
+(`model.attention=naive`), the score scale (`model.attn_scale`), dropout, the norm epsilon, RoPE's base,
+switching between position schemes that hold no weights. Evaluating a checkpoint under such a setting is
+how a lab shows what a design choice does to a trained model. Whether a value keeps the weights is not
+listed by hand: the model the new config describes is built on the meta device (no memory, no init) and
+its tensors' names and shapes are compared with the checkpoint's. A value that adds, drops or reshapes a
+tensor is refused, one line naming the key, the value and the first tensor that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import yaml
+from torch import nn
+
+from ..errors import ConfigError
+from ..models import build_model
+from ..models.config import ModelConfig
+from ..models.io import assign_weights, parameters_on_meta
+
+
+def parse_model_overrides(items: list[str]) -> list[tuple[str, object]]:
+    """`model.KEY=VALUE` strings -> [(KEY, value)], each value read as YAML (`0.125` a number, `none` text).
+    Only model keys: the evaluation's own settings are eval's options (--seq-len, --batch-size)."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    out: list[tuple[str, object]] = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        if not sep or section != "model" or not name:
+            raise ConfigError(f"--set {item!r}: expected model.KEY=VALUE, e.g. --set model.attention=naive")
+        if name not in fields:
+            raise ConfigError(f"--set {item}: model.{name} is not a model key (see `tfkit recipes keys model`)")
+        try:
+            out.append((name, yaml.safe_load(text)))
+        except yaml.YAMLError:
+            out.append((name, text))
+    return out
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _first_difference(have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> str | None:
+    """The first tensor the two layouts disagree on, said as the checkpoint would see it; None if equal."""
+    for name in sorted(have.keys() | want.keys()):
+        if name not in want:
+            return f"it has no {name}, which the checkpoint holds"
+        if name not in have:
+            return f"it needs {name}, which the checkpoint lacks"
+        if have[name] != want[name]:
+            return f"{name} would be {list(want[name])} but the checkpoint's is {list(have[name])}"
+    return None
+
+
+def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -> tuple[nn.Module, ModelConfig]:
+    """The loaded `model` rebuilt under its config with `items` applied, holding the same tensors (no copy).
+
+    Each override is checked alone first, so a refusal names the key that changes the weights; then all of
+    them together (a combination can be invalid, e.g. rope with an odd head size)."""
+    if not items:
+        return model, cfg
+    values = parse_model_overrides(items)
+    have, base = _shapes(model), cfg.to_dict()
+    for item, (name, value) in zip(items, values):
+        _check_one(item, name, value, base, have)
+    given = " ".join(f"--set {i}" for i in items)
+    new_cfg = _config({**base, **dict(values)}, given)  # the last value of a key given twice
+    with parameters_on_meta():
+        new_model = build_model(new_cfg)
+    difference = _first_difference(have, _shapes(new_model))
+    if difference:
+        raise ConfigError(f"{given}: together they change the model's weights ({difference}); only settings "
+                          "that keep every weight can be evaluated")
+    device = next(model.parameters()).device
+    assign_weights(new_model, model.state_dict(), "the checkpoint", f"the {new_cfg.arch} model with --set")
+    return new_model.to(device).train(model.training), new_cfg
+
+
+def _check_one(item: str, name: str, value: object, base: dict, have: dict[str, tuple[int, ...]]) -> None:
+    cfg = _config({**base, name: value}, f"--set {item}")
+    with parameters_on_meta():
+        candidate = build_model(cfg)
+    difference = _first_difference(have, _shapes(candidate))
+    if difference:
+        raise ConfigError(f"--set {item}: model.{name}={value} changes the model's weights ({difference}); only "
+                          "keys that keep every weight (e.g. model.attention, model.attn_scale) can be evaluated")
+
+
+def _config(values: dict, source: str) -> ModelConfig:
+    return ModelConfig.from_dict(values, source=source)  # every invalid value, named, as one ConfigError
