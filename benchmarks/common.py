@@ -33,6 +33,7 @@ class Context:
     device: torch.device
     clock: str = "wall"  # wall | cpu (process CPU time: steadier than wall time on a busy shared host)
     corpus: Path | None = None  # text file for the tokenizer section; None = the built-in corpus
+    corpus_mb: float = 50.0  # corpora section: megabytes written in every format
     notes: list[str] = field(default_factory=list)  # skipped or failed pieces, printed under the table
     started: float = field(default_factory=time.perf_counter)
 
@@ -72,7 +73,7 @@ class Row:
     baseline/tfkit for costs (ms, MB, seconds). A baseline of None (skipped, out of memory) has no ratio.
     """
 
-    section: str  # train | attention | tokenizer | batches | decode | cli
+    section: str  # train | attention | tokenizer | corpora | batches | decode | cli
     case: str  # what ran, including the baseline's name and the shape
     unit: str  # tok/s, ms, MB, s
     tfkit: float

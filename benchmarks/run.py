@@ -4,7 +4,8 @@
 
 Sections (each row a ratio against a baseline measured in the same run; > 1 = tfkit better):
 train (tokens/s vs HuggingFace, and on CPU vs reference_gpt.py, a minimal nanoGPT-style GPT), attention
-(vs bare SDPA and the naive path), tokenizer (vs raw `tokenizers`), batches (MLM batch preparation vs
+(vs bare SDPA and the naive path), tokenizer (vs raw `tokenizers`), corpora (token preparation from every corpus format vs raw
+`encode_batch`), batches (MLM batch preparation vs
 HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli (start-up and
 `train-tokenizer` as whole processes, from benchmarks/cli.py). `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
@@ -24,11 +25,11 @@ import torch
 
 from tfkit.models import build_model
 
-from . import attention, batches, cli, tokenizer, train_throughput
+from . import attention, batches, cli, corpora, tokenizer, train_throughput
 from .common import Context, Row, machine, table, write_json
 
-SECTIONS = ("train", "attention", "tokenizer", "batches", "decode", "cli")
-CPU_ONLY = ("tokenizer", "batches", "cli")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli")
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
 HERE = Path(__file__).resolve().parent
 
 
@@ -86,7 +87,7 @@ def decode_rows(ctx: Context) -> list[Row]:
 
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
-           "batches": batches.run, "decode": decode_rows, "cli": cli.run}
+           "corpora": corpora.run, "batches": batches.run, "decode": decode_rows, "cli": cli.run}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "pair with --threads 1). GPU timings and decode are always wall time")
     parser.add_argument("--corpus", type=Path, default=None,
                         help="text file for the tokenizer section (default: about 1 MB of the built-in stdlib:docs)")
+    parser.add_argument("--corpus-mb", type=float, default=50.0,
+                        help="corpora section: megabytes of text written in every format (default 50; 1 with --quick)")
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
     parser.add_argument("--case", default="",
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     for suite in suites:
         compile_ = compiled[suite] = args.compile if args.compile is not None else suite == "gpu"
         device = torch.device("cuda" if suite == "gpu" else "cpu")
-        ctx = Context(suite, args.quick, compile_, device, clock=args.clock, corpus=args.corpus)
+        ctx = Context(suite, args.quick, compile_, device, clock=args.clock, corpus=args.corpus,
+                      corpus_mb=args.corpus_mb)
         for section in args.only:
             if suite == "gpu" and section in CPU_ONLY:
                 ctx.notes.append(f"{section}: CPU-only work, measured by --suite cpu")

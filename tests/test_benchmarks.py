@@ -41,7 +41,7 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["suite"] == "cpu" and result["quick"] is True and result["machine"]["torch"] == torch.__version__
     sections = {row["section"] for row in result["rows"]}
-    expected = {"train", "attention", "tokenizer", "batches", "decode", "cli"}
+    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli"}
     assert expected <= sections, (sections, result["notes"])
     for row in result["rows"]:
         assert row["tfkit"] > 0 and math.isfinite(row["tfkit"]), row
@@ -53,6 +53,8 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     goals = {row["goal"]["text"] for row in result["rows"] if row["goal"]}
     assert {">= 1.2x HF eager", "within 0.3 s of python -c pass", "<= 1.3x plain tokenizers"} <= goals
     assert all("stdlib:docs:train" in row["note"] for row in result["rows"] if row["section"] == "tokenizer")
+    corpora = {row["case"].split()[1] for row in result["rows"] if row["section"] == "corpora"}
+    assert {"txt", "jsonl.gz", "jsonl.zst", "parquet", "datasets"} <= corpora  # the data extra is in the test extra
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without CUDA")
