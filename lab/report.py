@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_atomic
 from .spec import LabSpec, load_spec
-from .verdict import judge, reliance_warning, summary
+from .verdict import coverage_warning, judge, reliance_warning, summary
 
 RESULTS, MARKDOWN = "results.json", "results.md"
 UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte"}
@@ -92,6 +92,7 @@ def complete(results: dict, spec: LabSpec) -> dict:
     verdicts = [judge(exp, results) for exp in spec.expect]
     results["verdicts"] = [v.to_dict() for v in verdicts]
     warnings = [reliance_warning(results, label) for label in results["evals"]]
+    warnings += [coverage_warning(results, label) for label in results["evals"]]
     results["warnings"] = [w for w in warnings if w]
     return results
 

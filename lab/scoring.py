@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .engine import Lab
     from .plan import Job
 
-KEPT = ("loss", "bits_per_byte", "token_accuracy", "tokens", "seq_len", "data_fingerprint", "params")
+KEPT = ("loss", "bits_per_byte", "byte_coverage", "token_accuracy", "tokens", "seq_len", "data_fingerprint", "params")
 
 
 def eval_label(text: str) -> str:

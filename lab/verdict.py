@@ -92,6 +92,24 @@ def reliance_warning(results: dict, label: str) -> str:
             f"(< {probe['threshold']:g}): the model barely uses attention there, so layouts cannot differ much")
 
 
+def coverage_warning(results: dict, label: str, below: float = 0.99) -> str:
+    """Under bits per byte, a row whose tokenizer drops part of the text (byte_coverage < `below`, e.g.
+    WordPiece's newlines and indentation) is scored on fewer bytes than the text has: say so."""
+    if results.get("metric") != "bits_per_byte":
+        return ""
+    lossy = []
+    for name, row in results["rows"].items():
+        values = [s.get("byte_coverage") for s in row["scores"].get(label, {}).values()]
+        values = [v for v in values if v is not None]
+        if values and min(values) < below:
+            lossy.append(f"{name} {min(values):.1%}")
+    if not lossy:
+        return ""
+    return (f"on {label} some tokenizers keep only part of the text's bytes ({', '.join(lossy)}): the rest "
+            "(whitespace, unknown characters) is never predicted, so their bits per byte read lower than a "
+            "lossless tokenizer's would for the same model quality")
+
+
 def probe_values(results: dict, exp: Expectation, label: str) -> list[float]:
     probe = results.get("probes", {}).get(exp.probe) or {}
     if exp.probe == "memory_ratio":

@@ -431,3 +431,14 @@ def test_rows_of_different_objectives_carry_a_note_and_kv_bytes_do_not_depend_on
     kv = {dtype: score(gpt, valid_file, tmp_path, max_batches=1, dtype=dtype)["kv_cache_bytes_per_token"]
           for dtype in ("fp32", "bf16")}
     assert kv["fp32"] == kv["bf16"] > 0  # one meaning: bytes at bf16, as convert-mqa-to-gqa reports them
+
+
+def test_byte_coverage_is_one_for_byte_level_bpe_and_below_for_wordpiece(tokenizers, tmp_path: Path) -> None:
+    """WordPiece drops newlines and indentation: its bits per byte leave those bytes unpredicted, and
+    byte_coverage says how much of the text its tokens stand for."""
+    data = tmp_path / "indented.txt"
+    data.write_text("def f(x):\n    return x  # twice\n\n\n    if x:\n        pass\n" * 40, encoding="utf-8")
+    bpe = score(make_checkpoint(tmp_path / "bpe", tokenizers["bpe"]), data, tmp_path)
+    wordpiece = score(make_checkpoint(tmp_path / "wp", tokenizers["wordpiece"]), data, tmp_path)
+    assert bpe["byte_coverage"] == pytest.approx(1.0)
+    assert wordpiece["byte_coverage"] < 0.8

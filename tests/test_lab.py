@@ -10,7 +10,7 @@ from tfkit.cli.main import app
 from tfkit.lab import engine
 from tfkit.lab.report import complete, render
 from tfkit.lab.spec import Expectation, bundled_specs, load_spec
-from tfkit.lab.verdict import Verdict, judge, judge_better, summary
+from tfkit.lab.verdict import Verdict, coverage_warning, judge, judge_better, summary
 
 runner = CliRunner()
 
@@ -114,6 +114,18 @@ def test_low_attention_reliance_warns_on_layout_comparisons():
     assert judge(Expectation(source="s", probe="attention_reliance", run="mha", above=0.25), results).status == "reversed"
     probes["attention_reliance"]["values"]["docs-valid"] = {"1": 1.0, "2": 1.1, "3": 0.9}
     assert judge(Expectation(source="s", better="mha", than="gqa"), results).warning == ""
+
+
+def test_a_lossy_tokenizer_under_bits_per_byte_is_warned_about():
+    results = results_with({"bpe": [2.5, 2.5], "wordpiece": [2.2, 2.2]})
+    results["metric"] = "bits_per_byte"
+    for name, coverage in (("bpe", 1.0), ("wordpiece", 0.83)):
+        for value in results["rows"][name]["scores"]["docs-valid"].values():
+            value["bits_per_byte"], value["byte_coverage"] = value["loss"], coverage
+    warning = coverage_warning(results, "docs-valid")
+    assert "wordpiece 83.0%" in warning and "bpe" not in warning.split("(")[1].split(")")[0]
+    results["metric"] = "loss"
+    assert coverage_warning(results, "docs-valid") == ""
 
 
 def test_summary_and_markdown_table():

@@ -16,6 +16,10 @@ datasets' `eval_batches`, and adds what a comparison table needs:
   that does not start with a space, the normalizer (NFKC) and text that became <unk>;
   WordPiece drops whitespace while pre-tokenizing, so a word-start token is counted with the one space
   it replaced (exact for single-spaced text, an estimate otherwise);
+- byte_coverage = the bytes the tokens stand for / the UTF-8 bytes of the text, on the corpus's first
+  COVERAGE_CHARS characters: 1.0 for a lossless tokenizer (byte-level BPE). Below 1, the tokenizer drops
+  text (newlines and indentation for WordPiece, characters that became <unk>) that the model then never
+  predicts, so its bits per byte are not comparable with a lossless tokenizer's;
 - MLM: masked-token loss/accuracy with masks drawn from `seed` (not the run's training seed), so every
   checkpoint sharing a tokenizer is scored on the same masked tokens; `data_fingerprint` (sha256 of every
   evaluated batch) proves two rows saw identical inputs and targets;
@@ -45,7 +49,7 @@ from ..errors import CheckpointError, ConfigError, DataError
 from ..progress import progress_bar
 from ..models import kv_cache_bytes_per_token, load_model, read_config, resolve_checkpoint
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
-from ..tokenization.corpus import CorpusWarning
+from ..tokenization.corpus import CorpusWarning, iter_documents
 from ..tokenization.shards import TokenShards, prepare_tokens
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
 from .data import is_pair_data, truncation_note
@@ -65,6 +69,7 @@ def default_cache_dir() -> Path:
 
 METASPACE = "\u2581"  # SentencePiece's word-start marker: one space of the text
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token: one byte of the text
+COVERAGE_CHARS = 100_000  # characters byte_coverage tokenizes: enough for a stable share, a fraction of a second
 
 
 def _component_types(section: dict | list | None) -> set[str]:
@@ -116,6 +121,21 @@ def token_byte_lengths(tokenizer: TfkitTokenizer) -> np.ndarray:
         if i not in specials:
             table[i] = token_bytes(token, scheme, byte_fallback)
     return table
+
+
+def byte_coverage(tokenizer: TfkitTokenizer, byte_table: np.ndarray, data_spec: str, text_field: str = "text",
+                  max_chars: int = 0) -> float:
+    """The share of the text's UTF-8 bytes its tokens stand for (module doc), on the corpus's first
+    `max_chars` (default COVERAGE_CHARS) characters of documents."""
+    texts, size = [], 0
+    for text in iter_documents(data_spec, text_field=text_field):
+        texts.append(text)
+        size += len(text)
+        if size >= (max_chars or COVERAGE_CHARS):
+            break
+    total = sum(len(t.encode("utf-8")) for t in texts)
+    kept = sum(int(byte_table[np.asarray(ids, dtype=np.int64)].sum()) for ids in tokenizer.encode_batch(texts) if ids)
+    return kept / total if total else 1.0
 
 
 def sliding_windows(shards: TokenShards, seq_len: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
@@ -308,6 +328,7 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         "token_accuracy": correct / scored,
         "tokens": scored,
         "bytes": n_bytes,
+        "byte_coverage": byte_coverage(tokenizer, byte_table.numpy(), data_spec, text_field) if objective != "seq2seq" else None,
         "seq_len": seq_len,
         "stride": stride,
         "params": model.num_params(),
