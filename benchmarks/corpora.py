@@ -35,13 +35,15 @@ from .common import Context, Goal, Row, median, paired_ratio, time_interleaved
 GOAL = Goal(">= 0.9x raw encode_batch", 0.9)
 RAW_BATCH_CHARS = 4_000_000  # characters per raw encode_batch call
 VOCAB = 8192
+# VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report the peak of
+# the benchmark process that forked it; VmHWM belongs to the child's own address space.
 PEAK_RSS_SCRIPT = """
-import resource, sys
+import re, sys
 from pathlib import Path
 from tfkit.tokenization.shards import prepare_tokens
 from tfkit.tokenization.train import load_tokenizer
 prepare_tokens(sys.argv[1], load_tokenizer(Path(sys.argv[2])), Path(sys.argv[3]), show_progress=False)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
 """
 
 
@@ -129,7 +131,7 @@ def peak_rss_mb(corpus: Path, tokenizer_dir: Path, cache: Path) -> float:
     """Peak resident memory of a fresh process that prepares the tokens of `corpus` and does nothing else."""
     done = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(corpus), str(tokenizer_dir), str(cache)],
                           capture_output=True, text=True, check=True)
-    return int(done.stdout.strip().splitlines()[-1]) / 1024  # ru_maxrss is in KiB on Linux
+    return int(done.stdout.strip().splitlines()[-1]) / 1024  # kB -> MB
 
 
 def run(ctx: Context) -> list[Row]:
