@@ -72,3 +72,17 @@ def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file,
     config = json.loads((run / "checkpoints" / f"step-{steps}" / "config.json").read_text())
     assert "as many steps as fit in 4s" in result.stdout and f"{steps:,} (fitted in train.max_time=4s" in result.stdout
     assert config["step"] == steps
+
+
+def test_a_run_that_reaches_max_steps_inside_its_budget_says_so(english_file, tmp_path):
+    """On a fast machine max_steps ends the run before the budget: the report must not call the step count
+    what fitted in the budget."""
+    sets = [f"data.train={english_file}", "train.max_steps=6", "train.max_time=10m", "train.batch_size=4",
+            "data.seq_len=32", "eval.batches=1", "eval.batch_size=4", "tokenizer.vocab_size=400",
+            "tokenizer.max_train_mb=0.1", "log.progress=false", "log.plot=false", "log.tensorboard=false",
+            "eval.sample_prompt=null", "train.threads=1"]
+    result = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--run-dir", str(tmp_path / "run"),
+                                      *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    assert "6 (train.max_steps=6 reached in" in result.stdout and "within train.max_time=10m)" in result.stdout
+    assert "fitted in" not in result.stdout

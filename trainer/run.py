@@ -410,6 +410,19 @@ def _sample(model, tokenizer: TfkitTokenizer, recipe: Recipe) -> str | None:
     return recipe.eval.sample_prompt + continuation(tokenizer, prompt, new)
 
 
+def _what_ended(state: TrainState, train) -> str:
+    """Under train.max_time, what the step count means: the steps that fit in the budget, or max_steps
+    reached inside it (a fast machine), or an interruption."""
+    budget = train.max_time
+    if budget is None:
+        return ""
+    if state.interrupted:
+        return f" (interrupted, {state.seconds:.0f} s of train.max_time={budget})"
+    if state.step >= train.max_steps:
+        return f" (train.max_steps={train.max_steps:,} reached in {state.seconds:.0f} s, within train.max_time={budget})"
+    return f" (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
+
+
 def _report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recipe) -> None:
     """The final table: what a user compares between runs."""
     table = Table(title=f"pretrain: {result.run_dir.name}", show_header=False)
@@ -419,9 +432,7 @@ def _report(result: RunResult, model, tokens_per_sec: float | None, recipe: Reci
         table.add_row("validation loss", f"{result.final.loss:.4f}")
         table.add_row("perplexity", f"{result.final.perplexity:.2f}")
         table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
-    budget = recipe.train.max_time
-    table.add_row("steps", f"{result.state.step:,}" + (f" (fitted in train.max_time={budget}, "
-                                                       f"{result.state.seconds:.0f} s)" if budget else ""))
+    table.add_row("steps", f"{result.state.step:,}" + _what_ended(result.state, recipe.train))
     table.add_row("tokens", f"{result.state.tokens:,}")
     table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
     table.add_row("parameters", f"{model.num_params():,}")
