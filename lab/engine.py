@@ -283,7 +283,8 @@ def probe_units(lab: Lab) -> int:
     p = lab.spec.probes
     runs = sum(len((p[key] or {}).get("runs", [lab.spec.reference])) for key in ("flash_equality", "mask_leak")
                if key in p)
-    return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p)
+    decode = len((p.get("decode_speed") or {}).get("runs", [lab.spec.reference])) if "decode_speed" in p else 0
+    return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p) + decode
 
 
 def _job(lab: Lab, name: str, seed: int) -> Job:
@@ -292,7 +293,8 @@ def _job(lab: Lab, name: str, seed: int) -> Job:
 
 def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
     """The spec's probes (probes.py): attention reliance per seed and eval text (the ablated model is also
-    a row of the table), flash/naive logit equality per seed, activation memory once."""
+    a row of the table), flash/naive logit equality per seed, activation memory once, decode speed once per
+    named run."""
     p, out = lab.spec.probes, {}
     if "attention_reliance" in p:
         cfg = p["attention_reliance"] or {}
@@ -332,6 +334,15 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
         lengths = [64, 128] if lab.options.quick else list(cfg.get("seq_lens", [256, 512, 1024, 2048]))
         out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
         progress.step(f"probe activation memory {job.key}", started)
+    if "decode_speed" in p:
+        cfg, out["decode_speed"] = p["decode_speed"] or {}, {"values": {}}
+        sizes = [1, 2] if lab.options.quick else [int(b) for b in cfg.get("batch_sizes", [1, 8])]
+        new_tokens = 4 if lab.options.quick else int(cfg.get("new_tokens", 32))
+        for run in cfg.get("runs", [lab.spec.reference]):  # the first seed's weights: speed does not depend on them
+            started, job = time.perf_counter(), _job(lab, run, lab.seeds[0])
+            out["decode_speed"]["values"][run] = measure.decode_speed(
+                checkpoint_of(lab, job), sizes, int(cfg.get("context", 128)), new_tokens)
+            progress.step(f"probe decode speed {job.key}", started)
     return out
 
 

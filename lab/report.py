@@ -59,6 +59,16 @@ def probe_lines(results: dict) -> list[str]:
                    f"{m['ratio']:.1f}x at T={m['seq_lens'][-1]}")
         out += ["", "| T | flash MiB | naive MiB |", "| --- | --- | --- |"]
         out += [f"| {t} | {f:.1f} | {n:.1f} |" for t, f, n in zip(m["seq_lens"], m["flash"], m["naive"])]
+    if "decode_speed" in probes:
+        values = probes["decode_speed"]["values"]
+        sizes = list(dict.fromkeys(b for v in values.values() for b in v["tokens_per_sec"]))
+        first = next(iter(values.values()))
+        out += ["", f"Decoding (greedy, {first['new_tokens']} new tokens after {first['context']}, prefill included, "
+                "first seed's weights):", "",
+                "| run | KV cache B/token (bf16) | " + " | ".join(f"tok/s at batch {b}" for b in sizes) + " |",
+                "|" + "|".join(" --- " for _ in range(len(sizes) + 2)) + "|"]
+        out += [f"| {run} | {v['kv_bytes_per_token']:,} | "
+                + " | ".join(f"{v['tokens_per_sec'].get(b, 0):,.0f}" for b in sizes) + " |" for run, v in values.items()]
     return out
 
 

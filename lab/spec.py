@@ -21,7 +21,7 @@ TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "e
             "uptrain", "probes", "expect", "cost", "quick")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
-PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory")
+PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed")
 PROBE_NAMES = ("attention_reliance", "flash_max_diff", "mask_leak", "memory_ratio")  # what `expect: probe:` may name
 DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
 

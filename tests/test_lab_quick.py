@@ -25,5 +25,9 @@ def test_every_shipped_spec_runs_quick(claim, tmp_path):
             assert 0 < row["scores"][label]["1337"]["loss"] < 20, (name, label)
     assert len(results["verdicts"]) == len(spec.expect)
     assert all(v["status"] != "missing" for v in results["verdicts"]), results["verdicts"]
+    if "decode_speed" in spec.probes:  # gqa-uptrain: the kv2 model's cache is half the MHA model's
+        decode = results["probes"]["decode_speed"]["values"]
+        assert all(rate > 0 for v in decode.values() for rate in v["tokens_per_sec"].values())
+        assert decode["scratch-kv2"]["kv_bytes_per_token"] * 2 == decode["mha"]["kv_bytes_per_token"]
     markdown = (out / "results.md").read_text()
     assert f"# tfkit lab: {claim}" in markdown and "## Verdicts" in markdown
