@@ -19,6 +19,7 @@ Where a run starts from:
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import shutil
 import time
@@ -96,6 +97,7 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
     finally:
         trainer.close()
         trainer.lock.close()  # the run folder's lock, held since build
+        trainer.release()
         shutdown(info)
 
 
@@ -360,6 +362,15 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+    def release(self) -> None:
+        """Drop the model, optimizer and loop before the process group is destroyed: FSDP's sharded
+        parameters and pending collectives hold the group, and a group freed only at interpreter exit
+        aborted a torchrun worker after a finished run ("terminate called without an active exception")."""
+        for name in ("loop", "optimizer", "train_module", "model", "saved"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        gc.collect()
 
 
 def prior_steps(source: Path | None, resumed: bool) -> int:
