@@ -124,6 +124,7 @@ YAML_CASES = {
     "null byte": ("model:\n  arch: g\x00pt\n", "bad.yaml"),
     "huge line": ("model:\n  arch: " + "x" * 2_000_000 + "\n", "model.arch"),
     "deep nesting": ("model: " + "[" * 5000 + "]" * 5000 + "\n", "bad.yaml"),
+    "nesting past the depth limit": ("model: " + "[" * 150 + "]" * 150 + "\n", "nest more than 100 levels deep"),
 }
 
 
