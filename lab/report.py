@@ -91,7 +91,7 @@ def render(results: dict) -> str:
         lines += ["", "## Probes", ""] + probes
     if r.get("timing_s"):
         total = sum(r["timing_s"].values())
-        lines += ["", f"Training wall time: {total / 60:.1f} min over {len(r['timing_s'])} run(s) this session."]
+        lines += ["", f"Training wall time: {total / 60:.1f} min over the {len(r['timing_s'])} run(s) this `lab run` trained."]
     return "\n".join(lines) + "\n"
 
 

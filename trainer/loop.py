@@ -53,10 +53,9 @@ from .recipe import Recipe, TrainSection
 from .schedules import lr_at
 
 if TYPE_CHECKING:
-    from .budget import TimeBudget
-
-if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
+
+    from .budget import TimeBudget
 
 
 class TrainingDiverged(TfkitError):

@@ -70,9 +70,7 @@ def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -
         _check_one(item, name, value, base, have)
     given = " ".join(f"--set {i}" for i in items)
     new_cfg = _config({**base, **dict(values)}, given)  # the last value of a key given twice
-    with parameters_on_meta():
-        new_model = build_model(new_cfg)
-    difference = _first_difference(have, _shapes(new_model))
+    new_model, difference = _build_on_meta(new_cfg, have)
     if difference:
         raise ConfigError(f"{given}: together they change the model's weights ({difference}); only settings "
                           "that keep every weight can be evaluated")
@@ -82,13 +80,18 @@ def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -
 
 
 def _check_one(item: str, name: str, value: object, base: dict, have: dict[str, tuple[int, ...]]) -> None:
-    cfg = _config({**base, name: value}, f"--set {item}")
-    with parameters_on_meta():
-        candidate = build_model(cfg)
-    difference = _first_difference(have, _shapes(candidate))
+    _, difference = _build_on_meta(_config({**base, name: value}, f"--set {item}"), have)
     if difference:
         raise ConfigError(f"--set {item}: model.{name}={value} changes the model's weights ({difference}); only "
                           "keys that keep every weight (e.g. model.attention, model.attn_scale) can be evaluated")
+
+
+def _build_on_meta(cfg: ModelConfig, have: dict[str, tuple[int, ...]]) -> tuple[nn.Module, str | None]:
+    """The model of `cfg` with its parameters on the meta device (no memory), and the first parameter whose
+    shape differs from `have` (None when every weight keeps its shape)."""
+    with parameters_on_meta():
+        model = build_model(cfg)
+    return model, _first_difference(have, _shapes(model))
 
 
 def _config(values: dict, source: str) -> ModelConfig:
