@@ -27,6 +27,19 @@ def one_thread():
         os.environ["OMP_NUM_THREADS"] = omp
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fp32_by_default():
+    """`train.precision: auto` is bf16 on hardware with native bf16 and fp32 elsewhere, so the same test
+    would check different arithmetic on different machines. In-process tests see no native bf16 (auto =
+    fp32, what every expected value here assumes); tests of bf16 ask for it, and tests of `auto` patch
+    `native_bf16` themselves."""
+    from tfkit.trainer import optim
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(optim, "native_bf16", lambda device: False)
+        yield
+
+
 @pytest.fixture(scope="session")
 def english_text() -> str:
     """About 400 kB of real English prose, blank-line separated: the docstrings of the running Python's

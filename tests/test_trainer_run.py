@@ -50,7 +50,8 @@ def write_recipe(folder: Path, text: str, arch: str = "gpt", **sections) -> Path
         "optim": {"lr": 3e-3},
         "schedule": {"name": "cosine", "warmup_steps": 4},
         "train": {"max_steps": MAX_STEPS, "batch_size": 8, "log_every": 1, "eval_every": 8, "save_every": 4,
-                  "keep_last": 20, "device": "cpu"},
+                  "keep_last": 20, "device": "cpu",
+                  "precision": "fp32"},  # the same arithmetic on every machine, in every process
         "eval": {"batches": 2, "sample_prompt": None},
         "log": {"progress": False, "plot": False, "tensorboard": False},
     }

@@ -77,16 +77,42 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float | None) -> to
     return norm.double()
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 matrices in hardware: CUDA GPUs from Ampere on, and CPUs with
+    AVX512-BF16 or AMX dot-product instructions. Other CPUs emulate bf16 by converting to fp32, which makes
+    autocast slower than plain fp32 there."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        cpu = torch.cpu
+        return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
+                                                                       "_is_amx_tile_supported"))
+    return False
+
+
+def resolve_precision(setting: str, device: torch.device) -> str:
+    """`train.precision` for a device: fp32 / bf16 / fp16 as given; auto = bf16 autocast where the hardware
+    computes bf16 natively (`native_bf16`), else fp32.
+
+    Measured on a CPU with AVX512-BF16 (one thread, benchmarks/RESULTS.md): bf16 matrix products run 4.3x
+    faster than fp32, a training step 2.6x faster at d_model 256 and 1.5x at the small-corpus recipe's
+    d_model 128, and 800 steps of small-corpus reach the same validation loss (3.8286 vs 3.8290)."""
+    if setting != "auto":
+        return setting
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """fp32: nothing. bf16 / fp16: autocast, so matmuls run in half precision while the weights, the
     optimizer state and the reductions (softmax, norms, the loss) stay in fp32."""
+    precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none.
     A disabled scaler is a no-op whose calls keep the training loop free of precision branches."""
-    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    return torch.amp.GradScaler(device.type, enabled=resolve_precision(precision, device) == "fp16")

@@ -115,6 +115,7 @@ class Trainer:
         self.lock = contextlib.ExitStack()  # rank 0 holds the run folder's lock (files.folder_lock) until the end
         self.lock_created = False  # whether this process made the lock file (a refused start removes it)
         self.start_block = Transcript(console)  # what the run says it will do, also kept in the run folder
+        self.precision_auto = False  # whether train.precision was auto before _prepare_run_folder decided it
         self.best_loss: float | None = None  # train.keep_best: the best validation loss so far (read lazily)
 
     # --- build: everything before the first step ----------------------------------------------------------
@@ -127,6 +128,7 @@ class Trainer:
         if info.device.type == "cuda":  # fp32 matmuls on the tensor cores (TF32), as nanoGPT and litgpt train
             torch.set_float32_matmul_precision("high")
         self._prepare_run_folder(run_dir, resume)
+        recipe = self.recipe  # data.train and train.precision resolved against the source checkpoint and device
         self._build_model()
         self._restore()
         self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
@@ -146,7 +148,7 @@ class Trainer:
                               f"it is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
                               style="yellow", markup=False, highlight=False)
             _describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
-                      self.start_block)
+                      self.start_block, self.precision_auto)
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
 
     def _prepare_run_folder(self, run_dir: str | Path | None, resume: str | None) -> None:
@@ -169,6 +171,8 @@ class Trainer:
         if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
             run_folder.model_config(recipe, None, self.source)
         self.recipe = recipe = run_folder.source_data(recipe, self.source)  # data.train: null = the source's
+        self.precision_auto = recipe.train.precision == "auto"
+        self.recipe = recipe = run_folder.source_precision(recipe, info.device, self.resume_from)
         if self.resume_from is not None and recipe.train.threads == "auto":  # exact resume: the same reductions
             set_threads(read_config(self.resume_from).get("cpu_threads") or "auto")
         if info.is_main:
@@ -301,6 +305,7 @@ class Trainer:
         extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len,
                  "prior_steps": self.prior_steps,  # updates the initial weights had had (init_from), before step 0
                  "cpu_threads": torch.get_num_threads(),  # a resumed `auto` run computes with as many
+                 "precision": r.train.precision,  # and in the same precision (run_folder.source_precision)
                  "data": {"train": r.data.train, "valid": r.data.valid, "valid_fraction": r.data.valid_fraction,
                           "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
@@ -387,17 +392,20 @@ def prior_steps(source: Path | None, resumed: bool) -> int:
 
 
 def _describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from, init_from,
-              console: Transcript) -> None:
+              console: Transcript, precision_auto: bool) -> None:
     """What is about to run, including the global batch in tokens (the number that sets the LR)."""
     t = recipe.train
+    precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[t.precision]
+    why = f"; train.precision auto: {'' if t.precision == 'bf16' else 'no '}native bf16 on this {info.device.type}"
     per_rank = micro_batch_size(recipe) // info.world_size
     per_sequence = recipe.data.seq_len * (2 if recipe.objective.name == "seq2seq" else 1)  # source + target
     console.print(
         f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
         f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
-        f"vocab {cfg.vocab_size}, {recipe.objective.name}, {t.precision} on {info.device} "
+        f"vocab {cfg.vocab_size}, {recipe.objective.name}, {precision} on {info.device} "
         f"({torch.get_num_threads()} CPU thread{'s' * (torch.get_num_threads() != 1)})"
-        + (f" x{info.world_size} ({t.distributed})" if info.enabled else ""), highlight=False)
+        + (f" x{info.world_size} ({t.distributed})" if info.enabled else "") + (why if precision_auto else ""),
+        highlight=False)
     console.print(
         f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
         f" = {t.batch_size * per_sequence:,} tokens "

@@ -160,6 +160,20 @@ def source_data(recipe, source: Path | None):
     return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **known))
 
 
+def source_precision(recipe, device, resumed_from: Path | None):
+    """The recipe with `train.precision: auto` decided for `device` (optim.resolve_precision), so recipe.yaml,
+    the start block and every checkpoint say what ran. A resumed run keeps the precision its checkpoint
+    trained with, as it keeps its CPU thread count: an exact resume needs the same arithmetic."""
+    from .optim import resolve_precision
+    from .sections import PRECISIONS
+
+    if recipe.train.precision != "auto":
+        return recipe
+    saved = read_config(resumed_from).get("precision") if resumed_from is not None else None
+    precision = saved if saved in PRECISIONS else resolve_precision("auto", device)
+    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
+
+
 def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
     """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. The
     tokenizer section is moot then (recipe.yaml keeps the one that trained the run, see `write_recipe`),

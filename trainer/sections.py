@@ -19,6 +19,7 @@ from .budget import parse_duration
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
+TRAIN_PRECISIONS = ("auto",) + PRECISIONS  # auto: bf16 where the hardware computes it natively (optim.resolve_precision)
 FUSED_LOSS = ("auto", "on", "off")
 OPTIMIZERS = ("adamw", "muon")
 
@@ -154,7 +155,9 @@ class TrainSection:
     eval_every: int = 200  # steps between validations
     save_every: int = 500  # steps between checkpoints (one is always written at the end)
     keep_last: int = 3  # checkpoints kept in the run folder
-    precision: str = "fp32"  # fp32 (TF32 matmuls on CUDA) | bf16 (autocast) | fp16 (autocast + grad scaler)
+    # auto (bf16 where the device computes it natively, else fp32) | fp32 (TF32 matmuls on CUDA) | bf16 (autocast)
+    # | fp16 (autocast + grad scaler)
+    precision: str = "auto"
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -173,8 +176,8 @@ class TrainSection:
         if self.grad_accum >= 1 and self.batch_size % self.grad_accum:
             out.append(f"{prefix}.batch_size: {self.batch_size} is not divisible by "
                        f"{prefix}.grad_accum={self.grad_accum}")
-        if self.precision not in PRECISIONS:
-            out.append(f"{prefix}.precision: got {self.precision!r}, expected one of {', '.join(PRECISIONS)}")
+        if self.precision not in TRAIN_PRECISIONS:
+            out.append(f"{prefix}.precision: got {self.precision!r}, expected one of {', '.join(TRAIN_PRECISIONS)}")
         if self.distributed not in ("ddp", "fsdp"):
             out.append(f"{prefix}.distributed: got {self.distributed!r}, expected ddp or fsdp")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

@@ -24,7 +24,8 @@ def tiny_recipe(folder: Path, text: str, **sections) -> Path:
         "optim": {"lr": 3e-3},
         "schedule": {"name": "cosine", "warmup_steps": 2},
         "train": {"max_steps": 4, "batch_size": 8, "log_every": 1, "eval_every": 2, "save_every": 2,
-                  "keep_last": 10, "device": "cpu", "threads": 1},
+                  "keep_last": 10, "device": "cpu", "threads": 1,
+                  "precision": "fp32"},  # the same arithmetic on every machine, in every process
         "eval": {"batches": 1, "sample_prompt": None},
         "log": {"progress": False, "plot": False, "tensorboard": False},
     }

@@ -1,0 +1,63 @@
+"""`train.precision: auto`: bf16 autocast where the device multiplies bf16 natively, fp32 elsewhere; the
+choice is written down (recipe.yaml, the start block, every checkpoint) and kept by a resumed run.
+
+conftest makes every in-process test see no native bf16; these tests switch it on where they need it."""
+
+import pytest
+import torch
+
+from tfkit.errors import ConfigError
+from tfkit.models.io import read_config
+from tfkit.trainer import optim
+from tfkit.trainer.metrics import read_metrics
+from tfkit.trainer.recipe import load_recipe
+from tfkit.trainer.run import pretrain
+
+from test_trainer_run import losses, weights, write_recipe
+
+CPU = torch.device("cpu")
+
+
+def test_auto_is_bf16_only_where_the_hardware_has_it(monkeypatch):
+    for given in ("fp32", "bf16", "fp16"):  # an explicit setting is never second-guessed
+        assert optim.resolve_precision(given, CPU) == given
+    assert optim.resolve_precision("auto", CPU) == "fp32"
+    monkeypatch.setattr(optim, "native_bf16", lambda device: True)
+    assert optim.resolve_precision("auto", CPU) == "bf16"
+    assert isinstance(optim.autocast_context("auto", CPU), torch.autocast)
+    assert not optim.grad_scaler("auto", CPU).is_enabled()  # bf16 needs no loss scaling
+
+
+def test_the_probe_answers_for_devices_without_bf16_units():
+    assert optim.native_bf16(torch.device("meta")) is False
+    assert isinstance(optim.native_bf16(CPU), bool)
+
+
+def test_auto_is_the_default_and_a_wrong_value_names_the_choices(tmp_path):
+    assert load_recipe("gpt-tiny").train.precision == "auto"
+    with pytest.raises(ConfigError, match=r"train\.precision: got 'bf32', expected one of auto, fp32, bf16, fp16"):
+        load_recipe("gpt-tiny", ["train.precision=bf32"])
+
+
+def test_an_auto_run_records_its_choice_and_a_resume_elsewhere_keeps_it(english_text, tmp_path, monkeypatch, capsys):
+    """Started where bf16 is native, the run trains in bf16 and says so; resumed on a machine without it,
+    it still computes in bf16, so the resumed run ends where an uninterrupted one does."""
+    recipe = write_recipe(tmp_path, english_text, train={"precision": "auto", "max_steps": 8, "save_every": 4,
+                                                         "eval_every": 4})
+    monkeypatch.setattr(optim, "native_bf16", lambda device: True)
+    full = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "full").run_dir
+    assert "bf16 autocast on cpu (1 CPU thread); train.precision auto: native bf16 on this cpu" in capsys.readouterr().out
+    assert load_recipe(str(full / "recipe.yaml")).train.precision == "bf16"
+    assert read_config(full / "checkpoints" / "step-8")["precision"] == "bf16"
+
+    fp32 = pretrain(load_recipe(str(recipe), ["train.precision=fp32"]), run_dir=tmp_path / "fp32").run_dir
+    assert losses(fp32) != losses(full)  # the auto run's matmuls did run in bf16
+
+    monkeypatch.setattr(optim, "native_bf16", lambda device: False)  # "another machine"
+    pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "resumed", resume=str(full / "checkpoints" / "step-4"))
+    resumed = tmp_path / "resumed"
+    assert read_config(resumed / "checkpoints" / "step-8")["precision"] == "bf16"
+    assert {k: v for k, v in losses(resumed).items() if k[0] > 4} == {k: v for k, v in losses(full).items() if k[0] > 4}
+    for name, tensor in weights(full / "checkpoints" / "step-8").items():
+        torch.testing.assert_close(weights(resumed / "checkpoints" / "step-8")[name], tensor, rtol=0, atol=0)
+    assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl") if "loss" in r][0] == 5
