@@ -165,19 +165,25 @@ def test_nanogpt_char_runs_end_to_end(bm, tmp_path, capsys):
     assert re.search(r"training: [\d.]+ s wall for 4 iterations", out)
 
 
-def test_train_section_has_the_reference_gpt_case(bm):
-    """The CPU suite compares tfkit's step with the reference GPT at the issue's shape, with its goal."""
+def test_train_section_has_the_reference_gpt_case(bm, monkeypatch):
+    """The CPU suite compares tfkit's step with the reference GPT at the issue's shape, with its goal: in
+    fp32, and also in bf16 autocast on a CPU that multiplies bf16 natively."""
     ctx = bm.common.Context("cpu", False, False, torch.device("cpu"))
-    (case,) = [c for c in bm.train_throughput.cases(ctx) if c.baseline == "reference"]
-    cfg = case.cfg
-    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.vocab_size) == (256, 4, 4, 8192)
-    assert (case.batch, case.seq_len, case.precision) == (16, 256, "fp32")
-    assert case.goal_eager == bm.common.Goal(">= 1.2x reference GPT", 1.2)
-    assert sum(c.baseline == "hf" for c in bm.train_throughput.cases(ctx)) == 3  # the HF rows stay
+    for native, precisions in ((False, ["fp32"]), (True, ["fp32", "bf16"])):
+        monkeypatch.setattr(bm.train_throughput, "native_bf16", lambda device: native)
+        reference = [c for c in bm.train_throughput.cases(ctx) if c.baseline == "reference"]
+        assert [case.precision for case in reference] == precisions
+        for case in reference:
+            cfg = case.cfg
+            assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.vocab_size) == (256, 4, 4, 8192)
+            assert (case.batch, case.seq_len) == (16, 256)
+            assert case.goal_eager == bm.common.Goal(">= 1.2x reference GPT", 1.2)
+        assert sum(c.baseline == "hf" for c in bm.train_throughput.cases(ctx)) == 3  # the HF rows stay
 
 
-def test_reference_case_measures_both_steps(bm):
+def test_reference_case_measures_both_steps(bm, monkeypatch):
     """The quick shape of the reference case through `measure`: both steps run, a row with a ratio."""
+    monkeypatch.setattr(bm.train_throughput, "native_bf16", lambda device: False)
     ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
     (case,) = [c for c in bm.train_throughput.cases(ctx) if c.baseline == "reference"]
     row = bm.train_throughput.measure(ctx, case, compiled=False)
