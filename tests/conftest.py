@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tfkit.tokenization.stdlib_corpus import stdlib_documents
+from tfkit.trainer import optim
 
 ENGLISH_CHARS = 400_000
 
@@ -27,14 +28,21 @@ def one_thread():
         os.environ["OMP_NUM_THREADS"] = omp
 
 
+NATIVE_BF16 = optim.native_bf16  # the hardware probe, taken before `fp32_by_default` replaces it
+
+
+@pytest.fixture
+def native_bf16_probe():
+    """The real hardware probe, for the tests of the probe itself."""
+    return NATIVE_BF16
+
+
 @pytest.fixture(autouse=True, scope="session")
 def fp32_by_default():
     """`train.precision: auto` is bf16 on hardware with native bf16 and fp32 elsewhere, so the same test
     would check different arithmetic on different machines. In-process tests see no native bf16 (auto =
     fp32, what every expected value here assumes); tests of bf16 ask for it, and tests of `auto` patch
     `native_bf16` themselves."""
-    from tfkit.trainer import optim
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(optim, "native_bf16", lambda device: False)
         yield

@@ -28,9 +28,12 @@ def test_auto_is_bf16_only_where_the_hardware_has_it(monkeypatch):
     assert not optim.grad_scaler("auto", CPU).is_enabled()  # bf16 needs no loss scaling
 
 
-def test_the_probe_answers_for_devices_without_bf16_units():
-    assert optim.native_bf16(torch.device("meta")) is False
-    assert isinstance(optim.native_bf16(CPU), bool)
+def test_the_probe_reads_the_cpu_flags_and_answers_no_for_other_devices(native_bf16_probe):
+    flags = (torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_amx_tile_supported())
+    assert native_bf16_probe(CPU) is any(flags)
+    assert native_bf16_probe(torch.device("meta")) is False
+    if not torch.cuda.is_available():
+        assert native_bf16_probe(torch.device("cuda")) is False
 
 
 def test_auto_is_the_default_and_a_wrong_value_names_the_choices(tmp_path):
