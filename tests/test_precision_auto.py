@@ -3,6 +3,9 @@ choice is written down (recipe.yaml, the start block, every checkpoint) and kept
 
 conftest makes every in-process test see no native bf16; these tests switch it on where they need it."""
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -64,3 +67,21 @@ def test_an_auto_run_records_its_choice_and_a_resume_elsewhere_keeps_it(english_
     for name, tensor in weights(full / "checkpoints" / "step-8").items():
         torch.testing.assert_close(weights(resumed / "checkpoints" / "step-8")[name], tensor, rtol=0, atol=0)
     assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl") if "loss" in r][0] == 5
+
+
+def test_a_checkpoint_from_before_auto_resumes_in_the_precision_its_run_recorded(english_text, tmp_path, monkeypatch):
+    """A run started when fp32 was the default has no precision in its checkpoints' config.json; resumed
+    with a recipe that now says auto, on a machine with native bf16, it goes on in fp32 as its recipe.yaml
+    says, so the resume stays exact."""
+    recipe = write_recipe(tmp_path, english_text, train={"max_steps": 8, "save_every": 4, "eval_every": 4})
+    full = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "full").run_dir  # fp32 (conftest's pin)
+    interrupted = tmp_path / "old"  # the same run, stopped after step 4
+    shutil.copytree(full, interrupted)
+    shutil.rmtree(interrupted / "checkpoints" / "step-8")
+    config = interrupted / "checkpoints" / "step-4" / "config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "precision"}))
+    monkeypatch.setattr(optim, "native_bf16", lambda device: True)
+    pretrain(load_recipe(str(recipe), ["train.precision=auto"]), run_dir=interrupted, resume="auto")
+    assert read_config(interrupted / "checkpoints" / "step-8")["precision"] == "fp32"
+    for name, tensor in weights(full / "checkpoints" / "step-8").items():
+        torch.testing.assert_close(weights(interrupted / "checkpoints" / "step-8")[name], tensor, rtol=0, atol=0)

@@ -169,7 +169,13 @@ def source_precision(recipe, device, resumed_from: Path | None):
 
     if recipe.train.precision != "auto":
         return recipe
-    saved = read_config(resumed_from).get("precision") if resumed_from is not None else None
+    saved = None
+    if resumed_from is not None:
+        saved = read_config(resumed_from).get("precision")
+        run_recipe = resumed_from.parent.parent / RECIPE_FILE  # <run>/checkpoints/step-N -> <run>/recipe.yaml
+        if saved is None and run_recipe.is_file():  # a checkpoint from before `auto`: its run's recipe says
+            train = _read_run_recipe(run_recipe, run_recipe.read_bytes()).get("train")
+            saved = train.get("precision") if isinstance(train, dict) else None
     precision = saved if saved in PRECISIONS else resolve_precision("auto", device)
     return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
 
