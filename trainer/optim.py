@@ -10,6 +10,7 @@ output head shares its tensor with the token embedding, so it inherits the embed
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterable
 
@@ -77,6 +78,7 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float | None) -> to
     return norm.double()
 
 
+@functools.cache  # a fact of the hardware: asked once per device, not at every autocast
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` multiplies bf16 matrices in hardware: CUDA GPUs from Ampere on, and CPUs with
     AVX512-BF16 or AMX dot-product instructions. Other CPUs emulate bf16 by converting to fp32, which makes
@@ -115,4 +117,4 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none.
     A disabled scaler is a no-op whose calls keep the training loop free of precision branches."""
-    return torch.amp.GradScaler(device.type, enabled=resolve_precision(precision, device) == "fp16")
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # `auto` never resolves to fp16

@@ -29,7 +29,8 @@ from ..layout import CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
 from ..models.config import ModelConfig
 from ..models.io import read_config
 from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
-from .recipe import AliasBomb, safe_load
+from .optim import resolve_precision
+from .recipe import PRECISIONS, AliasBomb, safe_load
 
 MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
@@ -164,20 +165,22 @@ def source_precision(recipe, device, resumed_from: Path | None):
     """The recipe with `train.precision: auto` decided for `device` (optim.resolve_precision), so recipe.yaml,
     the start block and every checkpoint say what ran. A resumed run keeps the precision its checkpoint
     trained with, as it keeps its CPU thread count: an exact resume needs the same arithmetic."""
-    from .optim import resolve_precision
-    from .sections import PRECISIONS
-
     if recipe.train.precision != "auto":
         return recipe
-    saved = None
-    if resumed_from is not None:
-        saved = read_config(resumed_from).get("precision")
-        run_recipe = resumed_from.parent.parent / RECIPE_FILE  # <run>/checkpoints/step-N -> <run>/recipe.yaml
-        if saved is None and run_recipe.is_file():  # a checkpoint from before `auto`: its run's recipe says
-            train = _read_run_recipe(run_recipe, run_recipe.read_bytes()).get("train")
-            saved = train.get("precision") if isinstance(train, dict) else None
+    saved = _trained_precision(resumed_from) if resumed_from is not None else None
     precision = saved if saved in PRECISIONS else resolve_precision("auto", device)
     return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
+
+
+def _trained_precision(checkpoint: Path) -> object:
+    """The precision a checkpoint trained in: its config.json's, or for one written before `auto` existed,
+    its run's recipe.yaml's (<run>/checkpoints/step-N -> <run>/recipe.yaml); None when neither says."""
+    saved = read_config(checkpoint).get("precision")
+    run_recipe = checkpoint.parent.parent / RECIPE_FILE
+    if saved is not None or not run_recipe.is_file():
+        return saved
+    train = _read_run_recipe(run_recipe, run_recipe.read_bytes()).get("train")
+    return train.get("precision") if isinstance(train, dict) else None
 
 
 def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
