@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from .streaming_decode import streaming
 
 class CompileWarning(UserWarning):
     """`compile=True` could not compile the decode step here; decoding went on uncompiled (a tfkit warning:
@@ -97,8 +98,10 @@ def decode_one_token(model: nn.Module, token: Tensor, cache, pos: int | Tensor, 
 
 def compiled(step: Step, device: torch.device) -> Step:
     """`step` under torch.compile as one graph: mode reduce-overhead on CUDA (a CUDA graph, one launch per
-    token), the default mode on the CPU. torch.compile is lazy, so a failure shows on the first call:
-    then, or when torch.compile is unavailable, one warning and the eager `step` from then on."""
+    token); on the CPU the default mode, traced under `StreamingDecode` (one-row products and one-query
+    attention as reductions inductor streams at memory speed, streaming_decode.py). torch.compile is lazy,
+    so a failure shows on the first call: then, or when torch.compile is unavailable, one warning and the
+    eager `step` from then on."""
     def uncompiled(exc: Exception) -> Step:
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"compile: torch.compile failed ({type(exc).__name__}: {reason}); decoding uncompiled",
@@ -106,7 +109,10 @@ def compiled(step: Step, device: torch.device) -> Step:
         return step
 
     try:
-        graph = torch.compile(step, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
+        if device.type == "cuda":
+            graph = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+        else:
+            graph = torch.compile(streaming(step), fullgraph=True)
     except Exception as exc:  # noqa: BLE001 - any failure to compile means: decode eagerly
         return uncompiled(exc)
     current = graph

@@ -9,7 +9,7 @@ device, and (a) compile to exactly one graph that decodes the tokens eager decod
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.generation import decode_step, encode_source, generate, prefill
+from tfkit.models.streaming_decode import StreamingDecode
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 HOST_READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
@@ -31,17 +32,19 @@ def tiny(arch: str = "gpt", **overrides) -> torch.nn.Module:
     return build_model(ModelConfig(**{**cfg, **overrides})).eval()
 
 
-def static_logits(model, ids: torch.Tensor, prefilled: int, memory=None, src_mask=None) -> torch.Tensor:
+def static_logits(model, ids: torch.Tensor, prefilled: int, memory=None, src_mask=None,
+                  streaming: bool = False) -> torch.Tensor:
     """Logits (B, T, V) of ids (B, T): `prefilled` tokens by prefill, then one `decode_step` per token
     with its position as a 0-dim tensor, over a cache two slots longer than needed (slots never written
-    must stay hidden)."""
+    must stay hidden). `streaming`: the steps run under `StreamingDecode`, as the compiled CPU step does."""
     cache = model.new_kv_cache(ids.shape[0], ids.shape[1] + 2)
     with torch.inference_mode():
         model_out = model.decode if memory is not None else model
         kwargs = dict(memory=memory, src_mask=src_mask) if memory is not None else {}
         first = model_out(ids[:, :prefilled], **kwargs, kv_cache=cache)  # (B, P, V)
-        steps = [decode_step(model, ids[:, p:p + 1], torch.tensor(p), cache, memory, src_mask)  # (B, V)
-                 for p in range(prefilled, ids.shape[1])]
+        with StreamingDecode() if streaming else nullcontext():
+            steps = [decode_step(model, ids[:, p:p + 1], torch.tensor(p), cache, memory, src_mask)  # (B, V)
+                     for p in range(prefilled, ids.shape[1])]
     return torch.cat([first, torch.stack(steps, dim=1)], dim=1)
 
 
@@ -55,8 +58,9 @@ def test_gpt_static_step_equals_full_recompute(positions: str, attention: str) -
     torch.testing.assert_close(static_logits(model, ids, prefilled=3), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("positions", POSITIONS)
-def test_transformer_decoder_static_step_equals_full_recompute(positions: str) -> None:
+def test_transformer_decoder_static_step_equals_full_recompute(positions: str, streaming: bool) -> None:
     model = tiny("transformer", positions=positions)
     src, tgt = torch.randint(0, 61, (2, 9)), torch.randint(0, 61, (2, 10))
     src_mask = torch.ones(2, 9, dtype=torch.bool)
@@ -64,8 +68,22 @@ def test_transformer_decoder_static_step_equals_full_recompute(positions: str) -
     with torch.no_grad():
         full = model(src, tgt, src_mask=src_mask)  # (B, T, V)
         memory = model.encode(src, src_mask)  # (B, S, C)
-    got = static_logits(model, tgt, prefilled=1, memory=memory, src_mask=src_mask)
+    got = static_logits(model, tgt, prefilled=1, memory=memory, src_mask=src_mask, streaming=streaming)
     torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_streaming_static_step_equals_full_recompute(positions: str, kv_heads: int, batch: int) -> None:
+    """The step as the compiled CPU path traces it (one-row products and one-query attention rewritten as
+    reductions; at batch 2 only the attention is) gives the full-recompute logits: MHA, GQA and MQA, the
+    boolean position mask and ALiBi's float one."""
+    model = tiny(positions=positions, n_kv_heads=kv_heads, bias=True)
+    ids = torch.randint(0, 61, (batch, 12), generator=torch.Generator().manual_seed(1))  # (B, T)
+    with torch.no_grad():
+        full = model(ids)  # (B, T, V)
+    torch.testing.assert_close(static_logits(model, ids, prefilled=3, streaming=True), full, atol=1e-5, rtol=1e-5)
 
 
 def test_static_step_keeps_the_cache_buffers() -> None:
@@ -171,13 +189,14 @@ def fresh_dynamo():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("positions", ["rope", "learned"])
-def test_compiled_decode_is_one_graph_and_decodes_like_eager(positions: str, fresh_dynamo) -> None:
+@pytest.mark.parametrize("positions, prompts", [("rope", [[3, 14, 15, 9], [26, 5]]), ("learned", [[3, 14, 15, 9]])])
+def test_compiled_decode_is_one_graph_and_decodes_like_eager(positions: str, prompts: list[list[int]],
+                                                             fresh_dynamo) -> None:
     """Inductor on the CPU: 16 tokens through one graph. error_on_recompile makes a second graph an error
     (which `generate` would turn into its fallback warning) rather than a recompile that a generous
-    cache_size_limit would absorb, or an eager fallback past it."""
+    cache_size_limit would absorb, or an eager fallback past it. One prompt alone takes the one-row
+    products of the streaming step, two take its one-query attention only."""
     model = tiny(positions=positions, max_seq_len=32)
-    prompts = [[3, 14, 15, 9], [26, 5]]
     eager = generate(model, prompts, 16, temperature=0)
     with dynamo.config.patch(error_on_recompile=True), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
