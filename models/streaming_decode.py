@@ -64,9 +64,9 @@ def one_query_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Te
             scores = scores.masked_fill(~mask, float("-inf"))  # (B, H_kv, G, S)
         else:
             scores = scores + mask
-    weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).to(value.dtype)  # (B, H_kv, G, S)
-    out = (weights.unsqueeze(-1) * value.unsqueeze(2)).sum(-2)  # (B, H_kv, G, D)
-    return out.reshape(B, H, 1, D)
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)  # (B, H_kv, G, S), fp32
+    out = (weights.unsqueeze(-1) * value.unsqueeze(2)).sum(-2)  # (B, H_kv, G, D), fp32 (bf16 values promoted)
+    return out.to(query.dtype).reshape(B, H, 1, D)
 
 
 class StreamingDecode(TorchFunctionMode):

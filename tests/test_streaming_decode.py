@@ -89,3 +89,15 @@ def test_the_mode_takes_one_row_products_and_one_query_attention_off_blas_and_sd
         F.scaled_dot_product_attention(randn(1, 2, 3, 8), k, k)
     assert not {name for name in one.names if "mm" in name or "scaled_dot_product" in name}
     assert {"mm", "_scaled_dot_product_flash_attention_for_cpu"} <= several.names
+
+
+def test_bf16_keeps_the_dtype_and_agrees_to_bf16_precision() -> None:
+    """A model cast to bf16 (`generate --dtype bf16`) gets bf16 out, with softmax and the weighted sum of
+    the values in fp32."""
+    x, w = randn(1, 1, 64).bfloat16(), (randn(48, 64, seed=1) / 8).bfloat16()
+    assert row_linear(x, w).dtype == torch.bfloat16
+    torch.testing.assert_close(row_linear(x, w).float(), F.linear(x.float(), w.float()), atol=0.03, rtol=0.02)
+    q, k, v = randn(1, 8, 1, 16, seed=2).bfloat16(), randn(1, 2, 20, 16, seed=3).bfloat16(), randn(1, 2, 20, 16, seed=4).bfloat16()
+    got = one_query_attention(q, k, v, enable_gqa=True)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), sdpa(q.float(), k.float(), v.float()), atol=0.02, rtol=0.02)
