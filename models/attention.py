@@ -124,6 +124,18 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: 
                                           enable_gqa=gqa)
 
 
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax over the last axis, in fp32, of scores (..., T_k) under `mask` (`AttnMask.tensor`: bool with
+    True = may attend, or an additive float bias). A row with no visible key (an all-padding source) would
+    be NaN; it gets zeros, as SDPA gives."""
+    scores = scores.float()
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask
+    return torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+
+
 def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float,
                     training: bool, scale: float | None = None) -> tuple[Tensor, Tensor]:
     """Every step explicit; returns (output (B, H, T_q, D), weights (B, H, T_q, T_k)).
@@ -133,13 +145,7 @@ def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: 
     v = v.repeat_interleave(groups, dim=1)  # (B, H, T_k, D)
     scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
-    if mask.tensor is not None and mask.tensor.dtype == torch.bool:
-        scores = scores.masked_fill(~mask.tensor, float("-inf"))
-    elif mask.tensor is not None:
-        scores = scores + mask.tensor
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T_q, T_k)
-    # A row with no visible key (an all-padding source) gives NaN; output zeros there, as SDPA does.
-    weights = torch.nan_to_num(weights, nan=0.0)
+    weights = masked_softmax(scores, mask.tensor).to(q.dtype)  # (B, H, T_q, T_k)
     weights = F.dropout(weights, p=dropout_p, training=training)
     return weights @ v, weights  # (B, H, T_q, D), (B, H, T_q, T_k)
 

@@ -111,8 +111,10 @@ def compiled(step: Step, device: torch.device) -> Step:
     try:
         if device.type == "cuda":
             graph = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-        else:  # measured on CPUs only (benchmarks/RESULTS.md); other devices compile the step as written
-            graph = torch.compile(streaming(step) if device.type == "cpu" else step, fullgraph=True)
+        elif device.type == "cpu":  # the rewrite was measured on CPUs only (benchmarks/RESULTS.md)
+            graph = torch.compile(streaming(step), fullgraph=True)
+        else:
+            graph = torch.compile(step, fullgraph=True)
     except Exception as exc:  # noqa: BLE001 - any failure to compile means: decode eagerly
         return uncompiled(exc)
     current = graph

@@ -24,10 +24,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
+
+from .attention import masked_softmax
 
 
 def row_linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -57,14 +58,11 @@ def one_query_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Te
     q = query.reshape(B, H_kv, groups, 1, D)  # (B, H_kv, G, 1, D): the query heads sharing one K/V head
     scores = (q * key.unsqueeze(2)).sum(-1)  # (B, H_kv, G, S)
     scores = scores.float() * (1.0 / math.sqrt(D) if scale is None else scale)
-    if attn_mask is not None:
-        mask_heads = attn_mask.shape[-3] if attn_mask.dim() >= 3 else 1
-        mask = attn_mask.reshape(-1, H_kv if mask_heads == H else 1, groups if mask_heads == H else 1, S)
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))  # (B, H_kv, G, S)
-        else:
-            scores = scores + mask
-    weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)  # (B, H_kv, G, S), fp32
+    mask = attn_mask
+    if mask is not None:  # (B|1, H|1, 1, S) -> (B|1, H_kv|1, G|1, S), heads grouped as the queries are
+        per_head = mask.dim() >= 3 and mask.shape[-3] == H
+        mask = mask.reshape(-1, H_kv, groups, S) if per_head else mask.reshape(-1, 1, 1, S)
+    weights = masked_softmax(scores, mask)  # (B, H_kv, G, S), fp32
     out = (weights.unsqueeze(-1) * value.unsqueeze(2)).sum(-2)  # (B, H_kv, G, D), fp32 (bf16 values promoted)
     return out.to(query.dtype).reshape(B, H, 1, D)
 
