@@ -41,7 +41,7 @@ from tfkit.files import TFKIT_MODEL, check_new_folder
 from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
 from tfkit.models.convert import attention_params
 from tfkit.models.generation import decode_one_token, prefill
-from tfkit.trainer.evaluate import evaluate
+from tfkit.evaluation.evaluate import evaluate
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

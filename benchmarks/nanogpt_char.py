@@ -23,7 +23,7 @@ not training). The reported time covers the whole loop, periodic evaluations inc
 run would spend it; data preparation and the final scoring are outside it.
 
 The quality number is bits per byte of the final model on the WHOLE validation tenth, defined as
-`tfkit eval` defines it (trainer/evaluate.py): total NLL in nats over the scored text / ln 2 / the UTF-8
+`tfkit eval` defines it (evaluation/evaluate.py): total NLL in nats over the scored text / ln 2 / the UTF-8
 bytes of the scored text. Every validation character is scored exactly once, in non-overlapping windows
 of block_size; the first one is predicted from the last training character, the only context there is
 for it. nanoGPT's own "val loss" is a mean over 20 random batches, too noisy to compare runs by.

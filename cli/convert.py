@@ -29,7 +29,7 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
     """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
     text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
     convert does not have."""
-    from ..trainer.evaluate import TooLittleText, evaluate
+    from ..evaluation.evaluate import TooLittleText, evaluate
 
     started = time.perf_counter()
     try:

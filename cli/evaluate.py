@@ -111,7 +111,7 @@ def evaluate(
     from ..models import read_config, resolve_checkpoint
     from ..models.io import chosen_note
     from ..tokenization.corpus import check_text_field
-    from ..trainer import evaluate as evaluation
+    from ..evaluation import evaluate as evaluation
 
     torch_device, _ = pick_runtime(device, dtype)
     set_threads()  # the cores the machine's load leaves free

@@ -35,7 +35,6 @@ from . import probes as measure
 
 LAB_FILE = "lab.json"
 SPEC_COPY = "spec.yaml"
-RESULTS = "results.json"
 
 
 @dataclass
@@ -349,7 +348,7 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
 def first_batch(lab: Lab, checkpoint: Path, text: str, recipe: Recipe) -> dict:
     """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with."""
     from ..tokenization.train import load_tokenizer
-    from ..trainer.evaluate import eval_batches
+    from ..evaluation.evaluate import eval_batches
     from ..models import read_config
 
     objective = read_config(checkpoint).get("objective", "clm")
@@ -357,9 +356,3 @@ def first_batch(lab: Lab, checkpoint: Path, text: str, recipe: Recipe) -> dict:
                               batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
                               cache_dir=lab.folder / "data", show_progress=False)
     return next(iter(batches))
-
-
-def save_results(lab: Lab, results: dict) -> Path:
-    path = lab.folder / RESULTS
-    write_atomic(path, json.dumps(results, indent=2) + "\n")
-    return path

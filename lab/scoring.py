@@ -1,6 +1,6 @@
 """Scores of the lab's checkpoints: every checkpoint on the same tokens of every eval text, cached.
 
-`evaluate` (trainer/evaluate.py) is run with one fixed seed, the lab's token cache and the eval batch
+`evaluate` (evaluation/evaluate.py) is run with one fixed seed, the lab's token cache and the eval batch
 settings of the recipe that trained the checkpoint, so two checkpoints with the same tokenizer are
 scored on identical batches (the `data_fingerprint` of each score says so). Each checkpoint's scores go
 to scores/NAME-seed-S.json as soon as they exist: a resumed lab scores only what is missing."""
@@ -44,7 +44,7 @@ def scores_file(lab: Lab, job: Job) -> Path:
 
 
 def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, cache_dir: Path) -> dict:
-    from ..trainer.evaluate import evaluate
+    from ..evaluation.evaluate import evaluate
 
     result = evaluate(checkpoint, text, batch_size=recipe.eval.batch_size or recipe.train.batch_size,
                       max_batches=recipe.eval.batches, seq_len=recipe.data.seq_len * factor, seed=0,

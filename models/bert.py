@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import Embeddings, activation, init_weights, make_norm
-from .transformer import Block, ModelBase
+from .base import Block, ModelBase
 
 
 class MLMHead(nn.Module):

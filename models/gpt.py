@@ -4,7 +4,7 @@ token (+ learned/sinusoidal positions) -> n_layers causal blocks -> final norm (
 tied to the token embedding when `tie_embeddings`. Incremental decoding writes each layer's keys/values
 into a static `KVCache` at `start_pos`; the causal mask, RoPE angles and ALiBi distances are offset to
 match, so cached decoding reproduces a full forward. `start_pos` as a 0-dim tensor is the static decode
-step (fixed shapes, the whole cache attended under a mask; see transformer.py and kv_cache.py).
+step (fixed shapes, the whole cache attended under a mask; see base.py and kv_cache.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import Embeddings, init_weights, make_norm
-from .transformer import Block, ModelBase
+from .base import Block, ModelBase
 
 
 class GPT(ModelBase):

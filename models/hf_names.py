@@ -30,7 +30,6 @@ from ..errors import CheckpointError
 from ..layout import EXPORT_ARCHITECTURES
 from .config import ModelConfig
 
-FAMILIES = ("bert", "gpt2", "llama")
 # The HF model class each family is exported as (layout.py: files.py recognises an export by it).
 EXPORT_ARCHITECTURE = EXPORT_ARCHITECTURES
 # What a base model's keys are prefixed with inside the model with a head.

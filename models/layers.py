@@ -4,7 +4,7 @@ Each design choice tfkit lets you compare is one function or class here, picked 
 `norm` (LayerNorm | RMSNorm | BatchNorm), `activation` (relu | gelu | swiglu), `positions` (learned | sinusoidal
 added to the embeddings; rope rotating q and k inside attention; alibi as a per-head bias on the scores;
 none: nothing anywhere, so an encoder is permutation-equivariant and only a causal mask tells order).
-Attention itself lives in attention.py; the blocks that combine it with these pieces in transformer.py.
+Attention itself lives in attention.py; the block that combines it with these pieces in base.py.
 """
 
 from __future__ import annotations

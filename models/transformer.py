@@ -1,152 +1,15 @@
-"""The shared transformer block and model base, and the original encoder-decoder ("Attention Is All You Need").
-
-`Block` is the one layer every family stacks: self-attention (+ cross-attention in a decoder) and a
-feed-forward, each a residual branch with its norm before (pre-LN, GPT-2) or after (post-LN, the paper and
-BERT) the residual add. `ModelBase` holds what all three families share: position machinery (RoPE angles,
-ALiBi slopes), mask building (once per forward), parameter and FLOP counts, and the KV-cache factory.
-
-Decoders take `start_pos` as an int (prefill, chunks: keys 0..start_pos+T) or as a 0-dim tensor, the
-static decode step: keys are the whole cache, and the mask and RoPE rows come from the cache's tables
-indexed by that tensor (`_decoder_inputs`), so every step has the same shapes and no host read.
-"""
+"""The original encoder-decoder Transformer ("Attention Is All You Need"), built from the shared `Block`
+and `ModelBase` of models/base.py."""
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
-from .attention import Attention, AttnMask, cross_attention_mask, position_mask, self_attention_mask
+from .attention import cross_attention_mask
+from .base import Block, ModelBase
 from .config import ModelConfig
-from .kv_cache import CrossKV, KVCache, LayerKV
-from .layers import Embeddings, FeedForward, alibi_slopes, init_weights, make_norm, rope_angles
-
-
-class Block(nn.Module):
-    """Self-attention (+ cross-attention over `memory` when cross=True) + feed-forward."""
-
-    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
-        super().__init__()
-        self.pre_norm = cfg.norm_placement == "pre"
-        self.norm_attn, self.attn = make_norm(cfg), Attention(cfg)
-        self.norm_cross = make_norm(cfg) if cross else None
-        self.cross_attn = Attention(cfg) if cross else None
-        self.norm_ffn, self.ffn = make_norm(cfg), FeedForward(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def _sublayer(self, x: Tensor, norm: nn.Module, fn: nn.Module, *args, rows: Tensor | None = None,
-                  **kwargs) -> Tensor:
-        """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch before the add.
-        rows: the real tokens (B, T), given only to a BatchNorm (`norm_rows`), whose statistics skip padding."""
-        if self.pre_norm:
-            return x + self.drop(fn(norm(x) if rows is None else norm(x, rows), *args, **kwargs))
-        y = x + self.drop(fn(x, *args, **kwargs))
-        return norm(y) if rows is None else norm(y, rows)
-
-    def forward(self, x: Tensor, mask: AttnMask, *, rope: tuple[Tensor, Tensor] | None = None,
-                cache: LayerKV | None = None, start_pos: int | Tensor = 0, memory: Tensor | None = None,
-                memory_mask: AttnMask | None = None, cross_cache: CrossKV | None = None,
-                rows: Tensor | None = None) -> Tensor:
-        x = self._sublayer(x, self.norm_attn, self.attn, mask, rope=rope, cache=cache, start_pos=start_pos, rows=rows)
-        if self.cross_attn is not None:
-            x = self._sublayer(x, self.norm_cross, self.cross_attn, memory_mask, context=memory, cache=cross_cache,
-                               rows=rows)
-        return self._sublayer(x, self.norm_ffn, self.ffn, rows=rows)  # (B, T, C)
-
-
-class ModelBase(nn.Module):
-    """What every family shares; subclasses build their modules and call `init_weights`."""
-
-    attention_layers_per_token = 1  # attention layers one token passes through, per n_layers (for FLOPs)
-    cross_attention = False  # whether the KV cache needs cross-attention slots
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-
-    def _check_span(self, start_pos: int | Tensor, length: int, kv_cache: KVCache | None) -> None:
-        if isinstance(start_pos, Tensor):  # the static step: its bounds are the caller's (reading them syncs)
-            if kv_cache is None or start_pos.dim() != 0:
-                raise ValueError("a tensor start_pos (the static decode step) must be 0-dim and needs a kv_cache")
-            return
-        if start_pos and kv_cache is None:
-            raise ValueError("start_pos > 0 needs a kv_cache holding the earlier positions")
-        if start_pos + length > self.config.max_seq_len:
-            raise ConfigError(
-                f"sequence reaches position {start_pos + length} but model.max_seq_len is {self.config.max_seq_len}"
-            )
-
-    def norm_rows(self, padding: Tensor | None, length: int) -> Tensor | None:
-        """The real tokens (B, T) of the `length` newest positions, for BatchNorm statistics that skip padding;
-        None for the other norms (they never look across positions) and when nothing is padding."""
-        if self.config.norm != "batchnorm" or padding is None:
-            return None
-        return padding[:, -length:].bool()  # (B, T)
-
-    def _final_norm(self, norm: nn.Module | None, x: Tensor, rows: Tensor | None) -> Tensor:
-        if norm is None:
-            return x
-        return norm(x) if rows is None else norm(x, rows)
-
-    def _rope(self, x: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor] | None:
-        """RoPE cos/sin for the positions of x (B, T, C), or None when positions are not rope."""
-        if self.config.positions != "rope":
-            return None
-        return rope_angles(self.config, start_pos, x.shape[1], x.device)
-
-    def _self_mask(self, x: Tensor, causal: bool, start_pos: int = 0, padding: Tensor | None = None) -> AttnMask:
-        """The self-attention mask (with the ALiBi bias folded in) for x (B, T, C), built once per forward.
-        Slopes are fp32 and not a buffer, so casting the model to bf16 cannot round them."""
-        slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
-        return self_attention_mask(x.shape[1], causal=causal, start_pos=start_pos, key_padding=padding,
-                                   alibi=slopes, device=x.device, dtype=x.dtype)
-
-    def _decoder_inputs(self, x: Tensor, start_pos: int | Tensor, padding: Tensor | None,
-                        kv_cache: KVCache | None) -> tuple[AttnMask, tuple[Tensor, Tensor] | None]:
-        """The causal self-attention mask and RoPE cos/sin of a decoder forward, built once for all layers.
-
-        A tensor start_pos is the static decode step: queries at start_pos.. over every slot of the cache,
-        the mask from the cache's key positions (and ALiBi slopes), RoPE rows indexed from its table.
-        """
-        if not isinstance(start_pos, Tensor):
-            return self._self_mask(x, causal=True, start_pos=start_pos, padding=padding), self._rope(x, start_pos)
-        if padding is not None:
-            raise ValueError("the static decode step takes no attention_mask: every row is real up to start_pos")
-        q_pos = start_pos + kv_cache.positions[: x.shape[1]]  # (T,)
-        mask = position_mask(q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype)
-        rope = None if kv_cache.rope is None else (kv_cache.rope[0][q_pos], kv_cache.rope[1][q_pos])  # (T, D) x2
-        return AttnMask(mask), rope  # mask (1, 1|H, T, S_max)
-
-    def num_params(self, non_embedding: bool = False) -> int:
-        """Distinct parameters (a tied matrix counts once); non_embedding drops the lookup tables
-        (token, position, segment embeddings), the N of the scaling-law papers."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
-        return n
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 * N_matmul + 12 * n_attn_layers * d_model * seq_len (PaLM appendix B).
-
-        N_matmul is every linear weight a token is multiplied by: the non-embedding parameters less norms and
-        biases, *plus* a tied output head (a lookup table on the way in, a full matmul on the way out).
-        6 = 2 (multiply-add) * 3 (forward + backward). The second term is QK^T and AV over seq_len keys,
-        counted in full even where causal masking skips half. For the encoder-decoder a "token" is one
-        source plus one target token (S = T = seq_len): both stacks, and cross-attention, count once.
-        BERT counts its MLM head on every position (training applies it to ~15%) and its pooler: a few
-        percent high for a small BERT, which makes MFU slightly optimistic there.
-        """
-        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        n_attn = self.attention_layers_per_token * self.config.n_layers
-        return 6 * n_matmul + 12 * n_attn * self.config.d_model * seq_len
-
-    def new_kv_cache(self, batch_size: int, max_len: int | None = None, device: torch.device | str | None = None,
-                     dtype: torch.dtype | None = None) -> KVCache:
-        """A static cache for incremental decoding, on the model's device and dtype unless told otherwise."""
-        weight = next(self.parameters())
-        return KVCache(self.config, batch_size, max_len or self.config.max_seq_len,
-                       cross=self.cross_attention, device=device or weight.device,
-                       dtype=dtype or weight.dtype)
+from .kv_cache import KVCache
+from .layers import Embeddings, init_weights, make_norm
 
 
 class Transformer(ModelBase):

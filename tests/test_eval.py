@@ -23,7 +23,8 @@ from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.models.hf_tokenizer import import_tokenizer
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.shards import TokenShards
-from tfkit.trainer.evaluate import evaluate, sliding_windows, token_byte_lengths
+from tfkit.evaluation.evaluate import evaluate, sliding_windows
+from tfkit.tokenization.token_bytes import token_byte_lengths
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +287,7 @@ def test_cli_prints_one_row_per_checkpoint_and_the_same_json(tokenizers, valid_f
 
 def test_json_out_is_checked_before_anything_is_scored(tokenizers, valid_file: Path, tmp_path: Path,
                                                         monkeypatch) -> None:
-    import tfkit.trainer.evaluate as evaluate_module
+    import tfkit.evaluation.evaluate as evaluate_module
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("evaluated although --json could never be written")

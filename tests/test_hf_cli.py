@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from typer.testing import CliRunner
 
@@ -22,10 +21,6 @@ IDS = torch.randint(5, 280, (2, 12), generator=torch.Generator().manual_seed(1))
 
 def run(*args: str):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def commands() -> set[str]:
-    return set(typer.main.get_command(app).commands)
 
 
 def byte_level_tokenizer(folder: Path) -> None:
@@ -166,8 +161,6 @@ def test_export_exit_codes(tmp_path):
 
 
 def test_imported_llama_converts_to_mqa_evaluates_and_exports(tmp_path, monkeypatch):
-    if not {"convert-mqa-to-gqa", "eval"} <= commands():
-        pytest.skip("convert-mqa-to-gqa / eval are not registered yet")
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
     data = tmp_path / "valid.txt"
     data.write_text("\n".join(TEXT * 3))
@@ -192,8 +185,6 @@ def test_imported_llama_converts_to_mqa_evaluates_and_exports(tmp_path, monkeypa
 
 
 def test_imported_bert_evaluates(tmp_path, monkeypatch):
-    if "eval" not in commands():
-        pytest.skip("eval is not registered yet")
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
     from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
 

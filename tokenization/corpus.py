@@ -43,7 +43,6 @@ from .formats import (DATASET_FILES, dataset_dict_error, dataset_files, decoded_
                       read_parquet)
 from .stdlib_corpus import stdlib_documents, stdlib_fingerprint
 
-TEXT_SUFFIXES = (".txt", ".md")
 COMPRESSED = (".txt.gz", ".txt.zst", ".jsonl.gz", ".jsonl.zst")
 SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv", ".parquet", ".arrow", *COMPRESSED)
 FIELD_SUFFIXES = (".json", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")  # records with fields

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from ..models.transformer import Block
+from ..models.base import Block
 from .sections import OptimSection
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic of Keller Jordan's Muon (torch.optim.Muon's default)

@@ -135,7 +135,7 @@ def _fsdp_no_sync(module: nn.Module):
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """Every transformer block of a tfkit model (GPT/BERT blocks, encoder and decoder layers)."""
-    from ..models.transformer import Block
+    from ..models.base import Block
 
     return [m for m in model.modules() if isinstance(m, Block)]
 
