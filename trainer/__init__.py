@@ -17,7 +17,6 @@ the pieces are usable on their own:
 | `parallel`      | `Parallel`: DDP / FSDP2 wrapping and full state; activation checkpointing      |
 | `metrics`       | metrics.jsonl, TensorBoard, loss.png, MFU                                      |
 | `data`          | the run's tokenizer and datasets                                               |
-| `evaluate`      | `evaluate`: `tfkit eval`, a finished checkpoint scored on a corpus             |
 
 Submodules are imported on use (`from tfkit.trainer.run import pretrain`) so `import tfkit.trainer` stays
 cheap for the CLI.
