@@ -1,0 +1,263 @@
+"""Labelled data for fine-tuning: texts, or text pairs, each with a class label or a float target.
+
+Data comes as people have it (`labelled_rows`: CSV / TSV with or without a header, JSON lines, Parquet,
+gzip / zstd) or as the built-in `stdlib:topics` set; `Columns` picks the text, the pair's second text and
+the label by name or by position. What `load_labelled` decides, and why:
+
+- classification labels are strings or integers (an integral float, as Parquet makes of an integer column
+  with a null, is its integer); the classes are the training file's, numbered in sorted order, numerically
+  when every label is an integer, so GLUE's 0/1 stay 0/1 and the numbering never depends on row order;
+- a validation label the training file never has is refused (the model has no output for it), and so is
+  a training file with a single class;
+- a regression target must be a finite number;
+- a row whose text (or second text) is empty or missing is skipped and counted, and the count is one of
+  the `notes` a run writes to start.log: a blank cell is a gap in the data, not a reason to stop a run;
+- without a validation file, a seeded share of the training file is held out, stratified by label for
+  classification (each class gives its share, and keeps at least one training example), a plain seeded
+  sample (`holdout.sample_documents`) for regression; a note says so.
+Every problem is one line naming the file, the row and the column, with what was expected.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, DataError
+from .holdout import check_fraction, sample_documents
+from .labelled_rows import Row, read_rows
+from .stdlib_topics import is_topics_spec, topic_rows
+
+TASKS = ("classification", "regression")
+SHOWN = 20  # column names or labels listed in a message
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where the text, the second text of a pair (None: single texts) and the label are: a column name, or
+    a position counted from 0 (the only way to name a column of a file read without a header)."""
+
+    text: str | int = "text"
+    text_pair: str | int | None = None
+    label: str | int = "label"
+
+    def problems(self) -> list[str]:
+        out = []
+        chosen = {"text": self.text, "text_pair": self.text_pair, "label": self.label}
+        for key, column in chosen.items():
+            if column is None and key == "text_pair":
+                continue
+            if isinstance(column, bool) or not isinstance(column, (str, int)) or column == "" or (
+                    isinstance(column, int) and column < 0):
+                out.append(f"columns.{key}: got {column!r}, expected a column name or a position (0, 1, ...)")
+        named = [column for column in chosen.values() if column is not None]
+        if len(set(named)) < len(named):
+            out.append(f"columns: text, text_pair and label must be different columns, got {chosen}")
+        return out
+
+
+@dataclass
+class Examples:
+    """One split: `targets` holds class ids (classification) or floats (regression), one per text."""
+
+    source: str
+    texts: list[str]
+    pairs: list[str] | None  # the second texts, for pair tasks
+    targets: list[Any]
+    skipped: int = 0  # rows skipped for an empty text
+    first_skipped: str | None = None  # where the first of them is
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices: list[int], source: str) -> Examples:
+        pairs = None if self.pairs is None else [self.pairs[i] for i in indices]
+        return Examples(source, [self.texts[i] for i in indices], pairs, [self.targets[i] for i in indices])
+
+
+@dataclass
+class LabelledData:
+    train: Examples
+    valid: Examples
+    task: str
+    labels: tuple[str, ...] | None  # class names by id; None for regression
+    notes: list[str] = field(default_factory=list)  # what a run reports in start.log
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.labels or ()))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.labels or ())}
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(map(str, names[:SHOWN])) + (f", ... ({len(names)} in all)" if len(names) > SHOWN else "")
+
+
+def _cell(row: Row, column: str | int, key: str) -> Any:
+    """The cell of `column` in `row`; a DataError naming the row and listing the columns there are."""
+    if isinstance(column, int):
+        if column < len(row.values):
+            return row.values[column]
+        raise DataError(f"{row.where}: no column {column} for columns.{key} (this row has {len(row.values)} "
+                        "columns, counted from 0)")
+    if row.names is None:
+        raise ConfigError(f"columns.{key}: {column!r} names a column, but the file is read without a header "
+                          "(header: false); give its position (0, 1, ...)")
+    if column not in row.names:
+        raise DataError(f"{row.where}: no column {column!r} (columns.{key}); the columns there are: "
+                        f"{_listed(row.names)}")
+    index = row.names.index(column)
+    if index >= len(row.values):
+        raise DataError(f"{row.where}: {len(row.values)} cells, but column {column!r} is number {index + 1} "
+                        "of the header")
+    return row.values[index]
+
+
+def _text(row: Row, column: str | int, key: str) -> str:
+    value = _cell(row, column, key)
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise DataError(f"{row.where}: column {column!r} (columns.{key}) holds {value!r}, expected text")
+
+
+def _label(row: Row, column: str | int) -> str:
+    """A class label as its name: a string, or an integer's digits (true / false for a JSON boolean)."""
+    value = _cell(row, column, "label")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return str(int(value))
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if value is None or isinstance(value, str):
+        raise DataError(f"{row.where}: the label (column {column!r}) is empty")
+    raise DataError(f"{row.where}: label {value!r} (column {column!r}): expected a class name or an integer "
+                    "(float targets are task: regression)")
+
+
+def _target(row: Row, column: str | int) -> float:
+    value = _cell(row, column, "label")
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or number != number or number in (float("inf"), float("-inf")):
+        raise DataError(f"{row.where}: column {column!r} is {value!r}, expected a finite number (task: regression)")
+    return number
+
+
+def _rows(spec: str, header: bool) -> Iterator[Row]:
+    return topic_rows(spec) if is_topics_spec(spec) else read_rows(Path(spec), header)
+
+
+def read_examples(spec: str, columns: Columns, task: str, header: bool = True) -> tuple[Examples, dict[str, str]]:
+    """The examples of one file, targets still as read (label names, or floats), and for classification
+    where each label is first seen (for messages about labels)."""
+    texts, targets, first_at = [], [], {}
+    pairs: list[str] | None = None if columns.text_pair is None else []
+    examples = Examples(spec, texts, pairs, targets)
+    for row in _rows(spec, header):
+        text = _text(row, columns.text, "text")
+        pair = None if columns.text_pair is None else _text(row, columns.text_pair, "text_pair")
+        if not text.strip() or (pair is not None and not pair.strip()):
+            examples.skipped += 1
+            examples.first_skipped = examples.first_skipped or row.where
+            continue
+        target = _label(row, columns.label) if task == "classification" else _target(row, columns.label)
+        texts.append(text)
+        targets.append(target)
+        if pair is not None:
+            pairs.append(pair)
+        if task == "classification":
+            first_at.setdefault(target, row.where)
+    if not texts:
+        empty = f" ({examples.skipped} rows with an empty text)" if examples.skipped else ""
+        raise DataError(f"labelled data {spec}: no examples{empty}")
+    return examples, first_at
+
+
+def label_names(labels: set[str] | dict[str, Any]) -> tuple[str, ...]:
+    """The classes in id order: numerically when every label is an integer, else alphabetically."""
+    if all(re.fullmatch(r"-?\d+", name) for name in labels):
+        return tuple(sorted(labels, key=int))
+    return tuple(sorted(labels))
+
+
+def _check_valid_labels(first_at: dict[str, str], label2id: dict[str, int], train: str) -> None:
+    for name, where in first_at.items():
+        if name not in label2id:
+            raise DataError(f"{where}: label {name!r} never occurs in the training data {train} "
+                            f"(its labels: {_listed(list(label2id))})")
+
+
+def stratified_holdout(targets: list[int], fraction: float, seed: int) -> list[int]:
+    """The indices held out: about `fraction` of each class (half up), drawn with `seed`, each class keeping
+    at least one training example; one example of the largest class when the shares round to none."""
+    rng = random.Random(seed)
+    by_class: dict[int, list[int]] = defaultdict(list)
+    for i, target in enumerate(targets):
+        by_class[target].append(i)
+    picked = []
+    for label in sorted(by_class):
+        members = by_class[label]
+        picked += rng.sample(members, min(len(members) - 1, int(len(members) * fraction + 0.5)))
+    largest = max(sorted(by_class), key=lambda label: len(by_class[label]))
+    if not picked and len(by_class[largest]) > 1:
+        picked = rng.sample(by_class[largest], 1)
+    return sorted(picked)
+
+
+def hold_out(examples: Examples, fraction: float, seed: int, stratify: bool) -> tuple[Examples, Examples, str]:
+    """(train, valid, the note saying so) from one file's examples."""
+    check_fraction(fraction)
+    indices = list(range(len(examples)))
+    if stratify:
+        held = stratified_holdout(examples.targets, fraction, seed)
+    else:
+        held = sample_documents(indices, fraction, seed)[1]
+    if not held or len(held) == len(examples):
+        raise DataError(f"labelled data {examples.source}: {len(examples)} examples are too few to hold out "
+                        f"{fraction:g} of them for validation; give a validation file")
+    kept = sorted(set(indices) - set(held))
+    how = "stratified by label" if stratify else "a seeded sample"
+    note = (f"no validation data: {len(held)} of the {len(examples)} examples of {examples.source} held out "
+            f"for validation (fraction {fraction:g}, seed {seed}, {how})")
+    return examples.subset(kept, examples.source), examples.subset(held, f"{examples.source} (held out)"), note
+
+
+def load_labelled(train: str, valid: str | None = None, *, columns: Columns = Columns(),
+                  task: str = "classification", header: bool = True, valid_fraction: float = 0.1,
+                  seed: int = 0) -> LabelledData:
+    """The training and validation examples of a fine-tuning run, labels numbered (see the module doc)."""
+    if task not in TASKS:
+        raise ConfigError(f"task: got {task!r}, expected one of {', '.join(TASKS)}")
+    problems = columns.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    train_set, train_first = read_examples(train, columns, task, header)
+    valid_set, valid_first = read_examples(valid, columns, task, header) if valid else (None, {})
+    labels = None
+    if task == "classification":
+        labels = label_names(train_first)
+        if len(labels) < 2:
+            raise DataError(f"labelled data {train}: every label is {labels[0]!r}; classification needs at "
+                            "least two classes")
+        label2id = {name: i for i, name in enumerate(labels)}
+        _check_valid_labels(valid_first, label2id, train)
+        for split in (train_set, valid_set):
+            if split is not None:
+                split.targets[:] = [label2id[name] for name in split.targets]
+    notes = [f"{s.source}: {s.skipped} rows with an empty text skipped (the first at {s.first_skipped})"
+             for s in (train_set, valid_set) if s is not None and s.skipped]
+    if valid_set is None:
+        train_set, valid_set, note = hold_out(train_set, valid_fraction, seed, stratify=labels is not None)
+        notes.append(note)
+    return LabelledData(train_set, valid_set, task, labels, notes)
