@@ -13,9 +13,9 @@ A docstring repeated in the library is one example (its first, in sorted file or
 two topics (`request_host` of `http.cookiejar` and `urllib.request`) none: the same text must not be in
 both splits, nor carry two labels. The split is decided per docstring by a stable hash of its text
 (sha256, as stdlib:docs' split): in each topic, the `VALID_PERCENT` with the lowest hashes are valid,
-so the split is stratified and the same on every run and machine for one Python version. Splitting per file, as stdlib:docs does,
-would leave whole classes out of valid (`logging` is three files), and a plain hash threshold left `json`
-one validation example.
+so the split is stratified and the same on every run and machine for one Python version. Splitting per
+file, as stdlib:docs does, would leave whole classes out of valid (`logging` is three files), and a plain
+hash threshold left `json` one validation example.
 """
 
 from __future__ import annotations
