@@ -1,0 +1,153 @@
+"""Task heads: a pretrained body of any family, one vector per sequence, dropout and one Linear.
+
+The conventions are HuggingFace's, so a tfkit classifier means what one means elsewhere:
+- bert, pooling `cls`: BERT's pooler, tanh(dense(hidden of [CLS])) (the body's own `pooler`, as
+  `BertPooler`), then dropout and `classifier`: `BertForSequenceClassification`'s function exactly
+  (tests/test_models_heads.py copies the weights of one and compares logits). tfkit's MLM pretraining does
+  not train the pooler, nor does BERT's without NSP: fine-tuning does;
+- gpt, pooling `last`: the hidden state of the last real token, the only one that has read the whole
+  text (`GPT2ForSequenceClassification`; it has no dropout and no bias: give `dropout: 0` and the
+  classifier starts with a zero bias, so a copied GPT-2 head computes the same);
+- transformer: its encoder, mean-pooled (the decoder is not used);
+- pooling `mean`, for bert and gpt: the average over real tokens (Sentence-BERT's pooling).
+Padding is whatever `attention_mask` says (right padding: a causal model's real tokens then never see
+it), and no pooling reads a padded position, so a text's logits do not depend on what it is batched with.
+
+`HeadConfig` is what a checkpoint's config.json keeps beside the model's (`to_dict`): the task, the
+pooling, the dropout and the labels as `id2label` / `label2id`, the keys any tool reads labels from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+
+TASKS = ("classification", "regression")
+POOLINGS = {"bert": ("cls", "mean"), "gpt": ("last", "mean"), "transformer": ("mean",)}  # the first: default
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    task: str = "classification"  # classification (one logit per class) | regression (one output, a float)
+    labels: tuple[str, ...] = ()  # class names by id (classification); () for regression
+    pooling: str | None = None  # cls | last | mean; None = the family's own (POOLINGS' first)
+    dropout: float = 0.1  # on the pooled vector, before the classifier (BERT's fine-tuning default)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels) if self.task == "classification" else 1
+
+    def pooling_for(self, arch: str) -> str:
+        return self.pooling or POOLINGS[arch][0]
+
+    def problems(self, arch: str) -> list[str]:
+        """Every setting this head cannot have on a body of family `arch`, each naming its key."""
+        out = []
+        if self.task not in TASKS:
+            out.append(f"head.task: got {self.task!r}, expected one of {', '.join(TASKS)}")
+        elif self.task == "classification" and (len(self.labels) < 2 or len(set(self.labels)) < len(self.labels)):
+            out.append(f"head.labels: got {list(self.labels)}, expected at least two distinct class names")
+        elif self.task == "regression" and self.labels:
+            out.append(f"head.labels: got {list(self.labels)}, but a regression head has no classes")
+        if arch in POOLINGS and self.pooling is not None and self.pooling not in POOLINGS[arch]:
+            out.append(f"head.pooling: {self.pooling!r} is not a pooling of {arch} models, which pool "
+                       f"{' or '.join(POOLINGS[arch])}")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"head.dropout: got {self.dropout}, expected 0 <= value < 1")
+        return out
+
+    def to_dict(self) -> dict:
+        """The head's section of config.json; `id2label` keys are strings, as JSON (and transformers) has them."""
+        return {"task": self.task, "pooling": self.pooling, "dropout": self.dropout, "num_labels": self.num_labels,
+                "id2label": {str(i): name for i, name in enumerate(self.labels)},
+                "label2id": {name: i for i, name in enumerate(self.labels)}}
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config.json") -> HeadConfig:
+        """The head `to_dict` wrote; ConfigError naming `source` when its labels are not ids 0..n-1."""
+        id2label = data.get("id2label") or {}
+        try:
+            labels = tuple(id2label[str(i)] for i in range(len(id2label)))
+        except KeyError:
+            raise ConfigError(f"{source}: head.id2label has keys {sorted(id2label)}, "
+                              f"expected 0..{len(id2label) - 1}") from None
+        return cls(task=data.get("task", "classification"), labels=labels, pooling=data.get("pooling"),
+                   dropout=float(data.get("dropout", 0.1)))
+
+
+def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """The average of the real tokens' states: hidden (B, T, C), mask (B, T) bool -> (B, C)."""
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    real = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1.0)  # (B, C)
+
+
+def last_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """The state of each row's last real token (the rightmost True of the mask): (B, T, C) -> (B, C).
+    Found on the device, as HF finds it, so nothing is read back to the host."""
+    if attention_mask is None:
+        return hidden[:, -1]
+    positions = torch.arange(hidden.shape[1], device=hidden.device)  # (T,)
+    last = (positions * attention_mask.long()).argmax(dim=-1)  # (B,)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, C)
+
+
+class SequenceClassifier(nn.Module):
+    """`body` (a tfkit BERT, GPT or Transformer) + pooling + dropout + `classifier` -> logits (B, num_labels)."""
+
+    def __init__(self, body: nn.Module, head: HeadConfig) -> None:
+        super().__init__()
+        cfg = body.config
+        problems = head.problems(cfg.arch)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.body, self.head_config, self.pooling = body, head, head.pooling_for(cfg.arch)
+        self.drop = nn.Dropout(head.dropout)
+        self.classifier = nn.Linear(cfg.d_model, head.num_labels)
+        nn.init.normal_(self.classifier.weight, 0.0, cfg.init_std)  # as HF initialises its heads
+        nn.init.zeros_(self.classifier.bias)
+
+    @property
+    def config(self):
+        return self.body.config
+
+    def pooled(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+               token_type_ids: Tensor | None = None) -> Tensor:
+        """input_ids (B, T), attention_mask (B, T) bool True = real, token_type_ids (B, T) (bert) -> (B, C)."""
+        arch = self.body.config.arch
+        if token_type_ids is not None and arch != "bert":
+            raise ValueError(f"token_type_ids are BERT's segments; a {arch} model has none")
+        if arch == "bert":
+            hidden = self.body.encode(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+        elif arch == "gpt":
+            hidden = self.body(input_ids, attention_mask=attention_mask, head=False)  # (B, T, C)
+        else:
+            hidden = self.body.encode(input_ids, attention_mask)  # (B, T, C)
+        if self.pooling == "cls":
+            return self.body.pooled(hidden)  # (B, C)
+        if self.pooling == "last":
+            return last_pool(hidden, attention_mask)
+        return mean_pool(hidden, attention_mask)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None) -> Tensor:
+        return self.classifier(self.drop(self.pooled(input_ids, attention_mask, token_type_ids)))  # (B, N)
+
+
+def head_loss(logits: Tensor, targets: Tensor, task: str) -> Tensor:
+    """Cross-entropy over class ids (B,), or the mean squared error against float targets (B,) of a
+    regression head's (B, 1) outputs (as HF's `problem_type`s compute them)."""
+    if task == "regression":
+        return F.mse_loss(logits.squeeze(-1).float(), targets.float())  # (B,) against (B,), never (B, B)
+    return F.cross_entropy(logits.float(), targets.long())
+
+
+def predictions(logits: Tensor, task: str) -> Tensor:
+    """Class ids (B,) or float predictions (B,) from a head's logits (B, N)."""
+    return logits.squeeze(-1) if task == "regression" else logits.argmax(dim=-1)
