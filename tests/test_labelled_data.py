@@ -79,6 +79,14 @@ def test_labels_are_numbered_by_value_not_by_row_order():
     assert label_names({"1", "b"}) == ("1", "b")
 
 
+def test_an_integer_label_is_one_class_however_it_is_written(tmp_path):
+    spec = write_jsonl(tmp_path / "t.jsonl", [{"text": str(i), "label": y} for i, y in enumerate(
+        [1, "1", 1.0, "1.0", " 01 ", "-2", -2, True, "pos"])])
+    data = load_labelled(spec, spec)
+    assert data.labels == ("-2", "1", "pos", "true")
+    assert [data.labels[i] for i in data.train.targets] == ["1"] * 5 + ["-2", "-2", "true", "pos"]
+
+
 def test_string_labels_and_text_pairs(tmp_path):
     rows = [("a man sleeps", "a person rests", "entailment"), ("a cat", "a dog", "contradiction"),
             ("it rains", "it is wet", "entailment"), ("x", "", "neutral"), ("q", "r", "neutral")]
@@ -112,6 +120,8 @@ def one_line(excinfo) -> str:
      ":3: column 'label' is 'high', expected a finite number (task: regression)"),
     ([["t", "0.5"], ["u", "nan"]], {"task": "regression"}, DataError, ":3: column 'label' is 'nan', expected a finite"),
     ([["t", "1"], ["u", ""]], {}, DataError, ":3: the label (column 'label') is empty"),
+    ([["t", "1"], ["u", "3.8"]], {}, DataError, ":3: label '3.8' (column 'label'): expected a class name or an "
+                                                "integer (fractional targets are task: regression)"),
     ([["", "1"], [" ", "0"]], {}, DataError, "no examples (2 rows with an empty text)"),
     ([["t", "1"]], {"header": False}, ConfigError, "columns.text: 'text' names a column, but the file is read "
                                                    "without a header (header: false); give its position"),

@@ -5,7 +5,7 @@ gzip / zstd) or as the built-in `stdlib:topics` set; `Columns` picks the text, t
 the label by name or by position. What `load_labelled` decides, and why:
 
 - classification labels are strings or integers (an integral float, as Parquet makes of an integer column
-  with a null, is its integer); the classes are the training file's, numbered in sorted order, numerically
+  with a null, is its integer; a fractional one is refused, in every format); the classes are the training file's, numbered in sorted order, numerically
   when every label is an integer, so GLUE's 0/1 stay 0/1 and the numbering never depends on row order;
 - a validation label the training file never has is refused (the model has no output for it), and so is
   a training file with a single class;
@@ -20,6 +20,7 @@ Every problem is one line naming the file, the row and the column, with what was
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections import defaultdict
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, shorten
 from .holdout import check_fraction, sample_documents
 from .labelled_rows import Row, read_rows
 from .stdlib_topics import is_topics_spec, topic_rows
@@ -128,29 +129,45 @@ def _text(row: Row, column: str | int, key: str) -> str:
     raise DataError(f"{row.where}: column {column!r} (columns.{key}) holds {value!r}, expected text")
 
 
+def _finite(value: Any) -> float | None:
+    """`value` as a finite float: a number, or a string that spells one; None otherwise (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _label(row: Row, column: str | int) -> str:
-    """A class label as its name: a string, or an integer's digits (true / false for a JSON boolean)."""
+    """A class label as its name: a string, or an integer's digits, however written ("1", 1, 1.0 and "1.0"
+    are one class; true / false for a JSON boolean). A fractional number is refused in every format: it
+    is a regression target, and as class names an STS-B file would become dozens of classes."""
     value = _cell(row, column, "label")
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return str(int(value))
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    if value is None or isinstance(value, str):
+    if isinstance(value, str):
+        value = value.strip()
+        if re.fullmatch(r"[+-]?\d+", value):
+            return str(int(value))  # exact, however long
+    if value is None or value == "":
         raise DataError(f"{row.where}: the label (column {column!r}) is empty")
-    raise DataError(f"{row.where}: label {value!r} (column {column!r}): expected a class name or an integer "
-                    "(float targets are task: regression)")
+    number = _finite(value)
+    if number is not None and number.is_integer():
+        return str(int(number))
+    if number is None and isinstance(value, str):
+        return value
+    raise DataError(f"{row.where}: label {shorten(repr(value))} (column {column!r}): expected a class name or an "
+                    "integer (fractional targets are task: regression)")
 
 
 def _target(row: Row, column: str | int) -> float:
     value = _cell(row, column, "label")
-    try:
-        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
-    except ValueError:
-        number = None
-    if number is None or number != number or number in (float("inf"), float("-inf")):
-        raise DataError(f"{row.where}: column {column!r} is {value!r}, expected a finite number (task: regression)")
+    number = _finite(value)
+    if number is None:
+        raise DataError(f"{row.where}: column {column!r} is {shorten(repr(value))}, expected a finite number "
+                        "(task: regression)")
     return number
 
 
