@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shorten
 
 TASKS = ("classification", "regression")
 POOLINGS = {"bert": ("cls", "mean"), "gpt": ("last", "mean"), "transformer": ("mean",)}  # the first: default
@@ -69,15 +69,17 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config.json") -> HeadConfig:
-        """The head `to_dict` wrote; ConfigError naming `source` when its labels are not ids 0..n-1."""
-        id2label = data.get("id2label") or {}
-        try:
-            labels = tuple(id2label[str(i)] for i in range(len(id2label)))
-        except KeyError:
-            raise ConfigError(f"{source}: head.id2label has keys {sorted(id2label)}, "
-                              f"expected 0..{len(id2label) - 1}") from None
-        return cls(task=data.get("task", "classification"), labels=labels, pooling=data.get("pooling"),
-                   dropout=float(data.get("dropout", 0.1)))
+        """The head `to_dict` wrote; ConfigError naming `source` and the key when it cannot be one (the rest
+        is checked by `problems`, as for a head built in code)."""
+        id2label, dropout = data.get("id2label") or {}, data.get("dropout", 0.1)
+        ids = [str(i) for i in range(len(id2label))] if isinstance(id2label, dict) else None
+        if ids is None or sorted(id2label) != sorted(ids) or not all(isinstance(v, str) for v in id2label.values()):
+            raise ConfigError(f"{source}: head.id2label is {shorten(repr(id2label), 300)}, expected class names "
+                              "under the ids 0..n-1")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise ConfigError(f"{source}: head.dropout is {dropout!r}, expected a number")
+        return cls(task=data.get("task", "classification"), labels=tuple(id2label[i] for i in ids),
+                   pooling=data.get("pooling"), dropout=float(dropout))
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:

@@ -129,8 +129,12 @@ def test_labels_round_trip_through_config_json_as_id2label_and_label2id():
     saved = json.loads(json.dumps(head.to_dict()))
     assert saved["id2label"] == {"0": "neg", "1": "neutral", "2": "pos"} and saved["label2id"]["pos"] == 2
     assert HeadConfig.from_dict(saved) == head
-    with pytest.raises(ConfigError, match=r"ckpt/config.json: head.id2label has keys \['0', '2'\], expected 0..1"):
-        HeadConfig.from_dict({"id2label": {"0": "a", "2": "b"}}, source="ckpt/config.json")
+    for damaged, message in [({"id2label": {"0": "a", "2": "b"}}, "head.id2label is {'0': 'a', '2': 'b'}, expected"),
+                             ({"id2label": ["a", "b"]}, "head.id2label is ['a', 'b'], expected class names"),
+                             ({"id2label": {"0": "a"}, "dropout": "high"}, "head.dropout is 'high', expected")]:
+        with pytest.raises(ConfigError) as excinfo:
+            HeadConfig.from_dict(damaged, source="ckpt/config.json")
+        assert str(excinfo.value).startswith(f"ckpt/config.json: {message}")
 
 
 def test_regression_loss_compares_each_output_with_its_own_target():

@@ -5,8 +5,9 @@ gzip / zstd) or as the built-in `stdlib:topics` set; `Columns` picks the text, t
 the label by name or by position. What `load_labelled` decides, and why:
 
 - classification labels are strings or integers (an integral float, as Parquet makes of an integer column
-  with a null, is its integer; a fractional one is refused, in every format); the classes are the training file's, numbered in sorted order, numerically
-  when every label is an integer, so GLUE's 0/1 stay 0/1 and the numbering never depends on row order;
+  with a null, is its integer; a fractional one is refused, in every format); the classes are the
+  training file's, numbered in sorted order, numerically when every label is an integer, so GLUE's 0/1
+  stay 0/1 and the numbering never depends on row order;
 - a validation label the training file never has is refused (the model has no output for it), and so is
   a training file with a single class;
 - a regression target must be a finite number;
