@@ -142,6 +142,14 @@ class SequenceClassifier(nn.Module):
         return self.classifier(self.drop(self.pooled(input_ids, attention_mask, token_type_ids)))  # (B, N)
 
 
+def pool_windows(logits: Tensor, owners: Tensor, num_examples: int) -> Tensor:
+    """The logits of each example, the mean over its windows' rows: logits (R, N), owners (R,) -> (E, N)
+    (tokenization/task_batches.py reads a long text as several windows)."""
+    sums = logits.new_zeros(num_examples, logits.shape[1]).index_add_(0, owners, logits)  # (E, N)
+    counts = torch.bincount(owners, minlength=num_examples).clamp(min=1).unsqueeze(1)  # (E, 1)
+    return sums / counts.to(logits.dtype)
+
+
 def head_loss(logits: Tensor, targets: Tensor, task: str) -> Tensor:
     """Cross-entropy over class ids (B,), or the mean squared error against float targets (B,) of a
     regression head's (B, 1) outputs (as HF's `problem_type`s compute them)."""

@@ -10,9 +10,10 @@ from tokenizers import Tokenizer
 
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
-from tfkit.models.heads import HeadConfig, SequenceClassifier, head_loss
+from tfkit.models.heads import HeadConfig, SequenceClassifier, head_loss, pool_windows
 from tfkit.tokenization.labelled import Examples
-from tfkit.tokenization.task_batches import (Layout, cut, encode_examples, layout_for, pair_room, task_dataset)
+from tfkit.tokenization.task_batches import (Layout, cut, encode_examples, encode_windows, layout_for, pair_room,
+                                            task_dataset, window_starts)
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 
 FIRSTS = ["the event loop runs callbacks", "a message has headers and a payload " * 6, "json"]
@@ -126,3 +127,44 @@ def test_regression_targets_batch_as_floats(tokenizers):
     assert batch["labels"].dtype == torch.float32 and "token_type_ids" not in batch
     bpe = tokenizers["bpe"]
     assert data.encoded.truncated == sum(len(bpe.encode(text)) > 16 - 2 for text in FIRSTS) > 0
+
+
+@pytest.mark.parametrize("length, room, stride, starts", [
+    (10, 4, 3, [0, 3, 6]), (10, 4, 2, [0, 2, 4, 6]), (10, 4, 4, [0, 4, 6]), (4, 4, 1, [0]), (2, 4, 1, [0]),
+])
+def test_windows_cover_every_token_and_end_at_the_texts_end(length, room, stride, starts):
+    assert window_starts(length, room, stride) == starts
+    covered = {t for s in starts for t in range(s, min(s + room, length))}
+    assert covered == set(range(length)) and starts[-1] + room >= length
+
+
+def test_a_long_text_is_read_whole_as_windows_with_its_target(tokenizers):
+    tok = tokenizers["wordpiece"]
+    layout = layout_for("bert", tok, pairs=False)
+    ids = tok.encode(FIRSTS[1])
+    windows = encode_windows(FIRSTS, tok, layout, max_len=12, stride=6)
+    mine = [row for row, owner in zip(windows.rows, windows.owners) if owner == 1]
+    assert [row[1:-1] for row in mine] == [ids[s:s + 10] for s in window_starts(len(ids), 10, 6)]
+    assert all(row[0] == tok.cls_id and row[-1] == tok.sep_id and len(row) <= 12 for row in windows.rows)
+    assert windows.owners == sorted(windows.owners) and windows.truncated == 0
+    assert windows.windowed == sum(len(tok.encode(text)) > 10 for text in FIRSTS) > 0
+    data = task_dataset(Examples("test", FIRSTS, None, [2, 0, 1]), tok, "bert", max_len=12, seed=0,
+                        regression=False, stride=6)
+    assert torch.equal(data.labels, torch.tensor([2, 0, 1])[data.owners])
+
+
+def test_window_logits_are_averaged_per_text():
+    logits = torch.tensor([[1.0, 0.0], [3.0, 2.0], [5.0, 5.0], [0.0, 1.0]])
+    pooled = pool_windows(logits, torch.tensor([0, 0, 0, 2]), num_examples=3)
+    torch.testing.assert_close(pooled, torch.tensor([[3.0, 7 / 3], [0.0, 0.0], [0.0, 1.0]]))
+
+
+@pytest.mark.parametrize("pairs, stride, message", [
+    (None, 0, "data.stride: got 0, expected 1 to 10 (the text tokens of a window)"),
+    (None, 11, "data.stride: got 11, expected 1 to 10"),
+    (SECONDS, 4, "data.stride: sliding windows read single texts; a text pair is cut (data.truncation)"),
+])
+def test_impossible_windows_are_refused(tokenizers, pairs, stride, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        task_dataset(Examples("test", FIRSTS, pairs, [0, 1, 0]), tokenizers["wordpiece"], "bert", max_len=12,
+                     seed=0, regression=False, stride=stride)

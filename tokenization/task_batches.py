@@ -16,7 +16,10 @@ Classification?": the first 128 and last 382 tokens did best on IMDb, and HEAD_S
 exactly those at BERT's 512). A pair is cut longest first, as HF tokenizers' `longest_first`: the shorter
 text keeps all its tokens when it fits in half the room, each keeps half otherwise (the longer, or the
 second of equals, the odd token). `Encoded.truncated`
-counts the examples that lost tokens, for the run to report.
+counts the examples that lost tokens, for the run to report. Or a long text is read whole, as sliding
+windows (`encode_windows`, every `stride` tokens, the last ending at the text's end), each window a row
+with its text's target; `Encoded.owners` maps rows to texts, and `models.heads.pool_windows` averages a
+text's window logits.
 
 `TaskDataset` batches them as every tfkit dataset does: batch `i` a pure function of `(seed, i)`, rows
 padded on the right to `max_len` (fixed shapes), `labels` class ids (int64) or float targets (float32).
@@ -99,7 +102,18 @@ def pair_room(len_a: int, len_b: int, room: int) -> tuple[int, int]:
 class Encoded:
     rows: list[list[int]]  # token ids, specials included, each at most max_len
     segments: list[list[int]] | None  # token type ids, for layouts with segments
-    truncated: int  # examples that lost tokens
+    owners: list[int]  # the example each row is of: one row per example, or its windows in order
+    truncated: int = 0  # examples that lost tokens
+    windowed: int = 0  # examples read as several windows
+
+
+def _room(layout: Layout, max_len: int, pair: bool) -> int:
+    """The tokens of text a row of `max_len` holds beside the layout's specials; ConfigError when none."""
+    room = max_len - layout.specials(pair)
+    if room < (2 if pair else 1):
+        raise ConfigError(f"data.max_len: {max_len} leaves no room for text beside the layout's "
+                          f"{layout.specials(pair)} special tokens")
+    return room
 
 
 def encode_examples(texts: list[str], pairs: list[str] | None, tokenizer: TfkitTokenizer, layout: Layout,
@@ -107,14 +121,10 @@ def encode_examples(texts: list[str], pairs: list[str] | None, tokenizer: TfkitT
     """The texts (and second texts) laid out and cut to `max_len` tokens each."""
     if truncation not in TRUNCATIONS:
         raise ConfigError(f"data.truncation: got {truncation!r}, expected one of {', '.join(TRUNCATIONS)}")
-    pair = pairs is not None
-    room = max_len - layout.specials(pair)
-    if room < (2 if pair else 1):
-        raise ConfigError(f"data.max_len: {max_len} leaves no room for text beside the layout's "
-                          f"{layout.specials(pair)} special tokens")
+    room = _room(layout, max_len, pairs is not None)
     firsts = tokenizer.encode_batch(texts)
-    seconds = tokenizer.encode_batch(pairs) if pair else [None] * len(firsts)
-    out = Encoded([], [] if layout.segments else None, 0)
+    seconds = tokenizer.encode_batch(pairs) if pairs is not None else [None] * len(firsts)
+    out = Encoded([], [] if layout.segments else None, list(range(len(firsts))))
     for a, b in zip(firsts, seconds):
         if b is None:
             out.rows.append([*layout.prefix, *cut(a, room, truncation), *layout.suffix])
@@ -130,13 +140,40 @@ def encode_examples(texts: list[str], pairs: list[str] | None, tokenizer: TfkitT
     return out
 
 
+def window_starts(length: int, room: int, stride: int) -> list[int]:
+    """Where the windows of `room` tokens over a text of `length` tokens start: every `stride` tokens, the
+    last one ending at the text's end, so every token is in a window and none is padding."""
+    if length <= room:
+        return [0]
+    return [*range(0, length - room, stride), length - room]
+
+
+def encode_windows(texts: list[str], tokenizer: TfkitTokenizer, layout: Layout, max_len: int,
+                   stride: int) -> Encoded:
+    """Each text laid out as sliding windows of up to `max_len` tokens, `stride` text tokens apart: a long
+    text is read whole, as several rows whose logits `models.heads.pool_windows` averages."""
+    room = _room(layout, max_len, pair=False)
+    if not 1 <= stride <= room:
+        raise ConfigError(f"data.stride: got {stride}, expected 1 to {room} (the text tokens of a window)")
+    out = Encoded([], None, [])
+    for k, ids in enumerate(tokenizer.encode_batch(texts)):
+        starts = window_starts(len(ids), room, stride)
+        out.rows += [[*layout.prefix, *ids[s:s + room], *layout.suffix] for s in starts]
+        out.owners += [k] * len(starts)
+        out.windowed += len(starts) > 1
+    return out
+
+
 class TaskDataset(_PureDataset):
-    """Laid-out examples and their targets; batches of `input_ids`, `attention_mask` (B, max_len), with
-    `token_type_ids` for layouts with segments, and `labels` (B,)."""
+    """Laid-out rows and their targets; batches of `input_ids`, `attention_mask` (B, max_len), with
+    `token_type_ids` for layouts with segments, and `labels` (B,). A window has its text's target;
+    `owners` (R,) says which example each row is of, for pooling the windows' logits."""
 
     def __init__(self, encoded: Encoded, targets: list, max_len: int, pad_id: int, seed: int, regression: bool):
         self.encoded, self.max_len, self.pad_id, self.seed = encoded, max_len, pad_id, seed
-        self.labels = torch.tensor(targets, dtype=torch.float32 if regression else torch.long)  # (N,)
+        self.owners = torch.tensor(encoded.owners, dtype=torch.long)  # (R,)
+        targets = torch.tensor(targets, dtype=torch.float32 if regression else torch.long)  # (N,)
+        self.labels = targets[self.owners]  # (R,)
         self.num_examples = len(encoded.rows)
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
@@ -148,9 +185,17 @@ class TaskDataset(_PureDataset):
 
 
 def task_dataset(examples: Examples, tokenizer: TfkitTokenizer, arch: str, *, max_len: int, seed: int,
-                 regression: bool, truncation: str = "head", type_vocab_size: int = 2) -> TaskDataset:
-    """One split of a fine-tuning run as a dataset of family `arch`'s layout."""
-    layout = layout_for(arch, tokenizer, examples.pairs is not None, type_vocab_size)
+                 regression: bool, truncation: str = "head", stride: int | None = None,
+                 type_vocab_size: int = 2) -> TaskDataset:
+    """One split of a fine-tuning run as a dataset of family `arch`'s layout: each text cut to `max_len`
+    (`truncation`), or, with a `stride`, read as sliding windows (single texts only)."""
+    pair = examples.pairs is not None
+    layout = layout_for(arch, tokenizer, pair, type_vocab_size)
     pad_id = _need(tokenizer.pad_id, "padding token", tokenizer, arch)
-    encoded = encode_examples(examples.texts, examples.pairs, tokenizer, layout, max_len, truncation)
+    if stride is None:
+        encoded = encode_examples(examples.texts, examples.pairs, tokenizer, layout, max_len, truncation)
+    elif pair:
+        raise ConfigError("data.stride: sliding windows read single texts; a text pair is cut (data.truncation)")
+    else:
+        encoded = encode_windows(examples.texts, tokenizer, layout, max_len, stride)
     return TaskDataset(encoded, examples.targets, max_len, pad_id, seed, regression)
