@@ -15,11 +15,10 @@ the first `HEAD_SHARE` of the room and the end (Sun et al. 2019, "How to Fine-Tu
 Classification?": the first 128 and last 382 tokens did best on IMDb, and HEAD_SHARE = 128 / 510 keeps
 exactly those at BERT's 512). A pair is cut longest first, as HF tokenizers' `longest_first`: the shorter
 text keeps all its tokens when it fits in half the room, each keeps half otherwise (the longer, or the
-second of equals, the odd token). `Encoded.truncated`
-counts the examples that lost tokens, for the run to report. Or a long text is read whole, as sliding
-windows (`encode_windows`, every `stride` tokens, the last ending at the text's end), each window a row
-with its text's target; `Encoded.owners` maps rows to texts, and `models.heads.pool_windows` averages a
-text's window logits.
+second of equals, the odd token). `Encoded.truncated` counts the examples that lost tokens, for the run
+to report. Or a long single text is read whole, as sliding windows (`encode_windows`, every `stride`
+tokens, the last ending at the text's end), each window a row with its text's target; `Encoded.owners`
+maps rows to texts, and `models.heads.pool_windows` averages a text's window logits.
 
 `TaskDataset` batches them as every tfkit dataset does: batch `i` a pure function of `(seed, i)`, rows
 padded on the right to `max_len` (fixed shapes), `labels` class ids (int64) or float targets (float32).
