@@ -27,6 +27,7 @@ def class_cases():
     yield np.array(["pos", "neg", "neg"]), np.array(["pos", "pos", "neg"])  # string labels
 
 
+@pytest.mark.filterwarnings("ignore:A single label was found")  # scikit-learn's note on the one-class case
 @pytest.mark.parametrize("predictions, labels", list(class_cases()))
 def test_classification_metrics_equal_scikit_learn(predictions, labels):
     assert accuracy(predictions, labels) == pytest.approx(sklearn_metrics.accuracy_score(labels, predictions))
