@@ -10,7 +10,9 @@ ordinary file-system mistakes, and the line names the path and the operating sys
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -68,8 +70,32 @@ def _print_error(message: str) -> None:
     err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
 
 
+def unwrap(text: str | None) -> str | None:
+    """A docstring's paragraphs as one line each, for the help to wrap at the terminal's width: Typer keeps
+    the docstring's own line breaks, which at 80 columns leave a short ragged line after each one, and at
+    120 a column as narrow as the source. A line starting with "- " stays a line of its own (a list)."""
+    if text is None:
+        return None
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(re.sub(r"\n(?!- )", " ", p) for p in paragraphs)
+
+
+def unwrap_help(command) -> None:
+    """`unwrap` the help of a command, its options and arguments, and every subcommand below it."""
+    command.help = unwrap(command.help)
+    for param in command.params:
+        if getattr(param, "help", None):
+            param.help = unwrap(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        unwrap_help(sub)
+
+
 class _Group(TyperGroup):
     """Catches user errors from any subcommand and turns them into one line and exit code 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        unwrap_help(self)  # Typer builds the subcommands first, so the whole tree is here
 
     def make_context(self, info_name, args, parent=None, **extra):
         """The top level's own options (`tfkit --bogus`) are parsed here, before `invoke`."""
