@@ -114,8 +114,8 @@ def convert_mqa_to_gqa(
     console.print(f"{folder} -> {out} (--method {method})", highlight=False, markup=False, soft_wrap=True)
     console.print(report(rows, "convert-mqa-to-gqa"), highlight=False)
     source_steps = read_config(out).get("prior_steps")  # the source's steps (and its own source's)
-    console.print(f"wrote {out}; uptrain it with: {uptrain_command(out, new_cfg, source_steps)}", highlight=False, markup=False,
-                  soft_wrap=True)  # one line: the command stays copy-pasteable
+    command = uptrain_command(out, new_cfg, source_steps)  # printed on one line: it stays copy-pasteable
+    console.print(f"wrote {out}; uptrain it with: {command}", highlight=False, markup=False, soft_wrap=True)
     if not has_tokenizer:
         err.print(f"[bold yellow]warning:[/bold yellow] {escape(str(folder))} has no tokenizer.json, so "
                   f"{escape(str(out))} has none either: `tfkit generate` and `tfkit eval` need one there "

@@ -145,8 +145,9 @@ class ScheduleSection:
 @dataclass
 class TrainSection:
     max_steps: int = 1000  # optimizer steps (with max_time: the most the run may take)
-    # a time budget such as 90s, 3m or 1h30m (the unit is required): the run ends, last checkpoint and validation written, when it is
-    # spent, its schedule decaying over the steps that fit (trainer/budget.py); null = max_steps decides
+    # a time budget such as 90s, 3m or 1h30m (the unit is required): the run ends, last checkpoint and
+    # validation written, when it is spent, its schedule decaying over the steps that fit (trainer/budget.py);
+    # null = max_steps decides
     max_time: str | int | float | None = None
     batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
     grad_accum: int = 1  # micro-batches per optimizer step

@@ -128,8 +128,8 @@ YAML_CASES = {
 @pytest.mark.parametrize("case", sorted(YAML_CASES), ids=[f"yaml-{c}" for c in sorted(YAML_CASES)])
 def test_damaged_or_hostile_yaml_is_refused_in_one_line(case, in_tmp):
     """Refused, not expanded or parsed to the end: an alias bomb that expanded would exhaust memory, and
-    values nested past the depth limit are refused by their depth. (No wall-clock bound: a shared machine makes one fail for
-    nothing; the refusal itself is the behaviour.)"""
+    values nested past the depth limit are refused by their depth. (No wall-clock bound: a shared machine
+    makes one fail for nothing; the refusal itself is the behaviour.)"""
     text, expected = YAML_CASES[case]
     path = _recipe_file(in_tmp, text=text)
     before = snapshot(in_tmp)
