@@ -44,6 +44,11 @@ FRACTION = Interval(0.0, 1.0)  # [0, 1): dropouts, betas, label smoothing
 OPEN_FRACTION = Interval(0.0, 1.0, low_inclusive=False)  # (0, 1): a share that must leave something either side
 UP_TO_ONE = Interval(0.0, 1.0, low_inclusive=False, high_inclusive=True)  # (0, 1]
 
+# A peak learning rate that trains (a warning outside it, not an error: a lab may probe divergence on purpose).
+# AdamW peaks run from 1e-4 (BERT-base) to 3e-3 (the tiny recipes), Muon's about 0.02; above 0.1 both diverge,
+# and `optim.lr=30` (3e-3 mistyped, or a percentage) trains to NaN with nothing said.
+USUAL_PEAK_LR = Interval(0.0, 0.1, low_inclusive=False, high_inclusive=True)
+
 
 def float_problems(section: Any, prefix: str, **intervals: Interval) -> list[str]:
     """One line per named key of `section` outside its interval. None is skipped: the type check lets it

@@ -76,12 +76,12 @@ def convert_mqa_to_gqa(
     Going to more K/V heads (MQA -> GQA -> MHA) copies each head to its group, so the model computes
     exactly the same function. The result is a complete checkpoint folder (weights, config.json with the
     new n_kv_heads and its provenance, tokenizer) that every command accepts. Pooling loses a little
-    quality; recover it by uptraining for ~5% of the original steps:
-    `tfkit pretrain gqa-uptrain --set train.init_from=DIR`.
+    quality; recover it by uptraining for 5% of the source's steps: the command printed at the end
+    (`tfkit pretrain gqa-uptrain --set train.init_from=DIR ...`) sets them.
     """
     import torch
 
-    from ..models import kv_cache_bytes_per_token, resolve_checkpoint
+    from ..models import kv_cache_bytes_per_token, read_config, resolve_checkpoint
     from ..models.convert import attention_params, convert_checkpoint
 
     folder = resolve_checkpoint(checkpoint)
@@ -113,20 +113,27 @@ def convert_mqa_to_gqa(
     console = output_console()
     console.print(f"{folder} -> {out} (--method {method})", highlight=False, markup=False, soft_wrap=True)
     console.print(report(rows, "convert-mqa-to-gqa"), highlight=False)
-    console.print(f"wrote {out}; uptrain it with: {uptrain_command(out, new_cfg)}", highlight=False, markup=False,
-                  soft_wrap=True)  # one line: the command stays copy-pasteable
+    source_steps = read_config(out).get("prior_steps")  # the source's steps (and its own source's)
+    command = uptrain_command(out, new_cfg, source_steps)  # printed on one line: it stays copy-pasteable
+    console.print(f"wrote {out}; uptrain it with: {command}", highlight=False, markup=False, soft_wrap=True)
     if not has_tokenizer:
         err.print(f"[bold yellow]warning:[/bold yellow] {escape(str(folder))} has no tokenizer.json, so "
                   f"{escape(str(out))} has none either: `tfkit generate` and `tfkit eval` need one there "
                   "(copy the run's tokenizer files in)")
 
 
-def uptrain_command(out: Path, cfg) -> str:
+def uptrain_command(out: Path, cfg, source_steps: int | None = None) -> str:
     """`tfkit pretrain gqa-uptrain --set train.init_from=OUT` plus a `--set model.KEY=VALUE` for every model
-    key where the bundled recipe (gpt-tiny with 2 K/V heads) differs from this checkpoint: the trainer
-    refuses a recipe whose model contradicts the checkpoint it starts from."""
-    sets = [f"--set {item}" for item in uptrain_overrides(out, cfg)]
-    return " ".join(["tfkit pretrain gqa-uptrain", *sets])
+    key where the bundled recipe (gpt-tiny with 2 K/V heads) differs from this checkpoint (the trainer
+    refuses a recipe whose model contradicts the checkpoint it starts from), and the run's length for a
+    source of `source_steps` updates (`uptrain_steps`)."""
+    from ..trainer.recipe import load_recipe
+
+    overrides = uptrain_overrides(out, cfg) + uptrain_steps(source_steps, load_recipe("gqa-uptrain"))
+    return " ".join(["tfkit pretrain gqa-uptrain", *(f"--set {item}" for item in overrides)])
+
+
+UPTRAIN_FRACTION = 0.05  # Ainslie et al. (2023): uptraining for 5% of the original pretraining steps
 
 
 def uptrain_overrides(out: Path, cfg) -> list[str]:
@@ -144,6 +151,20 @@ def uptrain_overrides(out: Path, cfg) -> list[str]:
     if OBJECTIVE_FOR_ARCH[cfg.arch] != recipe.objective.name:
         sets.append(f"objective.name={OBJECTIVE_FOR_ARCH[cfg.arch]}")
     return sets
+
+
+def uptrain_steps(source_steps: int | None, recipe) -> list[str]:
+    """`train.max_steps` at 5% of the steps the source had trained (the recipe's 15 are 5% of gpt-tiny's
+    300 only), with validation every third of the run and one checkpoint at its end, as the recipe does
+    for its 15; no override where the source's steps are unknown (an imported HuggingFace model)."""
+    if not isinstance(source_steps, int) or isinstance(source_steps, bool) or source_steps < 1:
+        return []
+    steps = max(1, round(UPTRAIN_FRACTION * source_steps))
+    t = recipe.train
+    wanted = {"train.max_steps": (t.max_steps, steps), "train.eval_every": (t.eval_every, max(1, round(steps / 3))),
+              "train.save_every": (t.save_every, steps),
+              "schedule.warmup_steps": (recipe.schedule.warmup_steps, min(recipe.schedule.warmup_steps, steps - 1))}
+    return [f"{key}={new}" for key, (old, new) in wanted.items() if new != old]
 
 
 def _yaml(value) -> str:

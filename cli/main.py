@@ -2,14 +2,17 @@
 
 Commands live one group per module and stay thin; this module only assembles them. Every `TfkitError`
 raised below is caught here and printed as one red line with exit code 2 (the traceback only with
-`--debug`), so a user sees what to fix rather than a stack. So is every `OSError` that got this far
+`--debug`), so a user sees what to fix rather than a stack; so is a command-line mistake that Typer reports (an
+unknown option, a missing argument), without its usage block and framed box. So is every `OSError` that got this far
 (an `--out` under a regular file, a `--run-dir` that is a file, no permission, a full disk): those are
 ordinary file-system mistakes, and the line names the path and the operating system's reason.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from .. import __version__
 from ..errors import TfkitError, disk_full, shorten
@@ -54,8 +58,52 @@ def os_error_line(exc: OSError) -> str:
     return line
 
 
+def usage_line(exc: TyperException) -> str:
+    """A command-line mistake (a missing argument, an unknown option, `--kv-heads two`) as one line that
+    says where to look, instead of a usage block and a framed box."""
+    where = getattr(exc, "ctx", None)
+    hint = f" (see '{where.command_path} -h')" if where is not None else ""
+    return one_line(exc.format_message().rstrip(".")) + hint
+
+
+def _print_error(message: str) -> None:
+    err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
+
+
+def unwrap(text: str | None) -> str | None:
+    """A docstring's paragraphs as one line each, for the help to wrap at the terminal's width: Typer keeps
+    the docstring's own line breaks, which at 80 columns leave a short ragged line after each one, and at
+    120 a column as narrow as the source. A line starting with "- " stays a line of its own (a list)."""
+    if text is None:
+        return None
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(re.sub(r"\n(?!- )", " ", p) for p in paragraphs)
+
+
+def unwrap_help(command) -> None:
+    """`unwrap` the help of a command, its options and arguments, and every subcommand below it."""
+    command.help = unwrap(command.help)
+    for param in command.params:
+        if getattr(param, "help", None):
+            param.help = unwrap(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        unwrap_help(sub)
+
+
 class _Group(TyperGroup):
     """Catches user errors from any subcommand and turns them into one line and exit code 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        unwrap_help(self)  # Typer builds the subcommands first, so the whole tree is here
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        """The top level's own options (`tfkit --bogus`) are parsed here, before `invoke`."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except TyperException as exc:
+            _print_error(usage_line(exc))
+            raise typer.Exit(2) from None
 
     def invoke(self, ctx: typer.Context):
         try:
@@ -65,11 +113,13 @@ class _Group(TyperGroup):
             raise typer.Exit(141) from None  # 128 + SIGPIPE, what `yes | head` reports
         except KeyboardInterrupt:  # Ctrl-C outside training (which saves and exits 130 itself), e.g. importing torch
             raise typer.Exit(130) from None
+        except TyperException as exc:  # a subcommand's arguments, parsed here
+            _print_error(usage_line(exc))
+            raise typer.Exit(2) from None
         except (TfkitError, OSError) as exc:
             if ctx.meta.get("tfkit.debug"):
                 raise
-            message = one_line(os_error_line(exc) if isinstance(exc, OSError) else str(exc))
-            err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
+            _print_error(one_line(os_error_line(exc) if isinstance(exc, OSError) else str(exc)))
             raise typer.Exit(2) from None
 
 

@@ -63,11 +63,32 @@ def export_family(cfg: ModelConfig) -> str:
     problems = [f"model.{name}={getattr(cfg, name)} has no HuggingFace equivalent for {FAMILY_NAME[family]}, "
                 f"which has {what}" for name, allowed, what in REQUIREMENTS[family] if getattr(cfg, name) not in allowed]
     if family != "llama" and cfg.kv_heads != cfg.n_heads:
-        problems.append(f"model.n_kv_heads={cfg.n_kv_heads} has no HuggingFace equivalent for {FAMILY_NAME[family]}, "
-                        "which has multi-head attention only (rope + rmsnorm + swiglu exports as Llama, with GQA)")
+        problems.append(grouped_kv_problem(family, cfg, regrouped_exports=not problems))
     if problems:
         raise ConfigError("; ".join(problems))
     return family
+
+
+def grouped_kv_problem(family: str, cfg: ModelConfig, regrouped_exports: bool) -> str:
+    """Why grouped K/V does not export as BERT or GPT-2, and what does: the same checkpoint regrouped to
+    MHA (copying each K/V head to its group computes the same function), when nothing else stands in the
+    way, or, for a decoder, a model trained with the `--set` keys that make it a Llama, the one HF family
+    with grouped K/V (the llama-tiny recipe)."""
+    to_mha = (f"; `tfkit convert-mqa-to-gqa CHECKPOINT --kv-heads {cfg.n_heads} --out DIR` regroups it to MHA, "
+              "the same function, which exports" if regrouped_exports else "")
+    if family == "bert":
+        return (f"model.n_kv_heads={cfg.n_kv_heads} has no HuggingFace equivalent for {FAMILY_NAME[family]}: no "
+                f"HuggingFace encoder has grouped K/V{to_mha}")
+    llama = ["model.positions=rope", *(f"model.{name}={_yaml(allowed[0])}" for name, allowed, _ in REQUIREMENTS["llama"]
+                                       if getattr(cfg, name) not in allowed)]
+    return (f"model.n_kv_heads={cfg.n_kv_heads} has no HuggingFace equivalent for {FAMILY_NAME[family]}, which "
+            f"has multi-head attention only{to_mha}; a Llama exports with grouped K/V: train one with "
+            f"{' '.join('--set ' + item for item in llama)} (the llama-tiny recipe)")
+
+
+def _yaml(value) -> str:
+    """A recipe value as `--set` takes it (YAML: false, not False)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:

@@ -120,6 +120,30 @@ def test_bad_input_gives_one_line_and_exit_code_2(case, tmp_path):
     assert expected in last, last
 
 
+USAGE_CASES = {
+    "missing argument": (["pretrain"], "Missing argument 'recipe'", "tfkit pretrain -h"),
+    "unknown option": (["eval", "ckpt", "--bogus", "x"], "No such option: --bogus", "tfkit eval -h"),
+    "unknown command": (["pretrian"], "No such command 'pretrian'", "tfkit -h"),
+    "not a number": (["convert-mqa-to-gqa", "ckpt", "--kv-heads", "two", "--out", "o"], "'two' is not a valid int",
+                     "tfkit convert-mqa-to-gqa -h"),
+    "top-level option": (["--bogus", "recipes", "list"], "No such option: --bogus", "tfkit -h"),
+    "nested group": (["lab", "run"], "Missing argument 'claim'", "tfkit lab run -h"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_CASES))
+def test_a_command_line_mistake_is_one_line_and_exit_code_2(case):
+    """What the argument parser refuses reads as every other mistake: one line naming it and where the
+    usage is, not a usage block and a framed box."""
+    args, expected, usage = USAGE_CASES[case]
+    result = runner.invoke(app, args, prog_name="tfkit")
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected in lines[0] and usage in lines[0], lines[0]
+
+
 def test_debug_shows_the_traceback_instead(tmp_path):
     result = runner.invoke(app, ["--debug", "recipes", "validate", str(tmp_path / "missing.yaml")])
     assert result.exit_code != 0

@@ -189,6 +189,28 @@ def test_uptrain_command_needs_no_override_for_gpt_tiny_with_two_kv_heads() -> N
     assert "--set model.n_kv_heads=1" in command
 
 
+@pytest.mark.parametrize(("source_steps", "up_steps"), [(41, 2), (300, 15), (20_000, 1000)])
+def test_the_uptrain_command_trains_five_percent_of_the_source_steps(source_steps: int, up_steps: int) -> None:
+    from tfkit.cli.convert import uptrain_command
+    from tfkit.trainer.recipe import load_recipe
+
+    cfg = ModelConfig(**{**load_recipe("gpt-tiny").model.config(4096).to_dict(), "n_kv_heads": 2})
+    command = uptrain_command(Path("ckpt"), cfg, source_steps)
+    overrides = command.split(" --set ")[1:]
+    recipe = load_recipe("gqa-uptrain", overrides)  # what the user pastes is a valid recipe
+    assert recipe.train.max_steps == up_steps
+    assert recipe.train.save_every == up_steps and recipe.schedule.warmup_steps < up_steps
+    if source_steps == 300:  # gpt-tiny's own 300 steps: the recipe as written
+        assert overrides == ["train.init_from=ckpt"]
+
+
+def test_the_printed_uptrain_command_follows_the_source_run(run_folder: Path, tmp_path: Path) -> None:
+    result = invoke([str(run_folder), "-g", "1", "-o", str(tmp_path / "mqa")])
+    assert result.exit_code == 0, result.output
+    assert "--set train.max_steps=1 " in result.stdout  # 5% of its 9 steps, at least one
+    assert "--set schedule.warmup_steps=0" in result.stdout  # the recipe's 2 would not fit
+
+
 def test_a_checkpoint_without_tokenizer_converts_with_a_warning(run_folder: Path, tmp_path: Path) -> None:
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -40,3 +40,17 @@ def test_the_run_says_what_it_trains_and_validates_on_without_progress_output(en
     assert f"training tokens from {english_file}" in data and "epochs in 2 steps" in data
     assert f"validation tokens from 10% of {english_file}, held out in chunks spread through it" in data
     assert "(1 CPU thread)" in result.stdout
+
+
+def test_a_tokenizer_trained_off_a_terminal_prints_no_empty_lines(tmp_path):
+    """tokenizers' own bars write to the process's stdout from Rust (which CliRunner does not capture):
+    off a terminal they drew nothing but left an empty line per phase above the report."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tfkit", "train-tokenizer", "stdlib:docs:valid", "--vocab-size",
+                           "300", "--out", str(tmp_path / "tok")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "bpe tokenizer" in done.stdout
+    for stream in (done.stdout, done.stderr):
+        assert not [n for n, line in enumerate(stream.splitlines()) if not line.strip()], stream[:300]

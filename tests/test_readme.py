@@ -24,3 +24,42 @@ def test_readme_has_exactly_two_setup_commands_quickstart_then_tests():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci_lines = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
     assert _setup_commands()[1] in ci_lines
+
+
+def _example_commands() -> list[list[str]]:
+    """Every command of the README's examples (the bash blocks after Set up), split as the shell would,
+    comments dropped, in the order a reader runs them."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("## Set up", 1)[1].split("\n## ", 1)[1]
+    blocks = re.findall(r"```bash\n(.+?)\n```", text, flags=re.S)
+    return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def _inputs(args: list[str]) -> list[str]:
+    """The files a tfkit command reads: `data.train` / `data.valid` values and a tokenizer's corpus."""
+    sets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--set"]
+    found = [s.split("=", 1)[1] for s in sets if s.startswith(("data.train=", "data.valid="))]
+    if args[:2] == ["tfkit", "train-tokenizer"]:
+        found.append(args[2])
+    return found
+
+
+def test_every_readme_example_runs_in_a_clone_as_written():
+    """A clone has nothing beside it (no ../shared): each file an example reads is a built-in corpus or
+    one an earlier example wrote, each recipe it names is bundled, and its --set values validate."""
+    from tfkit.trainer.recipe import bundled_recipes, load_recipe
+
+    written: set[str] = set()
+    commands = _example_commands()
+    assert len(commands) > 20, "the README's examples were not found"
+    for args in commands:
+        for path in _inputs(args):
+            assert path.startswith("stdlib:") or path in written, f"{' '.join(args)}: {path} is not there"
+        if ">" in args:
+            written.add(args[args.index(">") + 1])
+        if "pretrain" in args and "tfkit" in args[: args.index("pretrain")]:
+            recipe = args[args.index("pretrain") + 1]
+            sets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--set"]
+            assert recipe in bundled_recipes(), f"{' '.join(args)}: no bundled recipe {recipe}"
+            load_recipe(recipe, sets)  # raises on a value the recipe refuses

@@ -117,3 +117,24 @@ def test_a_floor_above_the_peak_is_rejected_where_the_schedule_decays():
     with pytest.raises(ConfigError, match=r"schedule.min_lr: 1 exceeds optim.lr=0.003, the peak it decays from"):
         load_recipe("gpt-tiny", ["schedule.min_lr=1"])
     assert load_recipe("gpt-tiny", ["schedule.min_lr=1", "schedule.name=constant"]).schedule.min_lr == 1.0
+
+
+@pytest.mark.parametrize("value", ["90", "1.5", "0"])
+def test_a_time_budget_without_a_unit_is_refused(value):
+    """`train.max_time=90` could mean seconds or minutes: the unit is required."""
+    message = _message([f"train.max_time={value}"])
+    assert f"train.max_time: got {value} without a unit" in message and "90s, 3m or 1h30m" in message
+
+
+@pytest.mark.parametrize("override, key", [("optim.lr=30", "optim.lr"), ("optim.lr=0.5", "optim.lr"),
+                                           ("optim.muon_lr=2", "optim.muon_lr")])
+def test_a_peak_learning_rate_that_diverges_warns(override, key):
+    recipe = load_recipe("small-corpus", [override])  # AdamW and Muon
+    assert [w for w in recipe.warnings() if w.startswith(f"{key}: a peak learning rate of")], recipe.warnings()
+
+
+def test_no_bundled_recipe_warns_of_its_learning_rate():
+    from tfkit.trainer.recipe import bundled_recipes
+
+    for name in bundled_recipes():
+        assert not [w for w in load_recipe(name).warnings() if "peak learning rate of" in w and "above" in w], name

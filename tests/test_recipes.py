@@ -20,7 +20,7 @@ def test_every_bundled_recipe_validates(name):
 
 
 def test_bundled_recipes_include_the_documented_ones():
-    assert {"quickstart", "gpt-tiny", "bert-tiny", "transformer-tiny", "gpt2-small", "bert-base"} <= set(
+    assert {"quickstart", "gpt-tiny", "bert-tiny", "transformer-tiny", "gpt2-small", "bert-base", "llama-tiny"} <= set(
         bundled_recipes()
     )
 

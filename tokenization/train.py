@@ -31,7 +31,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from ..errors import ConfigError, DataError
 from ..files import staged_folder, write_atomic
-from ..progress import progress_bar
+from ..progress import interactive, progress_bar
 from .determinism import canonical_unigram, continuing_pieces, count_words, unpin_continuing_pieces
 from .report import build_report
 from .spec import KIND_SPECIALS, KINDS, TokenizerSpec  # noqa: F401 - re-exported: tfkit.tokenization.train.TokenizerSpec
@@ -180,7 +180,7 @@ def train_tokenizer(
         raise ConfigError(f"vocab_size: got {spec.vocab_size}, expected at most {MAX_VOCAB:,} (2**24)")
     out = Path(out_dir)
     _check_out_dir(out, force)
-    tok, trainer = build_pipeline(spec, show_progress)
+    tok, trainer = build_pipeline(spec, show_progress and interactive())  # off a terminal its bars leave empty lines
     stream = _reader(texts, spec.kind)
     start = time.perf_counter()
     pinned: list[str] = []

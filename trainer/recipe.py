@@ -24,7 +24,7 @@ import yaml
 from ..errors import ConfigError, shorten
 from ..models.config import type_problem
 from ..models.sizes import sized_config
-from ..ranges import POSITIVE
+from ..ranges import POSITIVE, USUAL_PEAK_LR
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, DataSection, EvalSection,  # noqa: F401 - re-exported
                        LogSection, ModelSection, ObjectiveSection, OptimSection, ScheduleSection, TokenizerSection,
@@ -75,6 +75,7 @@ class Recipe:
             peak = self.optim.lr * self.model.d_model**-0.5 * max(warmup, 1) ** -0.5
             out.append(f"schedule.name: noam uses optim.lr={self.optim.lr:g} as a multiplier, not as the peak: the "
                        f"learning rate peaks at {peak:.3g} (lr * d_model^-0.5 * warmup_steps^-0.5) at step {warmup}")
+        out += _peak_lr_warnings(self.optim, peak)
         if self.model.norm_placement == "post" and peak > POST_NORM_PEAK_LR:
             out.append(f"model.norm_placement: post-norm at a peak learning rate of {peak:.3g} ({warmup} warmup steps) "
                        "often stalls (post-norm is sensitive to the learning rate early on: Xiong et al., 2020); use "
@@ -86,6 +87,14 @@ class Recipe:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _peak_lr_warnings(optim: OptimSection, peak: float) -> list[str]:
+    """A peak learning rate (AdamW's `peak`, and Muon's when it runs) above the range that trains."""
+    peaks = [("optim.lr", peak)] + ([("optim.muon_lr", optim.muon_lr)] if optim.name == "muon" else [])
+    return [f"{key}: a peak learning rate of {value:.3g} is above {USUAL_PEAK_LR.high:g}, where training "
+            "diverges (bundled recipes peak at 1e-4 to 3e-3, Muon's matrices at 0.02)"
+            for key, value in peaks if POSITIVE.contains(value) and not USUAL_PEAK_LR.contains(value)]
 
 
 SECTIONS = ("model", "tokenizer", "data", "objective", "optim", "schedule", "train", "eval", "log")

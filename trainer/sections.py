@@ -145,8 +145,9 @@ class ScheduleSection:
 @dataclass
 class TrainSection:
     max_steps: int = 1000  # optimizer steps (with max_time: the most the run may take)
-    # a time budget such as 90s, 3m or 1h30m: the run ends, last checkpoint and validation written, when it is
-    # spent, its schedule decaying over the steps that fit (trainer/budget.py); null = max_steps decides
+    # a time budget such as 90s, 3m or 1h30m (the unit is required): the run ends, last checkpoint and
+    # validation written, when it is spent, its schedule decaying over the steps that fit (trainer/budget.py);
+    # null = max_steps decides
     max_time: str | int | float | None = None
     batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -184,7 +185,10 @@ class TrainSection:
             out.append(f"{prefix}.device: got {self.device!r}, expected auto, cpu, cuda or cuda:N")
         if self.threads != "auto" and (isinstance(self.threads, str) or not 1 <= self.threads <= 4096):
             out.append(f"{prefix}.threads: got {self.threads!r}, expected auto or a number of threads >= 1")
-        if self.max_time is not None:
+        if isinstance(self.max_time, (int, float)) and not isinstance(self.max_time, bool):
+            out.append(f"{prefix}.max_time: got {self.max_time!r} without a unit (seconds? minutes?), expected a "
+                       "duration such as 90s, 3m or 1h30m")
+        elif self.max_time is not None:
             try:
                 parse_duration(self.max_time, f"{prefix}.max_time")
             except ConfigError as exc:
