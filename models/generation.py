@@ -235,6 +235,9 @@ def check_generate(cfg, prompt_ids: list[list[int]], max_new_tokens: int, min_ne
         raise ConfigError(f"source_ids must be given exactly when the model is an encoder-decoder (arch={cfg.arch})")
     if source_ids is not None and len(source_ids) != len(prompt_ids):
         raise ConfigError(f"{len(source_ids)} sources for {len(prompt_ids)} decoder prompts; give one per row")
+    if source_ids is not None and max(map(len, source_ids)) > cfg.max_seq_len:
+        raise ConfigError(f"--prompt: a source has {max(map(len, source_ids))} tokens but the model's max_seq_len "
+                          f"is {cfg.max_seq_len}")
     if not 0 <= min_new_tokens <= max_new_tokens:
         raise ConfigError(f"--min-new-tokens: got {min_new_tokens}, expected 0 to --max-new-tokens ({max_new_tokens})")
 
