@@ -24,12 +24,19 @@ AUTO = "auto"
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+def check_device(name: str, option: str = "--device") -> str:
+    """`name` when it is a device name (auto, cpu, cuda, cuda:N), else an error naming `option`. Needs no
+    torch, so a recipe is checked as quickly as `tfkit recipes validate` must be."""
+    if not (name in (AUTO, "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ConfigError(f"{option}: got {name!r}, expected auto, cpu, cuda or cuda:N")
+    return name
+
+
 def pick_device(name: str, option: str = "--device") -> torch.device:
     """The torch device `name` means on this machine (module doc); `option` is where it came from."""
     import torch
 
-    if not (name in (AUTO, "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
-        raise ConfigError(f"{option}: got {name!r}, expected auto, cpu, cuda or cuda:N")
+    check_device(name, option)
     if name == AUTO:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
