@@ -197,12 +197,12 @@ def _load(folder: Path, device: torch.device,
     return model, cfg, tokenizer, read_config(folder)
 
 
-def checkpoint_precision(folder: Path, precision: str) -> str:
-    """`precision` as given, or for `auto` the one the checkpoint trained in (its config.json, or its run's
-    recipe.yaml for a checkpoint from before `train.precision: auto`); fp32 where neither says (imports)."""
+def checkpoint_precision(folder: Path, config: dict, precision: str) -> str:
+    """`precision` as given, or for `auto` the one the checkpoint trained in: its config.json's, or its run's
+    recipe.yaml's for a checkpoint from before `train.precision: auto`; fp32 where neither says (imports)."""
     if precision != "auto":
         return precision
-    trained = _trained_precision(folder)
+    trained = config.get("precision") or _trained_precision(folder)
     return trained if trained in PRECISIONS else "fp32"
 
 
@@ -258,7 +258,7 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     device = device if isinstance(device, torch.device) else pick_device(device)
     folder, (model, cfg, tokenizer, config) = read_checkpoint(
         path, lambda f: _load(f, device, overrides or []), best=best)
-    precision = checkpoint_precision(folder, precision)
+    precision = checkpoint_precision(folder, config, precision)
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
     seq_len = trained_seq_len(config) if seq_len is None else seq_len
     check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)

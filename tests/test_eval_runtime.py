@@ -81,9 +81,11 @@ def test_eval_scores_in_the_precision_the_checkpoint_trained_in(tokenizer_dir, t
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
     bf16 = checkpoint(tmp_path / "bf16" / "step-5", tokenizer_dir, precision="bf16")
     unknown = checkpoint(tmp_path / "import" / "step-5", tokenizer_dir)  # an import: no precision recorded
+    older = checkpoint(tmp_path / "older" / "checkpoints" / "step-5", tokenizer_dir)  # from before `auto`:
+    (tmp_path / "older" / "recipe.yaml").write_text("train:\n  precision: bf16\n")  # its run's recipe says
     data = ["--data", text_file, "--max-batches", "2"]
-    auto_rows = eval_rows(tmp_path, bf16, unknown, *data)
-    assert [r["dtype"] for r in auto_rows] == ["bf16", "fp32"]
+    auto_rows = eval_rows(tmp_path, bf16, unknown, older, *data)
+    assert [r["dtype"] for r in auto_rows] == ["bf16", "fp32", "bf16"]
     library = evaluate(bf16, str(text_file), max_batches=2, dtype="bf16", cache_dir=tmp_path / "cache",
                        show_progress=False)
     assert auto_rows[0]["loss"] == library["loss"]
