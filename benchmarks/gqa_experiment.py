@@ -11,7 +11,7 @@ tfkit's own pieces, end to end:
 3. score each right after conversion (`tfkit eval`'s `evaluate`, identical batches for all);
 4. uptrain each for α·N steps with the bundled `gqa-uptrain` recipe, and the MHA model itself for the same
    steps as the control (extra steps help MHA too, so "GQA close to MHA" is judged against that control);
-5. time greedy decoding (tfkit.models.generation's prefill / decode_one_token) of MHA, GQA-2 and MQA,
+5. time greedy decoding (tfkit.models.generation's prefill / decode_step) of MHA, GQA-2 and MQA,
    interleaved per round so a busy host slows every variant alike: on the trained models, and on the same
    shape with random weights at a long context, where the KV cache (what GQA shrinks) dominates.
 
@@ -40,7 +40,7 @@ from tfkit.models.convert import convert_checkpoint
 from tfkit.files import TFKIT_MODEL, check_new_folder
 from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
 from tfkit.models.convert import attention_params
-from tfkit.models.generation import decode_one_token, prefill
+from tfkit.models.generation import decode_step, prefill
 from tfkit.evaluation.evaluate import evaluate
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
@@ -114,8 +114,10 @@ def decode_speed(models: dict[str, torch.nn.Module], batch: int, context: int, s
                 cache = model.new_kv_cache(batch, context + steps + 1)
                 token = prefill(model, prompt, cache).argmax(-1, keepdim=True)  # (B, 1)
                 start_wall, start_cpu = time.perf_counter(), time.thread_time()
-                for pos in range(context, context + steps):
-                    token = decode_one_token(model, token, cache, pos).argmax(-1, keepdim=True)  # (B, 1)
+                with torch.inference_mode():
+                    for pos in range(context, context + steps):
+                        step = decode_step(model, token, torch.tensor(pos), cache)  # (B, V)
+                        token = step.argmax(-1, keepdim=True)  # (B, 1)
                 cpu[name].append(batch * steps / (time.thread_time() - start_cpu))
                 wall[name].append(batch * steps / (time.perf_counter() - start_wall))
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -21,11 +21,18 @@ from rich.table import Table
 
 from ..errors import ConfigError, DataError
 from ..files import TFKIT_MODEL, check_new_folder
-from ..progress import console as output_console, interactive
+from ..progress import console as output_console
+from ..runtime import pick_device
 from ..threads import set_threads
+from .options import Device
+
+if TYPE_CHECKING:
+    import torch
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
+
+
+def score(folder: Path, data: str, max_tokens: int, device: torch.device) -> dict:
     """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
     text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
     convert does not have."""
@@ -33,7 +40,7 @@ def score(folder: Path, data: str, max_tokens: int, device: str) -> dict:
 
     started = time.perf_counter()
     try:
-        result = evaluate(folder, data, max_tokens=max_tokens, device=device, show_progress=interactive())
+        result = evaluate(folder, data, max_tokens=max_tokens, device=device)
     except TooLittleText as exc:
         raise DataError(f"--eval-data {data}: too little text to score one sequence of {exc.seq_len} tokens "
                         f"(the length {folder} was trained at); give more text") from None
@@ -68,6 +75,7 @@ def convert_mqa_to_gqa(
                                                      "measure the validation loss before and after.")] = None,
     eval_tokens: Annotated[int, typer.Option("--eval-tokens", help="Tokens scored by --eval-data.")] = 65_536,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists (never the input).")] = False,
+    device: Device = "auto",
 ) -> None:
     """Convert a checkpoint's attention to another number of key/value heads: MHA -> GQA -> MQA and back.
 
@@ -79,8 +87,6 @@ def convert_mqa_to_gqa(
     quality; recover it by uptraining for 5% of the source's steps: the command printed at the end
     (`tfkit pretrain gqa-uptrain --set train.init_from=DIR ...`) sets them.
     """
-    import torch
-
     from ..models import kv_cache_bytes_per_token, read_config, resolve_checkpoint
     from ..models.convert import attention_params, convert_checkpoint
 
@@ -91,10 +97,10 @@ def convert_mqa_to_gqa(
     has_tokenizer = (folder / "tokenizer.json").is_file()
     if eval_data is not None and not has_tokenizer:
         raise ConfigError(f"--eval-data: {folder} has no tokenizer.json to tokenize the data with")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_device = pick_device(device)  # where --eval-data is scored
     set_threads()  # the cores the machine's load leaves free
     if eval_data is not None:  # first: data that cannot be scored fails before --out is written
-        before = score(folder, eval_data, eval_tokens, device)
+        before = score(folder, eval_data, eval_tokens, torch_device)
     model, new_model = convert_checkpoint(folder, out, kv_heads, method, seed)
     cfg, new_cfg = model.config, new_model.config
 
@@ -107,7 +113,7 @@ def convert_mqa_to_gqa(
                                             for b in (bytes_before, bytes_after))),
     ]
     if eval_data is not None:
-        after = score(out, eval_data, eval_tokens, device)
+        after = score(out, eval_data, eval_tokens, torch_device)
         rows.append(("validation loss", f"{before['loss']:.4f}", f"{after['loss']:.4f}"))
         rows.append(("perplexity", f"{before['perplexity']:.2f}", f"{after['perplexity']:.2f}"))
     console = output_console()

@@ -20,10 +20,10 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from ..files import write_atomic, write_problem
-from ..progress import console as output_console, interactive
+from ..progress import console as output_console
+from ..runtime import check_precision, pick_device
 from ..threads import set_threads
-from .generate import pick_runtime
-from .options import Device, Dtype
+from .options import Device
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -85,6 +85,30 @@ def holds_results(path: Path) -> bool:
     return isinstance(rows, list) and all(isinstance(r, dict) and {"checkpoint", "loss"} <= r.keys() for r in rows)
 
 
+def choose_seq_len(configs: list[dict], seq_len: int | None) -> int:
+    """One context length for every row, or the numbers would not compare: --seq-len, or the shortest length
+    the checkpoints trained at, within the smallest max_seq_len."""
+    from ..evaluation.evaluate import trained_seq_len
+
+    max_len = min(config["model"]["max_seq_len"] for config in configs)
+    if seq_len is None:
+        seq_len = min(trained_seq_len(config) for config in configs)
+        if seq_len < max_len:
+            err.print(f"scoring at seq_len {seq_len}, the length the checkpoints trained at "
+                      f"(--seq-len takes up to {max_len})")
+    elif not 1 <= seq_len <= max_len:
+        raise ConfigError(f"--seq-len must be in 1..{max_len} (the smallest max_seq_len of the checkpoints), "
+                          f"got {seq_len}")
+    return seq_len
+
+
+def check_limits(max_tokens: int | None, max_batches: int | None) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if max_batches is not None and max_batches < 1:
+        raise ConfigError(f"--max-batches must be >= 1, got {max_batches}")
+
+
 def evaluate(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint folders or run folders (latest checkpoint each).")],
     data: Annotated[str, typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")],
@@ -98,7 +122,8 @@ def evaluate(
     text_field: Annotated[str, typer.Option("--text-field", help="JSON/JSONL key holding the text.")] = "text",
     overrides: Annotated[Optional[list[str]], typer.Option("--set", metavar="model.KEY=VALUE", help="Evaluate under another value of a model key that keeps every weight (repeatable), e.g. --set model.attention=naive or model.attn_scale=none.")] = None,
     device: Device = "auto",
-    dtype: Dtype = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (the precision each checkpoint trained in), fp32, "
+                                       "bf16 or fp16 (autocast).")] = "auto",
 ) -> None:
     """Evaluate checkpoints on a corpus: loss, perplexity, bits per byte, token accuracy, parameters,
     KV-cache bytes per token and throughput, one table row per checkpoint.
@@ -108,43 +133,32 @@ def evaluate(
     bytes rather than tokens, so checkpoints with different tokenizers compare. `--set model.KEY=VALUE`
     scores every checkpoint under another setting that changes no weight (a key that would is refused).
     """
-    from ..models import read_config, resolve_checkpoint
-    from ..models.io import chosen_note
+    from ..models import read_config
+    from ..models.io import chosen_note, read_checkpoint
     from ..tokenization.corpus import check_text_field
     from ..evaluation import evaluate as evaluation
 
-    torch_device, _ = pick_runtime(device, dtype)
+    torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
     if json_out is not None:
         check_json_out(json_out)
     check_text_field(data, text_field)
-    folders = [resolve_checkpoint(c, best=True) for c in checkpoints]  # a run's best/ when it kept one
-    for path, folder in zip(checkpoints, folders):
+    check_limits(max_tokens, max_batches)
+    configs = []
+    for path in checkpoints:  # a run's best/ when it kept one
+        folder, config = read_checkpoint(path, read_config, best=True)
+        configs.append(config)
         if note := chosen_note(path, folder):
             err.print(note)
-    configs = [read_config(f) for f in folders]
-    max_len = min(config["model"]["max_seq_len"] for config in configs)
-    if seq_len is None:  # one context length for every row, or the numbers would not compare
-        seq_len = min(evaluation.trained_seq_len(config) for config in configs)
-        if seq_len < max_len:
-            err.print(f"scoring at seq_len {seq_len}, the length the checkpoints trained at "
-                      f"(--seq-len takes up to {max_len})")
-    elif not 1 <= seq_len <= max_len:
-        raise ConfigError(f"--seq-len must be in 1..{max_len} (the smallest max_seq_len of the checkpoints), "
-                          f"got {seq_len}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
-    if max_batches is not None and max_batches < 1:
-        raise ConfigError(f"--max-batches must be >= 1, got {max_batches}")
+    seq_len = choose_seq_len(configs, seq_len)
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
         started = time.perf_counter()
-        rows.append(evaluation.evaluate(folders[number - 1], data, batch_size=batch_size, max_batches=max_batches,
+        rows.append(evaluation.evaluate(ckpt, data, batch_size=batch_size, max_batches=max_batches, best=True,
                                         max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
-                                        dtype=dtype, seed=seed, show_progress=interactive(),
-                                        text_field=text_field, overrides=overrides))
-        err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens, "
-                  f"{time.perf_counter() - started:.1f} s")
+                                        dtype=precision, seed=seed, text_field=text_field, overrides=overrides))
+        err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens "
+                  f"({rows[-1]['dtype']}), {time.perf_counter() - started:.1f} s")
     console = output_console()
     console.print(results_table(rows, checkpoints, data))
     objectives = sorted({r["objective"] for r in rows})

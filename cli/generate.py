@@ -15,26 +15,11 @@ import typer
 from rich.console import Console
 
 from ..errors import ConfigError
+from ..runtime import check_precision, pick_device, torch_dtype
 from ..threads import set_threads
 from .options import Device, Dtype
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-DTYPES = ("fp32", "bf16", "fp16")
-
-
-def pick_runtime(device: str, dtype: str):
-    """(torch.device, torch.dtype) from the --device and --dtype strings; errors name the option."""
-    import torch
-
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(DTYPES)}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device: {device!r} requested but CUDA is not available (use auto or cpu)")
-    if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise ConfigError(f"--device: got {device!r}, expected auto, cpu, cuda or cuda:N")
-    return torch.device(device), {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
 class TextStream:
@@ -70,7 +55,6 @@ class TextStream:
         typer.echo(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
 
 
-# kept for tests/test_hf_cli.py until its import moves
 def prompt_header(number: int, prompt: str) -> str:
     """The stdout line before continuation `number` (from 1) when there are several prompts (module doc):
     one line whatever the prompt holds (repr escapes newlines), long prompts cut to 60 characters."""
@@ -120,59 +104,63 @@ def generate(
     `==> prompt N: 'PROMPT' <==`, with a blank line between them. Stops at the end-of-text token (not
     before --min-new-tokens), after --max-new-tokens, or at the model's max_seq_len; stderr says which.
     """
-    from ..models import load_model, resolve_checkpoint
-    from ..models.io import chosen_note
-    from ..models.generation import continuation, fill_mask, frame_prompt, generate as generate_ids
+    from ..models import load_model
+    from ..models.io import check_finite, chosen_note, read_checkpoint
     from ..tokenization import load_tokenizer
 
     if fill_mask_text is not None and prompt:
         raise ConfigError("--fill-mask and --prompt cannot be combined: fill masks (BERT) or continue prompts")
     if fill_mask_text is None and not prompt:
         raise ConfigError("--prompt is required (or --fill-mask for a BERT checkpoint)")
-    torch_device, torch_dtype = pick_runtime(device, dtype)
+    torch_device, precision = pick_device(device), check_precision(dtype)
     set_threads()  # the cores the machine's load leaves free
-    folder = resolve_checkpoint(checkpoint, best=True)
+    folder, ((model, cfg), tokenizer) = read_checkpoint(
+        checkpoint, lambda f: (load_model(f, device=torch_device), load_tokenizer(f)), best=True)
     if note := chosen_note(checkpoint, folder):
         err.print(note)
-    model, cfg = load_model(folder, device=torch_device)
-    model = model.to(dtype=torch_dtype)
-    tokenizer = load_tokenizer(folder)
+    check_finite(model, folder)
+    model = model.to(dtype=torch_dtype(precision))
     err.print(f"loaded {folder} ({cfg.arch}, {model.num_params():,} params) on {torch_device}")
-
     if fill_mask_text is not None:
-        err.print("mask\tprob\ttoken")
-        if top_k is not None and top_k < 1:
-            raise ConfigError(f"--top-k must be >= 1 (the fillers shown per mask), got {top_k}")
-        for i, guesses in enumerate(fill_mask(model, tokenizer, fill_mask_text, 5 if top_k is None else top_k),
-                                    start=1):
-            for token, prob in guesses:
-                typer.echo(f"{i}\t{prob:.4f}\t{token}")
-        return
-    if cfg.arch == "bert":
-        raise ConfigError("--prompt needs a GPT or encoder-decoder checkpoint; for BERT use --fill-mask \"... [MASK] ...\"")
-    framed = [frame_prompt(tokenizer, text, cfg.arch) for text in prompt]
+        print_fill_mask(model, tokenizer, fill_mask_text, 5 if top_k is None else top_k)
+    else:
+        print_continuations(model, tokenizer, prompt, max_new_tokens, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_new_tokens=min_new_tokens,
+            compile=compile_step))
+
+
+def print_fill_mask(model, tokenizer, text: str, top_k: int) -> None:
+    """One `mask<TAB>prob<TAB>token` line per guess, under a header printed once the guesses exist (a GPT
+    checkpoint or a text without a mask is one error line, not a header and then an error)."""
+    from ..models.generation import fill_mask
+
+    guesses = fill_mask(model, tokenizer, text, top_k)
+    typer.echo("mask\tprob\ttoken", err=True)  # tabs kept (rich would expand them), as on the rows
+    for i, row in enumerate(guesses, start=1):
+        for token, prob in row:
+            typer.echo(f"{i}\t{prob:.4f}\t{token}")
+
+
+def print_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, sampling: dict) -> None:
+    """Continue each prompt text: one prompt streamed as its tokens arrive, several printed in order under
+    their headers (module doc); why each stopped goes to stderr."""
+    from ..models.generation import continuation, frame_prompt, generate as generate_ids
+
+    cfg = model.config
+    framed = [frame_prompt(tokenizer, text, cfg.arch) for text in texts]
     prompts = [p for p, _ in framed]
     sources = [s for _, s in framed] if cfg.arch == "transformer" else None
-    if sources and max(map(len, sources)) > cfg.max_seq_len:
-        raise ConfigError(f"--prompt: a source has {max(map(len, sources))} tokens but the model's "
-                          f"max_seq_len is {cfg.max_seq_len}")
-    longest = max(len(p) for p in prompts)
-    if longest > cfg.max_seq_len:
-        raise ConfigError(f"--prompt: a prompt has {longest} tokens but the model's max_seq_len is {cfg.max_seq_len}")
-    if longest + max_new_tokens > cfg.max_seq_len:
-        err.print(f"note: generation stops at max_seq_len={cfg.max_seq_len} tokens (prompt included)")
     eos = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
     stream = TextStream(tokenizer, prompts[0]) if len(prompts) == 1 else None
-    outputs = generate_ids(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           eos_id=eos, seed=seed, on_token=stream, source_ids=sources,
-                           pad_id=tokenizer.pad_id or 0, min_new_tokens=min_new_tokens, compile=compile_step)
+    outputs = generate_ids(model, prompts, max_new_tokens, eos_id=eos, on_token=stream, source_ids=sources,
+                           pad_id=tokenizer.pad_id or 0, **sampling)
     reasons = [stop_reason(len(p), len(ids), max_new_tokens, cfg.max_seq_len) for p, ids in zip(prompts, outputs)]
     if stream is not None:
         stream.finish()
         err.print(f"stopped: {reasons[0]}")
         return
-    for number, (text, ids, framed_prompt) in enumerate(zip(prompt, outputs, prompts), start=1):
+    for number, (text, ids, prompt_ids) in enumerate(zip(texts, outputs, prompts), start=1):
         typer.echo(("\n" if number > 1 else "") + prompt_header(number, text))
-        typer.echo(continuation(tokenizer, framed_prompt, ids))
+        typer.echo(continuation(tokenizer, prompt_ids, ids))
     for number, reason in enumerate(reasons, start=1):
         err.print(f"prompt {number} stopped: {reason}")

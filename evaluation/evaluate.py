@@ -14,7 +14,7 @@ datasets' `eval_batches`, and adds what a comparison table needs:
 - causal models with `stride`: sliding-window perplexity per document, each token scored once with at
   least seq_len - stride tokens of context (documents longer than the context are not cut blind);
 - params, kv_cache_bytes_per_token (at bf16, as convert-mqa-to-gqa reports it), tokens_per_sec (tokens fed through the
-  model per second of forward passes).
+  model per second of forward passes), and the precision the forward passes ran in (`dtype`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,18 @@ import os
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
-from ..progress import progress_bar
-from ..models import kv_cache_bytes_per_token, load_model, read_config, resolve_checkpoint
+from ..models import kv_cache_bytes_per_token, load_model, read_config
+from ..models.io import read_checkpoint
+from ..runtime import PRECISIONS, check_precision, pick_device
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.corpus import CorpusWarning
 from ..tokenization.shards import TokenShards, prepare_tokens
@@ -42,8 +45,11 @@ from ..tokenization.token_bytes import byte_coverage, token_byte_lengths
 from ..trainer.data import is_pair_data, truncation_note
 from ..trainer.objectives import compute_loss, count_inputs, move_batch
 from ..trainer.optim import autocast_context
-from ..trainer.recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, ObjectiveSection
+from ..trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection
+from ..trainer.run_folder import _trained_precision
 from .model_overrides import with_model_overrides
+from .scoring_progress import ScoringProgress
+
 
 def default_cache_dir() -> Path:
     """Token shards of evaluation corpora, shared by every checkpoint with the same tokenizer."""
@@ -163,71 +169,113 @@ def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective:
         raise ConfigError(f"--stride must be in 1..seq_len={seq_len}, got {stride}")
 
 
-@torch.no_grad()
-def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
-                        max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
-                        device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
-                        cache_dir: str | Path | None = None, show_progress: bool = True,
-                        text_field: str = "text", overrides: list[str] | None = None) -> dict:
-    """Score one checkpoint (folder or run folder) on `data_spec`; returns the metrics dict (module doc).
+@dataclass
+class Tally:
+    """What scoring adds up over the batches: summed NLL (nats), correct and scored (predicted) tokens, their
+    UTF-8 bytes, tokens fed to the model, seconds of timed forward passes, and a digest of every batch."""
 
-    Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
-    (both None: the whole corpus). seq_len defaults to the length the checkpoint trained at
-    (`trained_seq_len`; only None does: 0 is an error, not "the default"). `text_field` is the
-    JSON/JSONL key holding the text. `overrides` (`model.KEY=VALUE`, eval's --set) evaluate the weights under
-    another setting of a model key that keeps every weight (evaluation/model_overrides.py).
-    """
-    if dtype not in PRECISIONS:
-        raise ConfigError(f"--dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
-    folder = resolve_checkpoint(path)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    model, cfg = with_model_overrides(*load_model(folder, device=device), overrides or [])
+    nll: float = 0.0
+    correct: int = 0
+    scored: int = 0
+    n_bytes: int = 0
+    fed: int = 0
+    seconds: float = 0.0
+    batches: int = 0
+    digest: Any = field(default_factory=hashlib.sha256)
+
+
+def _load(folder: Path, device: torch.device,
+          overrides: list[str]) -> tuple[torch.nn.Module, Any, TfkitTokenizer, dict]:
+    """(model under `overrides`, its config, tokenizer, config.json) of one checkpoint, read together so they
+    all come from the same folder (`read_checkpoint`)."""
+    model, cfg = with_model_overrides(*load_model(folder, device=device), overrides)
     tokenizer = load_tokenizer(folder)
     if tokenizer.vocab_size > cfg.vocab_size:  # its ids would index past the embedding table
         raise CheckpointError(f"{folder}: its tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
                               f"(config.json model.vocab_size) has {cfg.vocab_size}; the tokenizer files do not "
                               "belong to these weights")
+    return model, cfg, tokenizer, read_config(folder)
+
+
+def checkpoint_precision(folder: Path, config: dict, precision: str) -> str:
+    """`precision` as given, or for `auto` the one the checkpoint trained in: its config.json's, or its run's
+    recipe.yaml's for a checkpoint from before `train.precision: auto`; fp32 where neither says (imports)."""
+    if precision != "auto":
+        return precision
+    trained = config.get("precision") or _trained_precision(folder)
+    return trained if trained in PRECISIONS else "fp32"
+
+
+def _score(model, batches: Iterator[dict], loss_spec: ObjectiveSection, byte_table: Tensor, precision: str,
+           device: torch.device, progress: ScoringProgress, max_batches: int | None,
+           max_tokens: int | None) -> Tally:
+    """Every batch through the model until a limit is reached; the first one once more untimed, before, so
+    kernel selection and allocator growth do not count as throughput."""
+    t = Tally()
+    for batch in batches:
+        if (max_batches is not None and t.batches >= max_batches) or (max_tokens is not None and t.scored >= max_tokens):
+            break
+        for name in sorted(batch):
+            t.digest.update(name.encode() + batch[name].numpy().tobytes())
+        labels = batch["labels"]
+        if t.batches == 0:
+            with autocast_context(precision, device):
+                float(compute_loss(model, move_batch(batch, device), loss_spec).loss_sum)
+        start = time.perf_counter()
+        with autocast_context(precision, device):
+            out = compute_loss(model, move_batch(batch, device), loss_spec)
+        t.nll += float(out.loss_sum)  # float() syncs, so the forward is inside the timing
+        t.seconds += time.perf_counter() - start
+        count = int(out.count)
+        t.correct, t.scored, t.batches = t.correct + int(out.correct), t.scored + count, t.batches + 1
+        t.fed += count_inputs(batch)
+        t.n_bytes += int(byte_table[labels[labels != IGNORE_INDEX]].sum())
+        progress.update(count)
+    progress.close()
+    return t
+
+
+@torch.no_grad()
+def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
+             max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
+             device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
+             cache_dir: str | Path | None = None, show_progress: bool = True, text_field: str = "text",
+             overrides: list[str] | None = None, best: bool = False) -> dict:
+    """Score one checkpoint (folder, or run folder: its latest checkpoint, its best/ with `best`) on
+    `data_spec`; returns the metrics dict (module doc).
+
+    Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
+    (both None: the whole corpus). seq_len defaults to the length the checkpoint trained at
+    (`trained_seq_len`; only None does: 0 is an error, not "the default"). `device` is a device name
+    (runtime.pick_device) or a torch.device. `dtype` is fp32 / bf16 / fp16 autocast, or `auto`: the
+    precision the checkpoint trained in (`tfkit eval`'s default; fp32 stays the library's, so callers such
+    as the lab, whose scores must compare with those already written, keep their arithmetic).
+    `text_field` is the JSON/JSONL key holding the text. `overrides` (`model.KEY=VALUE`, eval's --set)
+    evaluate the weights under another setting of a model key that keeps every weight
+    (evaluation/model_overrides.py). `show_progress`: a bar on a terminal, a line now and then off one.
+    """
+    precision = check_precision(dtype, allow_auto=True)
+    device = device if isinstance(device, torch.device) else pick_device(device)
+    folder, (model, cfg, tokenizer, config) = read_checkpoint(
+        path, lambda f: _load(f, device, overrides or []), best=best)
+    precision = checkpoint_precision(folder, config, precision)
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
-    config = read_config(folder)
     seq_len = trained_seq_len(config) if seq_len is None else seq_len
     check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
-    loss_spec = ObjectiveSection(name=objective, label_smoothing=0.0)
     pair_fields = tuple(config.get("pair_fields") or ("source", "target"))
-    batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size, stride=stride,
-                           seed=seed, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-                           show_progress=show_progress, text_field=text_field, pair_fields=pair_fields)
-
-    nll, correct, scored, n_bytes, fed, seconds, n_batches = 0.0, 0, 0, 0, 0, 0.0, 0
-    digest = hashlib.sha256()
-    if total is not None and max_batches is not None:
-        total = min(total, max_batches)
-    bar = progress_bar(total=total, unit="batch", desc=f"eval {folder.name}", enabled=show_progress, leave=False)
-    for batch in batches:
-        if (max_batches is not None and n_batches >= max_batches) or (max_tokens is not None and scored >= max_tokens):
-            break
-        for name in sorted(batch):
-            digest.update(name.encode() + batch[name].numpy().tobytes())
-        labels = batch["labels"]
-        if n_batches == 0:  # untimed warm-up: kernel selection and allocator growth are not throughput
-            with autocast_context(dtype, device):
-                float(compute_loss(model, move_batch(batch, device), loss_spec).loss_sum)
-        start = time.perf_counter()
-        with autocast_context(dtype, device):
-            out = compute_loss(model, move_batch(batch, device), loss_spec)
-        nll += float(out.loss_sum)  # float() syncs, so the forward is inside the timing
-        seconds += time.perf_counter() - start
-        correct, count = correct + int(out.correct), int(out.count)
-        scored, fed, n_batches = scored + count, fed + count_inputs(batch), n_batches + 1
-        n_bytes += int(byte_table[labels[labels != IGNORE_INDEX]].sum())
-        bar.update(1)
-    bar.close()
-    if scored == 0:
+    batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size,
+                                  stride=stride, seed=seed,
+                                  cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
+                                  show_progress=show_progress, text_field=text_field, pair_fields=pair_fields)
+    total = total if total is None or max_batches is None else min(total, max_batches)
+    progress = ScoringProgress(folder.name, total, max_tokens, enabled=show_progress)
+    t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,
+               device, progress, max_batches, max_tokens)
+    if t.scored == 0:
         raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller --seq-len, "
                             "or more data)", seq_len)
-    loss = nll / scored
+    loss = t.nll / t.scored
     return {
         "checkpoint": str(folder),
         "arch": cfg.arch,
@@ -237,19 +285,19 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         "data": data_spec,
         "loss": loss,
         "perplexity": math.exp(min(loss, 700.0)),
-        "bits_per_byte": nll / math.log(2) / n_bytes if n_bytes else None,
-        "token_accuracy": correct / scored,
-        "tokens": scored,
-        "bytes": n_bytes,
+        "bits_per_byte": t.nll / math.log(2) / t.n_bytes if t.n_bytes else None,
+        "token_accuracy": t.correct / t.scored,
+        "tokens": t.scored,
+        "bytes": t.n_bytes,
         "byte_coverage": byte_coverage(tokenizer, byte_table.numpy(), data_spec, text_field) if objective != "seq2seq" else None,
         "seq_len": seq_len,
         "stride": stride,
         "params": model.num_params(),
-        "dtype": dtype,  # of the forward passes
+        "dtype": precision,  # of the forward passes
         # at bf16, the dtype a KV cache is kept in for inference, whatever --dtype scored: one number per model,
         # the same in convert-mqa-to-gqa's report; BERT (an encoder) has no KV cache.
         "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg),
-        "tokens_per_sec": fed / seconds if seconds else None,
-        "data_fingerprint": digest.hexdigest()[:16],
+        "tokens_per_sec": t.fed / t.seconds if t.seconds else None,
+        "data_fingerprint": t.digest.hexdigest()[:16],
         "set": list(overrides or []),  # the model keys evaluated under another value than the checkpoint's
     }

@@ -6,11 +6,10 @@ projections and the KV cache are `n_heads / n_kv_heads` times smaller than the q
 
 Masks are built once per forward by the model (`self_attention_mask`, `cross_attention_mask`) and passed
 to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
-- no padding, no ALiBi, no cache offset, causal or not: no mask tensor (`is_causal=True` for causal),
+- no padding, no ALiBi, no KV cache, causal or not: no mask tensor (`is_causal=True` for causal),
   so every fused backend applies (FlashAttention-2, memory-efficient, cuDNN on CUDA; the CPU flash kernel).
-- one decoding query at an int position (no padding, no ALiBi) sees every cached key: no mask tensor either.
-- the static decode step (position a tensor, keys = every slot of the cache): a boolean `attn_mask`
-  hiding the slots past the query (`position_mask`), or ALiBi's float one.
+- over a KV cache (the prefill and every decode step: keys = every slot of the cache): a boolean
+  `attn_mask` hiding the slots past each query (`position_mask`), or ALiBi's float one.
 - padding masks: a boolean `attn_mask`; ALiBi: an additive float `attn_mask` with the mask folded in.
   FlashAttention-2 takes no mask, so CUDA uses the memory-efficient or cuDNN kernel; the CPU flash kernel
   takes masks. GQA is passed as `enable_gqa=True` (no K/V copies), except with a mask on CUDA, where
@@ -53,25 +52,22 @@ class AttnMask:
     is_causal: bool = False
 
 
-def self_attention_mask(q_len: int, *, causal: bool, start_pos: int = 0, key_padding: Tensor | None = None,
+def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None = None,
                         alibi: Tensor | None = None, device: torch.device | None = None,
                         dtype: torch.dtype = torch.float32) -> AttnMask:
-    """Mask for self-attention of queries at positions start_pos..start_pos+q_len over keys 0..start_pos+q_len.
+    """Mask for self-attention of q_len queries over the same q_len keys, positions 0..q_len-1 (a forward
+    without a KV cache; over a cache the model builds `position_mask` from the cache's tables).
 
-    key_padding: (B, start_pos+q_len) bool, True = real token. alibi: (H,) slopes. A query may always see
+    key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. A query may always see
     its own position, so a padding query (whose output is never used) never has an empty softmax row.
     """
-    k_len = start_pos + q_len
-    if key_padding is not None and key_padding.shape[-1] != k_len:
-        raise ValueError(
-            f"attention mask covers {key_padding.shape[-1]} positions, expected start_pos+T={k_len}"
-        )
+    if key_padding is not None and key_padding.shape[-1] != q_len:
+        raise ValueError(f"attention mask covers {key_padding.shape[-1]} positions, expected T={q_len}")
     if key_padding is None and alibi is None and (not causal or q_len == 1):
-        return AttnMask()  # every key visible (one decoding query sees the whole cache): no tensor, any kernel
-    q_pos = torch.arange(start_pos, k_len, device=device)  # (T_q,)
-    k_pos = torch.arange(k_len, device=device)  # (T_k,)
-    pure_causal = causal and key_padding is None and alibi is None and start_pos == 0
-    tensor = position_mask(q_pos, k_pos, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype)
+        return AttnMask()  # every key visible: no tensor, any kernel
+    positions = torch.arange(q_len, device=device)  # (T,)
+    pure_causal = causal and key_padding is None and alibi is None
+    tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype)
     return AttnMask(tensor, is_causal=pure_causal)
 
 
@@ -174,7 +170,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: AttnMask, *, context: Tensor | None = None,
                 rope: tuple[Tensor, Tensor] | None = None, cache: LayerKV | CrossKV | None = None,
-                start_pos: int | Tensor = 0, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                start_pos: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         B, T, C = x.shape
         q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
         if rope is not None:
@@ -190,7 +186,7 @@ class Attention(nn.Module):
             if isinstance(cache, CrossKV):
                 cache.store(k, v)
             elif cache is not None:
-                k, v = cache.update(k, v, start_pos)  # (B, H_kv, start_pos+T | S_max, D): kv_cache.py
+                k, v = cache.update(k, v, start_pos)  # (B, H_kv, S_max, D): kv_cache.py
         dropout_p = self.attn_dropout if self.training else 0.0
         if need_weights or self.impl == "naive":
             y, weights = naive_attention(q, k, v, mask, dropout_p, self.training, self.scale)  # (B, H, T, D)

@@ -5,9 +5,10 @@ feed-forward, each a residual branch with its norm before (pre-LN, GPT-2) or aft
 BERT) the residual add. `ModelBase` holds what all three families share: position machinery (RoPE angles,
 ALiBi slopes), mask building (once per forward), parameter and FLOP counts, and the KV-cache factory.
 
-Decoders take `start_pos` as an int (prefill, chunks: keys 0..start_pos+T) or as a 0-dim tensor, the
-static decode step: keys are the whole cache, and the mask and RoPE rows come from the cache's tables
-indexed by that tensor (`_decoder_inputs`), so every step has the same shapes and no host read.
+A decoder forward without a KV cache starts at position 0 (training, scoring, a full recompute). With a
+cache it writes its keys/values at `start_pos`, a 0-dim long tensor (None = 0, the prefill), and attends
+over the whole cache: the mask and RoPE rows come from the cache's tables indexed by that tensor
+(`_decoder_inputs`), so every decode step has the same shapes and no host read (one write mode, gpt-fast's).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Block(nn.Module):
         return norm(y) if rows is None else norm(y, rows)
 
     def forward(self, x: Tensor, mask: AttnMask, *, rope: tuple[Tensor, Tensor] | None = None,
-                cache: LayerKV | None = None, start_pos: int | Tensor = 0, memory: Tensor | None = None,
+                cache: LayerKV | None = None, start_pos: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: AttnMask | None = None, cross_cache: CrossKV | None = None,
                 rows: Tensor | None = None) -> Tensor:
         x = self._sublayer(x, self.norm_attn, self.attn, mask, rope=rope, cache=cache, start_pos=start_pos, rows=rows)
@@ -64,17 +65,22 @@ class ModelBase(nn.Module):
         super().__init__()
         self.config = cfg
 
-    def _check_span(self, start_pos: int | Tensor, length: int, kv_cache: KVCache | None) -> None:
-        if isinstance(start_pos, Tensor):  # the static step: its bounds are the caller's (reading them syncs)
-            if kv_cache is None or start_pos.dim() != 0:
-                raise ValueError("a tensor start_pos (the static decode step) must be 0-dim and needs a kv_cache")
-            return
-        if start_pos and kv_cache is None:
-            raise ValueError("start_pos > 0 needs a kv_cache holding the earlier positions")
-        if start_pos + length > self.config.max_seq_len:
+    def _start(self, start_pos: Tensor | None, length: int, kv_cache: KVCache | None) -> Tensor | None:
+        """Check the span of `length` tokens at start_pos; returns the position the cache is written at (a
+        0-dim tensor, `positions[0]` for the prefill), or None without a cache. A tensor position's bounds
+        are the caller's: checking them would read it on the host."""
+        if start_pos is not None and (kv_cache is None or start_pos.dim() != 0):
+            raise ValueError("start_pos (a 0-dim position tensor) needs a kv_cache holding the earlier positions")
+        if start_pos is None and length > self.config.max_seq_len:
+            raise ConfigError(f"sequence reaches position {length} but model.max_seq_len is {self.config.max_seq_len}")
+        if kv_cache is None:
+            return None
+        if start_pos is None and length > kv_cache.max_len:
             raise ConfigError(
-                f"sequence reaches position {start_pos + length} but model.max_seq_len is {self.config.max_seq_len}"
+                f"KV cache holds {kv_cache.max_len} positions but {length} were given; "
+                "create it with a larger max_len (at most model.max_seq_len)"
             )
+        return kv_cache.positions[0] if start_pos is None else start_pos  # 0-dim
 
     def norm_rows(self, padding: Tensor | None, length: int) -> Tensor | None:
         """The real tokens (B, T) of the `length` newest positions, for BatchNorm statistics that skip padding;
@@ -88,30 +94,30 @@ class ModelBase(nn.Module):
             return x
         return norm(x) if rows is None else norm(x, rows)
 
-    def _rope(self, x: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor] | None:
-        """RoPE cos/sin for the positions of x (B, T, C), or None when positions are not rope."""
+    def _rope(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        """RoPE cos/sin for the positions 0..T-1 of x (B, T, C), or None when positions are not rope."""
         if self.config.positions != "rope":
             return None
-        return rope_angles(self.config, start_pos, x.shape[1], x.device)
+        return rope_angles(self.config, x.shape[1], x.device)
 
-    def _self_mask(self, x: Tensor, causal: bool, start_pos: int = 0, padding: Tensor | None = None) -> AttnMask:
+    def _self_mask(self, x: Tensor, causal: bool, padding: Tensor | None = None) -> AttnMask:
         """The self-attention mask (with the ALiBi bias folded in) for x (B, T, C), built once per forward.
         Slopes are fp32 and not a buffer, so casting the model to bf16 cannot round them."""
         slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
-        return self_attention_mask(x.shape[1], causal=causal, start_pos=start_pos, key_padding=padding,
+        return self_attention_mask(x.shape[1], causal=causal, key_padding=padding,
                                    alibi=slopes, device=x.device, dtype=x.dtype)
 
-    def _decoder_inputs(self, x: Tensor, start_pos: int | Tensor, padding: Tensor | None,
+    def _decoder_inputs(self, x: Tensor, start_pos: Tensor | None, padding: Tensor | None,
                         kv_cache: KVCache | None) -> tuple[AttnMask, tuple[Tensor, Tensor] | None]:
         """The causal self-attention mask and RoPE cos/sin of a decoder forward, built once for all layers.
 
-        A tensor start_pos is the static decode step: queries at start_pos.. over every slot of the cache,
-        the mask from the cache's key positions (and ALiBi slopes), RoPE rows indexed from its table.
+        Over a cache (start_pos the 0-dim tensor `_start` gives): queries at start_pos.. over every slot of
+        the cache, the mask from the cache's key positions (and ALiBi slopes), RoPE rows indexed from its table.
         """
-        if not isinstance(start_pos, Tensor):
-            return self._self_mask(x, causal=True, start_pos=start_pos, padding=padding), self._rope(x, start_pos)
+        if kv_cache is None:
+            return self._self_mask(x, causal=True, padding=padding), self._rope(x)
         if padding is not None:
-            raise ValueError("the static decode step takes no attention_mask: every row is real up to start_pos")
+            raise ValueError("a forward over the KV cache takes no attention_mask: every row is real up to start_pos")
         q_pos = start_pos + kv_cache.positions[: x.shape[1]]  # (T,)
         mask = position_mask(q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype)
         rope = None if kv_cache.rope is None else (kv_cache.rope[0][q_pos], kv_cache.rope[1][q_pos])  # (T, D) x2

@@ -48,7 +48,7 @@ class BERT(ModelBase):
 
         Padding is whatever attention_mask says, never inferred from pad ids: inferring it would read the
         ids back from the GPU on every forward (and break a compiled graph) for batches that have none."""
-        self._check_span(0, input_ids.shape[1], None)
+        self._start(None, input_ids.shape[1], None)
         rows = self.norm_rows(attention_mask, input_ids.shape[1])  # BatchNorm only: the real tokens it counts
         x = self.embed(input_ids, token_type_ids=token_type_ids, rows=rows)  # (B, T, C)
         mask = self._self_mask(x, causal=False, padding=attention_mask)  # once, for all layers

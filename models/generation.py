@@ -53,9 +53,10 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _forward(model: nn.Module, ids: Tensor, cache, start_pos: int | Tensor, memory: Tensor | None,
+def _forward(model: nn.Module, ids: Tensor, cache, start_pos: Tensor | None, memory: Tensor | None,
              src_mask: Tensor | None) -> Tensor:
-    """Logits (B, T, V) for tokens at positions start_pos.. with the cache: GPT, or the seq2seq decoder."""
+    """Logits (B, T, V) for tokens at positions start_pos.. (None = 0) with the cache: GPT, or the seq2seq
+    decoder."""
     if memory is not None:
         return model.decode(ids, memory, src_mask=src_mask, kv_cache=cache, start_pos=start_pos)
     return model(ids, kv_cache=cache, start_pos=start_pos)
@@ -69,7 +70,7 @@ def prefill(model: nn.Module, input_ids: Tensor, cache, *, memory: Tensor | None
     Returns the logits of the last position (B, V), from which the first new token is chosen. Its shapes
     depend on T, so it runs eagerly, once per generation.
     """
-    return _forward(model, input_ids, cache, 0, memory, src_mask)[:, -1]  # (B, V)
+    return _forward(model, input_ids, cache, None, memory, src_mask)[:, -1]  # (B, V)
 
 
 def decode_step(model: nn.Module, token: Tensor, pos: Tensor, cache, memory: Tensor | None = None,
@@ -81,19 +82,6 @@ def decode_step(model: nn.Module, token: Tensor, pos: Tensor, cache, memory: Ten
     the function `generate(compile=True)` compiles into one graph. The caller keeps pos < cache.max_len.
     """
     return _forward(model, token, cache, pos, memory, src_mask)[:, -1]  # (B, V)
-
-
-@torch.inference_mode()
-def decode_one_token(model: nn.Module, token: Tensor, cache, pos: int | Tensor, *, memory: Tensor | None = None,
-                     src_mask: Tensor | None = None) -> Tensor:
-    """Feed token (B, 1) at position `pos` (attending to the cached 0..pos-1); return its logits (B, V).
-
-    `decode_step` with pos given as an int or a tensor, under inference mode."""
-    if not isinstance(pos, Tensor):
-        if not 0 <= pos < cache.max_len:
-            raise ConfigError(f"KV cache holds {cache.max_len} positions but position {pos} was requested")
-        pos = torch.tensor(pos, device=token.device)  # 0-dim
-    return decode_step(model, token, pos, cache, memory, src_mask)  # (B, V)
 
 
 def compiled(step: Step, device: torch.device) -> Step:
@@ -175,7 +163,7 @@ def next_token(logits: Tensor, temperature: float, top_k: int | None, top_p: flo
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int) -> None:
-    """Reject impossible sampling settings with the option they came from."""
+    """Reject impossible sampling settings, naming the option they came from."""
     if not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
@@ -233,6 +221,42 @@ def encode_source(model: nn.Module, source_ids: list[list[int]], pad_id: int) ->
         return model.encode(src, src_mask), src_mask  # (B, S, D), (B, S)
 
 
+def check_generate(cfg, prompt_ids: list[list[int]], max_new_tokens: int, min_new_tokens: int,
+                   source_ids: list[list[int]] | None) -> None:
+    """Reject prompts and lengths `generate` cannot serve, naming the option they came from."""
+    if cfg.arch == "bert":
+        raise ConfigError("--prompt: BERT does not generate left to right; use --fill-mask \"... [MASK] ...\"")
+    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+        raise ConfigError("--prompt: every prompt needs at least one token")
+    longest = max(len(p) for p in prompt_ids)
+    if longest > cfg.max_seq_len:
+        raise ConfigError(f"--prompt: a prompt has {longest} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+    if (source_ids is not None) != (cfg.arch == "transformer"):
+        raise ConfigError(f"source_ids must be given exactly when the model is an encoder-decoder (arch={cfg.arch})")
+    if source_ids is not None and len(source_ids) != len(prompt_ids):
+        raise ConfigError(f"{len(source_ids)} sources for {len(prompt_ids)} decoder prompts; give one per row")
+    if source_ids is not None and max(map(len, source_ids)) > cfg.max_seq_len:
+        raise ConfigError(f"--prompt: a source has {max(map(len, source_ids))} tokens but the model's max_seq_len "
+                          f"is {cfg.max_seq_len}")
+    if not 0 <= min_new_tokens <= max_new_tokens:
+        raise ConfigError(f"--min-new-tokens: got {min_new_tokens}, expected 0 to --max-new-tokens ({max_new_tokens})")
+
+
+def _prompt_grid(prompt_ids: list[list[int]], total: int, device: torch.device) -> Tensor:
+    """The prompts at their true positions in a (B, total) grid the loop fills with new tokens."""
+    tokens = torch.zeros(len(prompt_ids), total, dtype=torch.long, device=device)  # (B, S)
+    for row, ids in enumerate(prompt_ids):
+        tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+    return tokens
+
+
+def _hold_eos(logits: Tensor, eos_id: int, new_so_far: Tensor, min_new_tokens: int) -> Tensor:
+    """logits (B, V) with eos_id ruled out for rows that have fewer than min_new_tokens new tokens."""
+    logits = logits.clone()  # a compiled step's output is its graph's buffer: not written in place
+    logits[:, eos_id] = logits[:, eos_id].masked_fill(new_so_far < min_new_tokens, float("-inf"))
+    return logits
+
+
 @torch.inference_mode()
 def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -243,53 +267,34 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
 
     A row stops at `eos_id` (which is not included in its output) or when it reaches
     `model.config.max_seq_len` tokens in total. Until a row has `min_new_tokens` new tokens, `eos_id` is
-    never chosen (a small model often ends a document at once). `on_token(row, token_id)` is called for every new token
-    as soon as it is chosen (streaming). For the encoder-decoder pass `source_ids` (one source per row);
-    `prompt_ids` are then the decoder prompts, usually `[[bos_id]]` per row, and `pad_id` pads the source.
-    `compile=True` runs the decode step through torch.compile (`compiled`): the same tokens, up to float
-    rounding of near-ties.
+    never chosen (a small model often ends a document at once). `on_token(row, token_id)` is called for
+    every new token as soon as it is chosen (streaming). For the encoder-decoder pass `source_ids` (one
+    source per row); `prompt_ids` are then the decoder prompts, usually `[[bos_id]]` per row, and `pad_id`
+    pads the source. `compile=True` runs the decode step through torch.compile (`compiled`): the same
+    tokens, up to float rounding of near-ties.
 
     Host reads: one per step, and only when `on_token` or `eos_id` needs the step's tokens or whether every
     row has ended; otherwise none until the end, where the new tokens are read from the device at once.
     """
     cfg = model.config
-    if cfg.arch == "bert":
-        raise ConfigError("--prompt: BERT does not generate left to right; use --fill-mask \"... [MASK] ...\"")
     check_sampling(temperature, top_k, top_p, max_new_tokens)
-    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
-        raise ConfigError("--prompt: every prompt needs at least one token")
-    lengths = [len(p) for p in prompt_ids]
-    if max(lengths) > cfg.max_seq_len:
-        raise ConfigError(
-            f"--prompt: a prompt has {max(lengths)} tokens but the model's max_seq_len is {cfg.max_seq_len}"
-        )
-    if (source_ids is not None) != (cfg.arch == "transformer"):
-        raise ConfigError(f"source_ids must be given exactly when the model is an encoder-decoder (arch={cfg.arch})")
-    if source_ids is not None and len(source_ids) != len(prompt_ids):
-        raise ConfigError(f"{len(source_ids)} sources for {len(prompt_ids)} decoder prompts; give one per row")
-    if not 0 <= min_new_tokens <= max_new_tokens:
-        raise ConfigError(f"--min-new-tokens: got {min_new_tokens}, expected 0 to --max-new-tokens ({max_new_tokens})")
+    check_generate(cfg, prompt_ids, max_new_tokens, min_new_tokens, source_ids)
     if max_new_tokens == 0:
         return [[] for _ in prompt_ids]
-
     was_training = model.training
     model.eval()
     device = model_device(model)
+    lengths = [len(p) for p in prompt_ids]
     B, total = len(prompt_ids), min(cfg.max_seq_len, max(lengths) + max_new_tokens)
-    tokens = torch.zeros(B, total, dtype=torch.long, device=device)  # (B, S): prompts at true positions
-    for row, ids in enumerate(prompt_ids):
-        tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+    tokens = _prompt_grid(prompt_ids, total, device)  # (B, S)
     stop_at = [min(n + max_new_tokens, total) for n in lengths]  # first position a row may not fill
     lengths_t, stop_at_t = torch.tensor(lengths, device=device), torch.tensor(stop_at, device=device)  # (B,) x2
     memory, src_mask = encode_source(model, source_ids, pad_id) if source_ids is not None else (None, None)
     cache = model.new_kv_cache(B, total, device=device, dtype=next(model.parameters()).dtype)
-    step = decode_step
     if compile:
         cache.mark_static()
-        step = compiled(decode_step, device)
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    step = compiled(decode_step, device) if compile else decode_step
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
     done = lengths_t >= stop_at_t  # (B,): rows that have ended (on the device: read once per step at most)
     position = torch.zeros((), dtype=torch.long, device=device)  # the step's position, rewritten in place
@@ -297,31 +302,37 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], max_new_tokens: int,
     logits = prefill(model, tokens[:, :start], cache, memory=memory, src_mask=src_mask)  # (B, V)
     for pos in range(start, total):
         end = pos + 1
-        if min_new_tokens and eos_id is not None:  # rows short of min_new_tokens may not end yet
-            too_early = (pos - lengths_t) < min_new_tokens  # (B,)
-            logits = logits.clone()  # a compiled step's output is its graph's buffer: not written in place
-            logits[:, eos_id] = logits[:, eos_id].masked_fill(too_early, float("-inf"))
+        if min_new_tokens and eos_id is not None:
+            logits = _hold_eos(logits, eos_id, pos - lengths_t, min_new_tokens)
         chosen = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
         chosen = torch.where(pos < lengths_t, tokens[:, pos], chosen)  # rows still in their prompt
         tokens[:, pos] = chosen
         if on_token is not None or eos_id is not None:
-            new = ~done & (pos >= lengths_t)  # (B,): rows that chose a new token at pos
-            if eos_id is not None:
-                ended = new & (chosen == eos_id)  # (B,)
-                done, new = done | ended, new & ~ended
-            done = done | (new & (pos + 1 >= stop_at_t))
-            picked, news, dones = torch.stack([chosen, new.long(), done.long()]).tolist()  # the step's one read
-            if on_token is not None:
-                for row in range(B):
-                    if news[row]:
-                        on_token(row, picked[row])
-            if all(dones):
+            done, all_done = _report(chosen, pos, lengths_t, stop_at_t, done, eos_id, on_token)
+            if all_done:
                 break
         if pos + 1 < total:
             position.fill_(pos)
             logits = step(model, chosen[:, None], position, cache, memory, src_mask)  # (B, V)
     model.train(was_training)
     return [_until_eos(row[n:min(stop, end)], eos_id) for row, n, stop in zip(tokens.tolist(), lengths, stop_at)]
+
+
+def _report(chosen: Tensor, pos: int, lengths: Tensor, stop_at: Tensor, done: Tensor, eos_id: int | None,
+            on_token: OnToken | None) -> tuple[Tensor, bool]:
+    """After a step: the rows that have ended (B,) and whether all have, with `on_token` called for each
+    row's new token. The step's one host read."""
+    new = ~done & (pos >= lengths)  # (B,): rows that chose a new token at pos
+    if eos_id is not None:
+        ended = new & (chosen == eos_id)  # (B,)
+        done, new = done | ended, new & ~ended
+    done = done | (new & (pos + 1 >= stop_at))
+    picked, news, dones = torch.stack([chosen, new.long(), done.long()]).tolist()
+    if on_token is not None:
+        for row, token in enumerate(picked):
+            if news[row]:
+                on_token(row, token)
+    return done, all(dones)
 
 
 def _until_eos(ids: list[int], eos_id: int | None) -> list[int]:

@@ -2,9 +2,9 @@
 
 token (+ learned/sinusoidal positions) -> n_layers causal blocks -> final norm (pre-LN) -> LM head,
 tied to the token embedding when `tie_embeddings`. Incremental decoding writes each layer's keys/values
-into a static `KVCache` at `start_pos`; the causal mask, RoPE angles and ALiBi distances are offset to
-match, so cached decoding reproduces a full forward. `start_pos` as a 0-dim tensor is the static decode
-step (fixed shapes, the whole cache attended under a mask; see base.py and kv_cache.py).
+into a static `KVCache` at `start_pos`, a 0-dim tensor, and attends over the whole cache under a mask
+whose positions, RoPE angles and ALiBi distances match, so cached decoding reproduces a full forward
+(see base.py and kv_cache.py).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ class GPT(ModelBase):
             self.lm_head.weight = self.embed.tok.weight
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-                start_pos: int | Tensor = 0, head: bool = True) -> Tensor:
+                start_pos: Tensor | None = None, head: bool = True) -> Tensor:
         """input_ids (B, T) at positions start_pos..start_pos+T -> logits (B, T, V).
 
-        start_pos: an int, or a 0-dim long tensor for the static decode step (needs kv_cache, no mask).
-        attention_mask: (B, start_pos+T) bool, True = real token, covering every key so far (cached too).
+        start_pos: None (position 0), or a 0-dim long tensor with a kv_cache (the decode step).
+        attention_mask: (B, T) bool, True = real token; not with a kv_cache (every cached row is real).
         head=False returns the final hidden states (B, T, C) instead, for a training objective that fuses
         `lm_head` into its loss (trainer/fused_loss.py). It is a flag on forward rather than a separate
         method because FSDP gathers the root's parameters (embeddings, ln_f, lm_head) in forward's hooks.
         """
         T = input_ids.shape[1]
-        self._check_span(start_pos, T, kv_cache)
+        start_pos = self._start(start_pos, T, kv_cache)
         x = self.embed(input_ids, start_pos)  # (B, T, C)
         mask, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache)  # once, for all layers
         rows = self.norm_rows(attention_mask, T)  # BatchNorm only: the real tokens its statistics count

@@ -13,9 +13,10 @@ import os
 import pickle
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -25,10 +26,14 @@ from safetensors.torch import save_model as save_safetensors_from
 from torch import nn
 
 from .. import __version__
-from ..errors import CheckpointError
+from ..errors import CheckpointError, TfkitError
 from ..files import atomic_file, write_atomic
 from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, WEIGHTS  # CONFIG, WEIGHTS: the trainer imports them from here
+from ..runtime import machine_memory
 from .config import ModelConfig
+
+T = TypeVar("T")
+ROTATION_RETRIES = 3  # checkpoints of a running training read in turn before saying that it is writing
 
 
 def _is_complete(folder: Path) -> bool:
@@ -116,6 +121,26 @@ def chosen_note(path: str | Path, folder: Path) -> str | None:
             if isinstance(loss, float) else f"{path}: using best/ kept by train.keep_best; latest: {latest}")
 
 
+def read_checkpoint(path: str | Path, read: Callable[[Path], T], *, best: bool = False) -> tuple[Path, T]:
+    """(folder, read(folder)) for the checkpoint `path` resolves to (`resolve_checkpoint`).
+
+    A run that is still training removes its older checkpoints as it saves new ones (train.keep_last), so
+    the folder resolved a moment ago can vanish while it is read. Then the newest complete checkpoint is
+    read instead; when that keeps happening, the error says that the run is writing. Everything a command
+    reads from one checkpoint goes into one `read`, so it all comes from the same folder."""
+    path, removed = Path(path), []
+    for _ in range(ROTATION_RETRIES):
+        folder = resolve_checkpoint(path, best=best)
+        try:
+            return folder, read(folder)
+        except (TfkitError, OSError):
+            if folder == path or _is_complete(folder):  # not a rotation: the checkpoint itself is at fault
+                raise
+            removed.append(folder.name)
+    raise CheckpointError(f"{path}: the run is writing checkpoints and removed {', '.join(removed)} while they were "
+                          "read (train.keep_last); run the command again, or pass a checkpoint folder the run keeps")
+
+
 def read_config(path: str | Path) -> dict:
     """The whole config.json of a checkpoint (folder, run folder, or the config.json file itself).
 
@@ -146,6 +171,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
 
     folder = resolve_checkpoint(path)
     cfg = ModelConfig.from_dict(read_config(folder)["model"])  # read_config names the file if it is invalid
+    check_buildable(cfg, folder / CONFIG)
     with parameters_on_meta():
         model = build_model(cfg)
     what = f"the {cfg.arch} model its config.json describes"
@@ -153,10 +179,45 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
         state = load_file(str(folder / WEIGHTS), device=str(device))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{folder / WEIGHTS}: cannot read the weights ({str(err).splitlines()[0]})") from err
+    check_dtypes(model, state, folder / WEIGHTS)
     dtype = torch.get_default_dtype()  # what a built model holds; a bf16 file is computed in it as before
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     assign_weights(model, state, folder / WEIGHTS, what)
     return model.to(device).eval(), cfg
+
+
+def check_buildable(cfg: ModelConfig, source: Path) -> None:
+    """Refuse a config whose model this machine cannot even build. Parameters are built on the meta device
+    (no memory), but sinusoidal position tables are computed at construction, fp32, max_seq_len x d_model
+    per embedding: `max_seq_len: 1000000000` in a damaged config.json would allocate without bound."""
+    if cfg.positions != "sinusoidal":
+        return
+    tables = 2 if cfg.arch == "transformer" else 1  # the encoder-decoder embeds source and target apart
+    need, have = tables * cfg.max_seq_len * cfg.d_model * 4, machine_memory()
+    if need > have:
+        raise CheckpointError(
+            f"{source}: model.max_seq_len={cfg.max_seq_len:,} with sinusoidal positions needs {need / 2**30:.1f} "
+            f"GiB of position tables, more than this machine's {have / 2**30:.1f} GiB of memory; the file is "
+            "damaged or was not written for this machine")
+
+
+def check_dtypes(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
+    """Every weight the model computes with in floating point is stored in floating point: torch's own
+    error for an int32 or bool weight names no tensor and gives no reason."""
+    expected = model.state_dict(keep_vars=True)
+    for name, tensor in state.items():
+        if name in expected and expected[name].is_floating_point() and not tensor.is_floating_point():
+            raise CheckpointError(f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
+                                  "expected a floating-point weight (fp32, bf16 or fp16)")
+
+
+def check_finite(model: nn.Module, source: Path) -> None:
+    """Refuse weights holding NaN or inf, naming the first such tensor: sampling from them fails deep inside
+    torch, and greedy decoding would print garbage. (eval scores them: a NaN loss says the same in its row.)"""
+    for name, param in model.named_parameters():
+        if not torch.isfinite(param).all():
+            raise CheckpointError(f"{source}: the weights are not finite ({name} holds NaN or inf): the run "
+                                  "diverged before this checkpoint was saved; use an earlier checkpoint")
 
 
 @contextmanager

@@ -5,17 +5,14 @@ no tensor grows or is concatenated during generation, so memory is known up fron
 the *key/value* head count, which is the whole point of GQA/MQA at inference: the cache shrinks by
 `n_heads / n_kv_heads`.
 
-`LayerKV.update` has two modes, chosen by the type of `start_pos`:
-- an int (prefill, or a chunk of tokens): keys/values are written at start_pos.. and the keys/values
-  0..start_pos+T are returned, so the attention shapes grow with the position (one graph per length);
-- a 0-dim long tensor (the static decode step of `generation.decode_step`): they are written with
-  `index_copy_` at the position the tensor holds and the *whole* buffers are returned. Every step then has
-  the same shapes and reads no position on the host, so it compiles to one graph (and a CUDA graph); the
-  keys past the query are hidden by the mask, built from the tables below. `mark_static` lets a CUDA
-  graph write the buffers in place.
+`LayerKV.update` has one mode, gpt-fast's: the new keys/values are written with `index_copy_` at the
+position a 0-dim long tensor holds, and the *whole* buffers are returned; the slots past the queries are
+hidden by the mask, built from the tables below. The prefill writes at position 0 the same way (the model
+passes `positions[0]`). Every decode step then has the same shapes and reads no position on the host, so
+it compiles to one graph (and a CUDA graph). `mark_static` lets a CUDA graph write the buffers in place.
 
-Those tables are built here once, on the cache's device, for the static step to index by the position
-tensor: `positions` (0..S_max-1, compared with the query position to give the causal mask), `rope` (the
+Those tables are built here once, on the cache's device, for every forward over the cache to index by the
+position tensor: `positions` (0..S_max-1, compared with the query position to give the causal mask), `rope` (the
 cos/sin rows of every position, fp32) and `alibi` (the per-head slopes, fp32). They live in the cache and
 not in the model because a model cast to bf16 casts its buffers, and bf16 garbles distant RoPE angles.
 
@@ -46,27 +43,14 @@ class LayerKV:
     def max_len(self) -> int:
         return self.k.shape[2]
 
-    def update(self, k: Tensor, v: Tensor, start_pos: int | Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new keys/values k, v (B, H_kv, T, D) at positions start_pos..start_pos+T-1.
-
-        start_pos an int: returns the keys/values 0..start_pos+T. A 0-dim tensor (static decode step):
-        returns the whole buffers; its bounds are the caller's to keep (checking would read it on the host).
-        """
-        T = k.shape[2]
-        if isinstance(start_pos, Tensor):
-            index = start_pos + torch.arange(T, device=self.k.device)  # (T,)
-            self.k.index_copy_(2, index, k.to(self.k.dtype))
-            self.v.index_copy_(2, index, v.to(self.v.dtype))
-            return self.k, self.v  # (B, H_kv, S_max, D)
-        end = start_pos + T
-        if end > self.max_len:
-            raise ConfigError(
-                f"KV cache holds {self.max_len} positions but positions up to {end} were requested; "
-                "create it with a larger max_len (at most model.max_seq_len)"
-            )
-        self.k[:, :, start_pos:end] = k.to(self.k.dtype)
-        self.v[:, :, start_pos:end] = v.to(self.v.dtype)
-        return self.k[:, :, :end], self.v[:, :, :end]  # (B, H_kv, start_pos+T, D)
+    def update(self, k: Tensor, v: Tensor, start_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys/values k, v (B, H_kv, T, D) at positions start_pos..start_pos+T-1 (start_pos a
+        0-dim long tensor) and return the whole buffers. The bounds are the caller's to keep: checking them
+        would read the position on the host."""
+        index = start_pos + torch.arange(k.shape[2], device=self.k.device)  # (T,)
+        self.k.index_copy_(2, index, k.to(self.k.dtype))
+        self.v.index_copy_(2, index, v.to(self.v.dtype))
+        return self.k, self.v  # (B, H_kv, S_max, D)
 
 
 class CrossKV:
@@ -94,7 +78,7 @@ class KVCache:
         ]
         self.cross = [CrossKV() for _ in range(cfg.n_layers)] if cross else None
         self.positions = torch.arange(max_len, device=device)  # (S_max,): every key position
-        self.rope = rope_angles(cfg, 0, max_len, device) if cfg.positions == "rope" else None  # (S_max, D) x2
+        self.rope = rope_angles(cfg, max_len, device) if cfg.positions == "rope" else None  # (S_max, D) x2
         self.alibi = alibi_slopes(cfg.n_heads).to(device) if cfg.positions == "alibi" else None  # (H,) fp32
 
     @property

@@ -68,16 +68,15 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
     return table  # (S, C)
 
 
-def rope_angles(cfg: ModelConfig, start_pos: int, length: int,
-                device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-    """RoPE cos/sin for positions start_pos..start_pos+T, so cached decoding rotates exactly like a full pass.
+def rope_angles(cfg: ModelConfig, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """RoPE cos/sin for positions 0..length-1 (a full forward, or the table a KV cache indexes by position).
 
     Computed once per forward and shared by every layer, not stored as a buffer: a buffer would be cast
     with the model to bf16, whose 8-bit mantissa garbles the angles of distant positions.
     """
     exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** exponents)  # (D/2,)
-    positions = torch.arange(start_pos, start_pos + length, dtype=torch.float32, device=device)  # (T,)
+    positions = torch.arange(length, dtype=torch.float32, device=device)  # (T,)
     angles = torch.outer(positions, inv_freq)  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D): rotate-half layout (GPT-NeoX, Llama)
     return angles.cos(), angles.sin()  # (T, D) each, fp32
@@ -128,14 +127,15 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start_pos: int | Tensor = 0, token_type_ids: Tensor | None = None,
+    def forward(self, ids: Tensor, start_pos: Tensor | None = None, token_type_ids: Tensor | None = None,
                 rows: Tensor | None = None) -> Tensor:
-        """ids (B, T) at positions start_pos..start_pos+T-1 -> (B, T, C). start_pos may be a 0-dim tensor
-        (the static decode step): the position rows are then indexed on the device, never read back.
+        """ids (B, T) at positions start_pos..start_pos+T-1 -> (B, T, C); start_pos None = 0, else a 0-dim
+        long tensor (a forward over the KV cache): the position rows are indexed on the device, never read back.
         rows: (B, T) bool, the real tokens, for a BatchNorm's statistics (None: every row is real)."""
         x = self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None or self.sinusoid is not None:
-            positions = torch.arange(ids.shape[1], device=ids.device) + start_pos  # (T,)
+            positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
+            positions = positions if start_pos is None else positions + start_pos
             if self.pos is not None:
                 x = x + self.pos(positions)  # (B, T, C)
             if self.sinusoid is not None:

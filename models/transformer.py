@@ -37,7 +37,7 @@ class Transformer(ModelBase):
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src_ids (B, S), src_mask (B, S) bool True = real token -> memory (B, S, C)."""
-        self._check_span(0, src_ids.shape[1], None)
+        self._start(None, src_ids.shape[1], None)
         x = self.src_embed(src_ids)  # (B, S, C)
         mask = self._self_mask(x, causal=False, padding=src_mask)
         rope, rows = self._rope(x), self.norm_rows(src_mask, src_ids.shape[1])
@@ -46,18 +46,18 @@ class Transformer(ModelBase):
         return self._final_norm(self.enc_norm, x, rows)  # (B, S, C)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               kv_cache: KVCache | None = None, start_pos: int | Tensor = 0, tgt_mask: Tensor | None = None,
+               kv_cache: KVCache | None = None, start_pos: Tensor | None = None, tgt_mask: Tensor | None = None,
                head: bool = True) -> Tensor:
-        """tgt_ids (B, T) at positions start_pos.. -> logits (B, T, V). tgt_mask covers start_pos+T keys.
+        """tgt_ids (B, T) at positions start_pos.. -> logits (B, T, V). tgt_mask (B, T): not with a kv_cache.
 
-        With a kv_cache, the decoder's own keys/values are written at start_pos and the memory's
-        cross-attention keys/values are computed on the first call and reused afterwards (so a static
-        step, start_pos a 0-dim tensor, follows a prefill and reads no memory).
+        With a kv_cache, the decoder's own keys/values are written at start_pos (a 0-dim tensor, None = 0)
+        and the memory's cross-attention keys/values are computed on the first call and reused afterwards
+        (so a decode step follows a prefill and reads no memory).
         head=False returns the final decoder states (B, T, C) instead, for an objective that fuses `lm_head`
         into its loss (trainer/fused_loss.py).
         """
         T = tgt_ids.shape[1]
-        self._check_span(start_pos, T, kv_cache)
+        start_pos = self._start(start_pos, T, kv_cache)
         x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
         self_mask, rope = self._decoder_inputs(x, start_pos, tgt_mask, kv_cache)
         memory_mask = cross_attention_mask(src_mask)

@@ -1,15 +1,15 @@
 """The static decode step: fixed shapes, the position as a tensor, no host read, one compiled graph.
 
 `decode_step` writes the new key/value at a position held in a 0-dim tensor and attends over the whole
-preallocated cache under a mask built from the cache's tables, so it must (b) give the full-recompute
-logits for every position encoding and for the encoder-decoder's decoder, (c) read nothing back from the
-device, and (a) compile to exactly one graph that decodes the tokens eager decoding does.
+preallocated cache under a mask built from the cache's tables, so it must read nothing back from the
+device and compile to exactly one graph that decodes the tokens eager decoding does. That it gives the
+full-recompute logits is tests/test_models_cache.py's.
 """
 
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,7 +19,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.generation import decode_step, encode_source, generate, prefill
-from tfkit.models.streaming_decode import StreamingDecode
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 HOST_READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
@@ -30,72 +29,6 @@ def tiny(arch: str = "gpt", **overrides) -> torch.nn.Module:
     cfg = dict(arch=arch, vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=24,
                init_std=0.2)
     return build_model(ModelConfig(**{**cfg, **overrides})).eval()
-
-
-def static_logits(model, ids: torch.Tensor, prefilled: int, memory=None, src_mask=None,
-                  streaming: bool = False) -> torch.Tensor:
-    """Logits (B, T, V) of ids (B, T): `prefilled` tokens by prefill, then one `decode_step` per token
-    with its position as a 0-dim tensor, over a cache two slots longer than needed (slots never written
-    must stay hidden). `streaming`: the steps run under `StreamingDecode`, as the compiled CPU step does."""
-    cache = model.new_kv_cache(ids.shape[0], ids.shape[1] + 2)
-    with torch.inference_mode():
-        model_out = model.decode if memory is not None else model
-        kwargs = dict(memory=memory, src_mask=src_mask) if memory is not None else {}
-        first = model_out(ids[:, :prefilled], **kwargs, kv_cache=cache)  # (B, P, V)
-        with StreamingDecode() if streaming else nullcontext():
-            steps = [decode_step(model, ids[:, p:p + 1], torch.tensor(p), cache, memory, src_mask)  # (B, V)
-                     for p in range(prefilled, ids.shape[1])]
-    return torch.cat([first, torch.stack(steps, dim=1)], dim=1)
-
-
-@pytest.mark.parametrize("attention", ["flash", "naive"])
-@pytest.mark.parametrize("positions", POSITIONS)
-def test_gpt_static_step_equals_full_recompute(positions: str, attention: str) -> None:
-    model = tiny(positions=positions, attention=attention)
-    ids = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(1))  # (B, T)
-    with torch.no_grad():
-        full = model(ids)  # (B, T, V)
-    torch.testing.assert_close(static_logits(model, ids, prefilled=3), full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("streaming", [False, True])
-@pytest.mark.parametrize("positions", POSITIONS)
-def test_transformer_decoder_static_step_equals_full_recompute(positions: str, streaming: bool) -> None:
-    model = tiny("transformer", positions=positions)
-    src, tgt = torch.randint(0, 61, (2, 9)), torch.randint(0, 61, (2, 10))
-    src_mask = torch.ones(2, 9, dtype=torch.bool)
-    src_mask[1, 5:] = False  # a shorter second source: cross-attention must keep ignoring its padding
-    with torch.no_grad():
-        full = model(src, tgt, src_mask=src_mask)  # (B, T, V)
-        memory = model.encode(src, src_mask)  # (B, S, C)
-    got = static_logits(model, tgt, prefilled=1, memory=memory, src_mask=src_mask, streaming=streaming)
-    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("kv_heads", [4, 2, 1])
-@pytest.mark.parametrize("positions", POSITIONS)
-def test_streaming_static_step_equals_full_recompute(positions: str, kv_heads: int, batch: int) -> None:
-    """The step as the compiled CPU path traces it (one-row products and one-query attention rewritten as
-    reductions; at batch 2 only the attention is) gives the full-recompute logits: MHA, GQA and MQA, the
-    boolean position mask and ALiBi's float one."""
-    model = tiny(positions=positions, n_kv_heads=kv_heads, bias=True)
-    ids = torch.randint(0, 61, (batch, 12), generator=torch.Generator().manual_seed(1))  # (B, T)
-    with torch.no_grad():
-        full = model(ids)  # (B, T, V)
-    torch.testing.assert_close(static_logits(model, ids, prefilled=3, streaming=True), full, atol=1e-5, rtol=1e-5)
-
-
-def test_static_step_keeps_the_cache_buffers() -> None:
-    """Written in place, never reallocated or grown: the buffers a CUDA graph captures stay valid."""
-    model = tiny(positions="rope")
-    cache = model.new_kv_cache(1, 8)
-    buffers = [(layer.k.data_ptr(), layer.v.data_ptr(), layer.k.shape) for layer in cache.layers]
-    with torch.inference_mode():
-        prefill(model, torch.tensor([[1, 2]]), cache)
-        for p in range(2, 8):
-            decode_step(model, torch.tensor([[p]]), torch.tensor(p), cache)
-    assert [(layer.k.data_ptr(), layer.v.data_ptr(), layer.k.shape) for layer in cache.layers] == buffers
 
 
 class _LocalScalars(TorchDispatchMode):

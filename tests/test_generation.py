@@ -1,4 +1,4 @@
-"""Decoding: the KV cache reproduces a full recompute exactly, batching is invisible, sampling is seeded.
+"""Decoding: batching is invisible, sampling is seeded (the cache equals a full recompute: test_models_cache.py).
 
 Every model is tiny and random (no training): the properties tested hold for any weights.
 """
@@ -11,7 +11,7 @@ import torch
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.generation import (
-    decode_one_token, encode_source, generate, logits_to_probs, prefill, sample,
+    generate, logits_to_probs, sample,
 )
 
 VOCAB = 61
@@ -24,69 +24,6 @@ def tiny(arch: str = "gpt", **overrides) -> torch.nn.Module:
     cfg = dict(arch=arch, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=40, init_std=0.2)
     cfg.update(overrides)
     return build_model(ModelConfig(**cfg)).eval()
-
-
-def recompute_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """Reference without a cache: run the whole sequence again for every new token."""
-    seq, logits = list(prompt), []
-    with torch.no_grad():
-        for _ in range(steps):
-            last = model(torch.tensor([seq]))[0, -1]  # (V,)
-            logits.append(last)
-            seq.append(int(last.argmax()))
-    return seq[len(prompt):], torch.stack(logits)
-
-
-def cached_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """prefill once, then one token per step through the static cache."""
-    cache = model.new_kv_cache(1, len(prompt) + steps)
-    logits = [prefill(model, torch.tensor([prompt]), cache)[0]]
-    out = [int(logits[-1].argmax())]
-    for pos in range(len(prompt), len(prompt) + steps - 1):
-        logits.append(decode_one_token(model, torch.tensor([[out[-1]]]), cache, pos)[0])
-        out.append(int(logits[-1].argmax()))
-    return out, torch.stack(logits)
-
-
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi"])
-@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_gpt_cache_equals_full_recompute(positions: str, n_kv_heads: int) -> None:
-    model = tiny(positions=positions, n_kv_heads=n_kv_heads)
-    prompt = [3, 14, 15, 9, 26, 5]
-    want_tokens, want_logits = recompute_greedy(model, prompt, 12)
-    got_tokens, got_logits = cached_greedy(model, prompt, 12)
-    assert got_tokens == want_tokens
-    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=1e-5)
-    assert generate(model, [prompt], 12, temperature=0) == [want_tokens]
-
-
-def test_naive_attention_cache_equals_full_recompute() -> None:
-    model = tiny(positions="rope", n_kv_heads=2, attention="naive", norm="rmsnorm", activation="swiglu")
-    want_tokens, want_logits = recompute_greedy(model, [1, 2, 3], 10)
-    got_tokens, got_logits = cached_greedy(model, [1, 2, 3], 10)
-    assert got_tokens == want_tokens
-    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("positions", ["learned", "rope"])
-@pytest.mark.parametrize("n_kv_heads", [4, 1], ids=["mha", "mqa"])
-def test_seq2seq_decoder_cache_equals_full_recompute(positions: str, n_kv_heads: int) -> None:
-    model = tiny("transformer", positions=positions, n_kv_heads=n_kv_heads)
-    src = torch.tensor([[7, 8, 9, 10, 11, 12]])
-    src_mask = torch.ones_like(src, dtype=torch.bool)
-    tgt, want_logits = [1], []
-    with torch.no_grad():
-        for _ in range(10):
-            last = model(src, torch.tensor([tgt]), src_mask=src_mask)[0, -1]  # (V,)
-            want_logits.append(last)
-            tgt.append(int(last.argmax()))
-    memory, mask = encode_source(model, [src[0].tolist()], pad_id=0)
-    cache = model.new_kv_cache(1, 11)
-    got_logits = [prefill(model, torch.tensor([[1]]), cache, memory=memory, src_mask=mask)[0]]
-    for pos, tok in enumerate(tgt[1:-1], start=1):
-        got_logits.append(decode_one_token(model, torch.tensor([[tok]]), cache, pos, memory=memory, src_mask=mask)[0])
-    torch.testing.assert_close(torch.stack(got_logits), torch.stack(want_logits), atol=1e-5, rtol=1e-5)
-    assert generate(model, [[1]], 10, temperature=0, source_ids=[src[0].tolist()]) == [tgt[1:]]
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])

@@ -112,6 +112,14 @@ def test_bad_input_names_the_option(gpt_ckpt: Path, bert_ckpt: Path) -> None:
     assert_user_error(invoke([str(bert_ckpt), "--fill-mask", "The [MASK] sat.", "--top-k", "0"]), "--top-k must be >= 1")
 
 
+@pytest.mark.parametrize("text", ["The [MASK] sat.", "no mask here"], ids=["gpt", "bert-no-mask"])
+def test_fill_mask_checks_before_it_prints_its_header(text: str, gpt_ckpt: Path, bert_ckpt: Path) -> None:
+    result = invoke([str(gpt_ckpt if "MASK" in text else bert_ckpt), "--fill-mask", text])
+    assert result.exit_code == 2 and "--fill-mask" in result.stderr
+    assert ["mask", "prob", "token"] not in [line.split() for line in result.stderr.splitlines()]
+    assert result.stdout == ""
+
+
 def test_fill_mask_lists_top_k_fillers_per_mask(bert_ckpt: Path) -> None:
     from tfkit.models import load_model
 

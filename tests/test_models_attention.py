@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from tfkit.models import build_model
-from tfkit.models.attention import AttnMask, cross_attention_mask, naive_attention, self_attention_mask
+from tfkit.models.attention import (
+    AttnMask, cross_attention_mask, naive_attention, position_mask, self_attention_mask,
+)
 
 from model_helpers import tiny_cfg
 
@@ -108,16 +110,15 @@ def test_need_weights_returns_softmax_rows_that_respect_the_mask():
 
 def test_causal_mask_fast_path_only_when_pure():
     assert self_attention_mask(4, causal=True).is_causal
-    assert not self_attention_mask(4, causal=True, start_pos=2).is_causal
     assert not self_attention_mask(4, causal=True, key_padding=torch.ones(1, 4, dtype=torch.bool)).is_causal
     assert not self_attention_mask(4, causal=True, alibi=torch.ones(2)).is_causal
     assert self_attention_mask(4, causal=False).tensor is None
 
 
-def test_causal_mask_with_cache_offset():
-    """Queries at positions 3, 4 over keys 0..4: query 3 sees keys 0..3, query 4 sees 0..4."""
-    mask = self_attention_mask(2, causal=True, start_pos=3).tensor
-    expected = torch.tensor([[True, True, True, True, False], [True, True, True, True, True]])
+def test_position_mask_over_a_cache():
+    """Queries at positions 3, 4 over cache slots 0..5: query 3 sees keys 0..3, query 4 sees 0..4."""
+    mask = position_mask(torch.tensor([3, 4]), torch.arange(6), causal=True)
+    expected = torch.tensor([[True, True, True, True, False, False], [True, True, True, True, True, False]])
     assert torch.equal(mask[0, 0], expected)
 
 
@@ -128,14 +129,14 @@ def test_padding_and_causal_combine_and_padding_queries_see_themselves():
     assert torch.equal(mask, expected)
 
 
-def test_padding_mask_length_must_cover_cached_keys():
-    with pytest.raises(ValueError, match="start_pos"):
-        self_attention_mask(1, causal=True, start_pos=3, key_padding=torch.ones(1, 1, dtype=torch.bool))
+def test_padding_mask_length_must_cover_the_keys():
+    with pytest.raises(ValueError, match="expected T=3"):
+        self_attention_mask(3, causal=True, key_padding=torch.ones(1, 4, dtype=torch.bool))
 
 
 def test_alibi_mask_is_a_linear_distance_bias():
     slopes = torch.tensor([0.5, 0.25])
-    mask = self_attention_mask(3, causal=True, start_pos=1, alibi=slopes).tensor  # queries 1..3, keys 0..3
+    mask = position_mask(torch.tensor([1, 2, 3]), torch.arange(4), causal=True, alibi=slopes)  # queries 1..3, keys 0..3
     assert mask.shape == (1, 2, 3, 4) and mask.dtype == torch.float32
     assert mask[0, 0, 0, 0] == -0.5 and mask[0, 1, 2, 0] == -0.75 and mask[0, 0, 2, 3] == 0
     assert mask[0, 0, 0, 2] == float("-inf")

@@ -51,18 +51,21 @@ def test_padding_with_grouped_kv_heads_stays_on_a_fused_kernel(arch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cached_decoding_runs_flash_attention():
-    """One decoding query over the cache passes no mask, so FlashAttention (alone allowed here) serves it."""
+def test_cached_decoding_runs_a_fused_kernel():
+    """The prefill and the decode steps attend over the whole cache under a position mask: a fused kernel
+    (memory-efficient or cuDNN; FlashAttention takes no mask) serves them, never the unfused math path."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tfkit.models.generation import decode_one_token, prefill
+    from tfkit.models.generation import decode_step, prefill
 
     model = build_model(ModelConfig(arch="gpt", vocab_size=128, d_model=256, n_layers=2, n_heads=4, n_kv_heads=1,
                                     max_seq_len=128)).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(0, 128, (2, 16), device="cuda")
     cache = model.new_kv_cache(2, 32, device="cuda", dtype=torch.bfloat16)
-    with torch.inference_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    with torch.inference_mode(), sdpa_kernel(fused):
         logits = prefill(model, ids, cache)
         for pos in range(16, 20):
-            logits = decode_one_token(model, logits.argmax(-1, keepdim=True), cache, pos)  # (B, 1) -> (B, V)
+            position = torch.tensor(pos, device="cuda")
+            logits = decode_step(model, logits.argmax(-1, keepdim=True), position, cache)  # (B, 1) -> (B, V)
     assert torch.isfinite(logits).all()

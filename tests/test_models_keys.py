@@ -15,7 +15,7 @@ import torch
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.attention import Attention, AttnMask
-from tfkit.models.generation import decode_one_token, generate, prefill
+from tfkit.models.generation import decode_step, generate
 from tfkit.models.hf_export import tfkit_to_hf
 
 from model_helpers import tiny_cfg
@@ -75,9 +75,9 @@ def test_an_explicit_one_over_sqrt_d_equals_the_default(arch, impl):
 def decode_all(model, ids: torch.Tensor) -> torch.Tensor:
     """Logits of every position: prefill the first 4 tokens, then one token at a time through the cache."""
     cache = model.new_kv_cache(ids.shape[0], ids.shape[1])
-    with torch.no_grad():
+    with torch.inference_mode():
         rows = [model(ids[:, :4], kv_cache=cache)]  # (B, 4, V)
-        rows += [decode_one_token(model, ids[:, p:p + 1], cache, p)[:, None] for p in range(4, ids.shape[1])]
+        rows += [decode_step(model, ids[:, p:p + 1], torch.tensor(p), cache)[:, None] for p in range(4, ids.shape[1])]
     return torch.cat(rows, dim=1)  # (B, T, V)
 
 
