@@ -83,28 +83,46 @@ def check_run_dir(run_dir: Path, fresh: bool) -> None:
                               f"{', ...' if len(foreign) > 3 else ''}); choose another --run-dir")
 
 
-def lock_run_dir(run_dir: Path, stack: contextlib.ExitStack) -> tuple[list[Path], bool]:
-    """Make `run_dir` and take its lock into `stack` (held until the stack closes, at the end of the run):
-    a second `pretrain` on the same folder is refused in one line (`files.folder_lock`). Returns the
-    folders this process made, deepest first (a failed start removes them again), and whether it made
-    the lock file (a refused start into a user's folder removes it, leaving the folder as it was)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        check_run_dir(run_dir, fresh=True)  # names the file in the way
-    made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    created = not (run_dir / LOCK_FILE).exists()
-    try:
-        stack.enter_context(folder_lock(run_dir))
-    except CheckpointError:  # another process holds it: nothing here is this process's to remove
-        raise
-    except OSError:  # no lock file could be made (a full disk): what this process made goes again
-        if made:
-            shutil.rmtree(made[0], ignore_errors=True)
-        for parent in made[1:]:  # e.g. runs/, when this process made it: only while empty
+class FolderClaim:
+    """Rank 0's hold on its run folder for the life of a run: the folder made when missing and its lock
+    taken (`files.folder_lock`: a second `pretrain` on the same folder is refused in one line), and
+    after a failed start whatever this process made removed again."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.stack = contextlib.ExitStack()  # holds the lock until close()
+        self.made: list[Path] = []  # the folder and the parents this process created, deepest first
+        self.lock_created = False  # whether this process made the lock file
+
+    def take(self, run_dir: Path) -> None:
+        if run_dir.exists() and not run_dir.is_dir():
+            check_run_dir(run_dir, fresh=True)  # names the file in the way
+        self.path, self.made = run_dir, [d for d in (run_dir, *run_dir.parents) if not d.exists()]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock_created = not (run_dir / LOCK_FILE).exists()
+        try:
+            self.stack.enter_context(folder_lock(run_dir))
+        except CheckpointError:  # another process holds it: nothing here is this process's to remove
+            self.made, self.lock_created = [], False
+            raise
+        except OSError:  # no lock file could be made (a full disk): what this process made goes again
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Remove what this claim made: a refused or broken start leaves nothing behind (an empty
+        runs/NAME-TIME/ only misleads `--resume auto` and the user); a folder it did not make stays as it was."""
+        if self.lock_created and not self.made:
+            (self.path / LOCK_FILE).unlink(missing_ok=True)
+        if self.made:
+            shutil.rmtree(self.made[0], ignore_errors=True)
+        for parent in self.made[1:]:  # e.g. runs/, when this run made it: only while empty
             if parent.is_dir() and not any(parent.iterdir()):
                 parent.rmdir()
-        raise
-    return made, created
+        self.made, self.lock_created = [], False
+
+    def close(self) -> None:
+        self.stack.close()
 
 
 def disk_full_during_run(exc: OSError, run_dir: Path, checkpoint: Path | None) -> Exception:
@@ -141,6 +159,19 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
         raise CheckpointError(f"--resume {resume}: run folder {run_dir} holds {whose} ({', '.join(clash)}) that "
                               "this run would overwrite or mix with; resume into a new folder with --run-dir")
     return source
+
+
+def prior_steps(source: Path | None, resumed: bool) -> int:
+    """Optimizer updates behind the weights a run starts from, before its own step 0: none for a fresh
+    run, the resumed checkpoint's own count on resume, and all of an `init_from` checkpoint's (its prior
+    steps and its steps; a converted checkpoint carries its source's), so an uptrained model reads as
+    300+15 steps rather than 15."""
+    if source is None:
+        return 0
+    config = read_config(source)
+    before = config.get("prior_steps") if isinstance(config.get("prior_steps"), int) else 0
+    step = config.get("step") if isinstance(config.get("step"), int) else 0
+    return before if resumed else before + step
 
 
 def source_data(recipe, source: Path | None):
