@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from ..layout import RECIPE_FILE
 from ..progress import Transcript, console as output_console
 from ..tokenization.train import TfkitTokenizer
 from .distributed import DistInfo
 from .loop import TrainState, micro_batch_size
 from .recipe import Recipe
+from .run_folder import resume_command
 from .validation import ValidationResult
 
 console = output_console()
@@ -39,12 +39,6 @@ class RunResult:
     def interrupted(self) -> int:
         """The signal number that stopped the run (SIGINT 2, SIGTERM 15), 0 if it finished."""
         return self.state.interrupted
-
-
-def resume_command(run_dir: Path) -> str:
-    """The command that continues a run: its own recipe.yaml (the recipe it trained with, --set overrides
-    included), so nothing the run was started with has to be remembered."""
-    return f"tfkit pretrain {run_dir / RECIPE_FILE} --resume auto --run-dir {run_dir}"
 
 
 def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, origin: str, out: Transcript,

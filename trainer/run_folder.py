@@ -125,10 +125,16 @@ class FolderClaim:
         self.stack.close()
 
 
+def resume_command(run_dir: Path) -> str:
+    """The command that continues a run: its own recipe.yaml (the recipe it trained with, --set overrides
+    included), so nothing the run was started with has to be remembered."""
+    return f"tfkit pretrain {run_dir / RECIPE_FILE} --resume auto --run-dir {run_dir}"
+
+
 def disk_full_during_run(exc: OSError, run_dir: Path, checkpoint: Path | None) -> Exception:
     """The one line for a disk that filled during training: the path, and the checkpoint that is intact."""
-    kept = (f"the last complete checkpoint {checkpoint} is intact (continue with --resume auto --run-dir "
-            f"{run_dir} once there is space)" if checkpoint else
+    kept = (f"the last complete checkpoint {checkpoint} is intact (continue with `{resume_command(run_dir)}` once "
+            "there is space)" if checkpoint else
             "no checkpoint was complete yet; what was written before is intact")
     return disk_full(exc, kept)
 
