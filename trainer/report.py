@@ -41,8 +41,8 @@ class RunResult:
         return self.state.interrupted
 
 
-def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, origin: str, out: Transcript,
-             precision_auto: bool) -> None:
+def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from: Path | None,
+             init_from: Path | None, out: Transcript, precision_auto: bool) -> None:
     """What is about to run, including the global batch in tokens (the number that sets the LR)."""
     t = recipe.train
     precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[t.precision]
@@ -64,6 +64,7 @@ def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, origin: 
         + (f"as many steps as fit in {t.max_time} of training (at most {t.max_steps:,}; setup and the final "
            "sample come on top), " if t.max_time else f"{t.max_steps} steps, ")
         + f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
+    origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
     out.print(f"run folder {run_dir} ({origin})", highlight=False)
     for warning in recipe.warnings():
         out.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)

@@ -5,16 +5,16 @@ model, optimizer, resume state), `train` (the baseline validation or the restore
 checkpoint) and `finish` (final validation, sample, plot, report), inside `with Trainer(...)`, which owns
 the cleanup however the run ends. Its state is declared in `__init__`. Each piece of work lives in its own
 component (tokenization, models, optim, objectives, parallel, checkpointer, run_folder, loop, validation,
-metrics, report); this module only orders them. Rank 0 does
-everything that writes files (run folder, tokenizer training, token-shard cache) while the other ranks wait
-at a barrier, then every rank builds the same model from the same seed and trains its slice of each batch
-with its own dropout masks (`checkpoint.seed_rank`).
+metrics, report); this module only orders them. Rank 0 does everything that writes files (run folder,
+tokenizer training, token-shard cache) while the other ranks wait at a barrier, then every rank builds the
+same model from the same seed and trains its slice of each batch with its own dropout masks
+(`checkpoint.seed_rank`).
 
 Where a run starts from:
 - fresh: weights from `train.seed`, tokenizer trained (or copied from `tokenizer.path`);
 - `--resume auto|PATH`: the checkpoint's weights, optimizer, step, data position and RNG; exact;
-- `train.init_from`: a *new* run whose weights, model config and tokenizer come from a checkpoint (e.g.
-  GQA uptraining after `tfkit convert-mqa-to-gqa`); optimizer and step start from zero.
+- `train.init_from`: a *new* run whose weights, model shape and tokenizer come from a checkpoint (e.g.
+  GQA uptraining after `tfkit convert-mqa-to-gqa`, or an imported model); optimizer and step start from zero.
 """
 
 from __future__ import annotations
@@ -107,10 +107,9 @@ class Trainer(contextlib.AbstractContextManager):
         return self.resume_from or self.init_from
 
     def __exit__(self, kind, exc: BaseException | None, traceback) -> None:
-        """However the run ended: close metrics.jsonl, release the lock, the model and the process group.
-        A failed start removes the run folder it made, as does a failure before the first checkpoint (e.g.
-        the baseline validation found no batch); a divergence keeps its folder (the last good checkpoint
-        is named in its message); a full disk is reported naming the checkpoint that is intact."""
+        """However the run ended: close metrics.jsonl, release the lock, the model and the process group. A
+        failed start removes the run folder it made, as does a failure before the first checkpoint (e.g. no
+        validation batch); a divergence keeps it; a full disk is reported naming the intact checkpoint."""
         try:
             if exc is not None:
                 kept = self.built and (self.checkpoints.latest is not None or isinstance(exc, TrainingDiverged)
@@ -157,9 +156,8 @@ class Trainer(contextlib.AbstractContextManager):
                 console.print(f"warning: the recipe changed since step {resumed_step} (the one that trained up to "
                               f"it is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
                               style="yellow", markup=False, highlight=False)
-            origin = (f"resuming {self.resume_from}" if self.resume_from else
-                      f"initialised from {self.init_from}" if self.init_from else "fresh start")
-            describe(recipe, self.model, self.cfg, info, self.run_dir, origin, self.start_block, self.precision_auto)
+            describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
+                     self.start_block, self.precision_auto)
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
         self.built = True
 
@@ -179,6 +177,9 @@ class Trainer(contextlib.AbstractContextManager):
         self.init_from = (None if self.resume_from or not recipe.train.init_from
                           else resolve_checkpoint(recipe.train.init_from))
         self.prior_steps = prior_steps(self.source, resumed=self.resume_from is not None)
+        if self.init_from is not None:  # its shape, unless --set model.KEY says otherwise
+            self.recipe = recipe = run_folder.source_model(recipe, self.init_from,
+                                                           self.start_block if info.is_main else None)
         if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
             run_folder.model_config(recipe, None, self.source)
         self.recipe = recipe = run_folder.source_data(recipe, self.source)  # data.train: null = the source's

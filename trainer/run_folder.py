@@ -30,7 +30,7 @@ from ..models.config import ModelConfig
 from ..models.io import read_config
 from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
 from .optim import resolve_precision
-from .recipe import PRECISIONS, AliasBomb, safe_load
+from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, AliasBomb, safe_load
 
 MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
@@ -330,6 +330,33 @@ def recipe_changes(before: dict, after: dict, prefix: str = "") -> list[str]:
         elif old != new:
             changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
     return changes
+
+
+def source_model(recipe, source: Path, out=None):
+    """The recipe of a run started from a checkpoint (train.init_from) with the checkpoint's model: every
+    model key is the checkpoint's, except the MAY_DIFFER ones and those given by `--set model.KEY`, which
+    `model_config` then checks. A user continuing an imported model names the checkpoint, not its shape.
+    The replaced keys are said in one line on `out` (the start block), when given."""
+    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
+    wanted = recipe.model.config(saved.vocab_size)
+    explicit = {key.split(".", 1)[1] for key in recipe.overrides if key.startswith("model.")}
+    kept = set(MAY_DIFFER) | explicit
+    replaced = [f"{f.name} {getattr(wanted, f.name)!r} -> {getattr(saved, f.name)!r}"
+                for f in dataclasses.fields(ModelConfig) if f.name not in kept | {"vocab_size", "pad_token_id"}
+                and getattr(wanted, f.name) != getattr(saved, f.name)]
+    values = {f.name: getattr(wanted if f.name in kept else saved, f.name) for f in dataclasses.fields(ModelConfig)}
+    model = type(recipe.model)(**values, size=None)
+    expected = OBJECTIVE_FOR_ARCH.get(model.arch)
+    if expected and recipe.objective.name != expected:
+        raise ConfigError(f"{source}: a {model.arch} model, which objective.name={recipe.objective.name!r} does not "
+                          f"train (expected {expected!r}; set objective.name={expected})")
+    if recipe.data.seq_len > model.max_seq_len:
+        raise ConfigError(f"data.seq_len: {recipe.data.seq_len} exceeds the max_seq_len {model.max_seq_len} of "
+                          f"{source}; set data.seq_len <= {model.max_seq_len}")
+    if replaced and out is not None:
+        out.print(f"model: the shape of {source}, not the recipe's: " + "; ".join(replaced), highlight=False,
+                  markup=False)
+    return dataclasses.replace(recipe, model=model)
 
 
 def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
