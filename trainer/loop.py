@@ -1,9 +1,7 @@
-"""The training loop: micro-batches → one optimizer update, with every safety net a long run needs.
+"""The training loop: updates until the end of the run, with every safety net a long run needs.
 
-One update (`state.step` → `state.step + 1`) consumes `train.grad_accum` global micro-batches, numbered
-`state.batches, state.batches + 1, ...`; each rank takes its slice of each. Each micro-batch's summed
-loss is divided by the token count of the whole global batch (all micro-batches, all ranks; see
-objectives.py), so accumulation and data parallelism reproduce the single-batch gradient exactly.
+One update (`state.step` → `state.step + 1`, `step.train_step`) consumes `train.grad_accum` global
+micro-batches, numbered `state.batches, state.batches + 1, ...`; each rank takes its slice of each.
 
 Semantics a resume depends on:
 - `state.step` counts *applied* updates; the LR of update n is `lr_at(n)`, a pure function.
@@ -17,7 +15,8 @@ Semantics a resume depends on:
   end of the window in progress, so that every rank stops at the same step), then the caller saves a
   checkpoint.
 
-The step itself, and the windows of updates between two reads of the device, are in step.py.
+The step itself, and the windows of updates between two reads of the device, are in step.py; this module
+turns the windows' rows into log lines, validations and checkpoints.
 """
 
 from __future__ import annotations
