@@ -13,7 +13,6 @@ which takes RECIPE and its overrides as given (the recipe before is kept as reci
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -22,10 +21,6 @@ from .recipe import Recipe, load_recipe
 from .run_folder import choose_run_dir, recipe_changes, resume_command
 
 DATA_KEYS = ("train", "valid", "valid_fraction", "text_field", "source_field", "target_field")  # what is read
-
-
-class ResumeWarning(UserWarning):
-    """Keys of the RECIPE argument that a resume does not use (it continues the run's own recipe)."""
 
 
 def recipe_for_run(name_or_path: str, overrides: list[str] | None, run_dir: str | Path | None,
@@ -46,10 +41,10 @@ def recipe_for_run(name_or_path: str, overrides: list[str] | None, run_dir: str 
                           f"on its own data with `{resume_command(folder)}` (add --set KEY=VALUE for what should "
                           "change), or pass --force to resume on the new data")
     unused = [change.split(":")[0] for change in recipe_changes(kept.to_dict(), given.to_dict())]
-    if unused:
-        warnings.warn(f"resuming with {saved}; {name_or_path} differs from it in {len(unused)} key(s) that are not "
+    if unused:  # said in the start block, once the run has its folder
+        kept.notes = (f"resuming with {saved}; {name_or_path} differs from it in {len(unused)} key(s) that are not "
                       f"used ({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''}): pass --set KEY=VALUE "
-                      "to change a key of the run", ResumeWarning, stacklevel=2)
+                      "to change a key of the run",)
     return kept
 
 
