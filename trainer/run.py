@@ -293,7 +293,7 @@ class Trainer(contextlib.AbstractContextManager):
         """Drop the model, optimizer and loop before the process group is destroyed: FSDP's sharded
         parameters and pending collectives hold the group, and a group freed only at interpreter exit
         aborted a torchrun worker after a finished run ("terminate called without an active exception")."""
-        self.loop = self.optimizer = self.train_module = self.model = self.saved = None
+        self.loop = self.checkpoints = self.optimizer = self.train_module = self.model = self.saved = None
         gc.collect()
 
 
