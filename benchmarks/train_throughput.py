@@ -1,6 +1,6 @@
 """Training throughput: tfkit's real training step against HuggingFace models and a nanoGPT-style GPT.
 
-The tfkit side is `trainer.loop.train_step`, the function `tfkit pretrain` calls every update: the
+The tfkit side is `trainer.step.train_step`, the function `tfkit pretrain` calls every update: the
 objective (`LossModule`: forward + loss, MLM on the gathered masked rows only), backward, gradient-norm
 clipping and the AdamW step of `build_optimizer`, under `autocast_context`. Only the data pipeline is
 replaced, by a dataset that returns one fixed batch, so the comparison is about the model and the trainer.
@@ -37,11 +37,12 @@ from torch import Tensor, nn
 
 from tfkit.models import ModelConfig, build_model, sized_config
 from tfkit.trainer.distributed import DistInfo
-from tfkit.trainer.loop import Loop, StopFlag, train_step
+from tfkit.trainer.loop import Loop, StopFlag
 from tfkit.trainer.metrics import mfu, peak_flops
 from tfkit.trainer.objectives import IGNORE, LossModule, compile_loss_module, move_batch
 from tfkit.trainer.optim import autocast_context, build_optimizer, grad_scaler, native_bf16
 from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSection, Recipe, TrainSection
+from tfkit.trainer.step import replay, run_window
 
 from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
 from .reference_gpt import ReferenceGPT, configure_optimizers
@@ -169,7 +170,8 @@ class FixedBatch:
 
 
 def tfkit_step(case: Case, batch: dict[str, Tensor], device: torch.device, compile: bool) -> tuple[Callable, nn.Module]:
-    """One call = one `train_step` of tfkit's loop, built the way trainer.run builds it."""
+    """One call = one `train_step` of tfkit's loop, built the way trainer.run builds it, in a window of one
+    update whose record is read at once (as at a log row), so each call ends when the update has."""
     recipe = Recipe(objective=ObjectiveSection(name=OBJECTIVE_FOR_ARCH[case.cfg.arch]),
                     train=TrainSection(batch_size=case.batch, precision=case.precision, compile=compile))
     model = build_model(case.cfg).to(device)
@@ -180,7 +182,7 @@ def tfkit_step(case: Case, batch: dict[str, Tensor], device: torch.device, compi
                 grad_scaler(case.precision, device), FixedBatch(batch), DistInfo(device=device),
                 log=lambda row: None, save=lambda state: None, validate=lambda step: {})
     stop = StopFlag()  # never entered: no signal handlers, signum stays 0
-    return lambda: train_step(loop, stop), model
+    return lambda: list(replay(loop, run_window(loop, stop, 1))), model
 
 
 def hf_step(case: Case, batch: dict[str, Tensor], device: torch.device, compile: bool) -> tuple[Callable, nn.Module]:

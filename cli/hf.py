@@ -2,12 +2,14 @@
 
 Thin on purpose: the conversion lives in `tfkit.models.hf_import` / `hf_export` (one call from Python).
 Conversions that are not a pure copy (an initialised head, an approximated activation) are reported as
-one yellow `warning:` line each on stderr; stdout carries only the output folder, so the commands pipe.
+one yellow `warning:` line each on stderr, as is the command that continues pretraining an imported model;
+stdout carries only the output folder, so the commands pipe.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +19,7 @@ from rich.console import Console
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 Force = Annotated[bool, typer.Option("--force", help="Replace an earlier output of this command (nothing else).")]
+PRETRAIN_RECIPE = {"gpt": "gpt-tiny", "bert": "bert-tiny"}  # the recipe the follow-up command continues with
 
 
 def import_hf(
@@ -39,7 +42,20 @@ def import_hf(
     model = config["model"]
     err.print(f"imported {config['hf_architecture']} as {model['arch']} "
               f"({model['n_layers']} layers, d_model {model['d_model']}, {model['positions']} positions)")
+    err.print(f"continue pretraining it with: {pretrain_command(path, model)}", markup=False)
     typer.echo(str(path))
+
+
+def pretrain_command(checkpoint: Path, model: dict) -> str:
+    """`tfkit pretrain RECIPE --set train.init_from=CHECKPOINT`: the run takes the checkpoint's model shape and
+    tokenizer, the recipe the rest; its sequences are cut to the checkpoint's max_seq_len when longer."""
+    from ..trainer.recipe import load_recipe
+
+    recipe = PRETRAIN_RECIPE[model["arch"]]
+    sets = [f"train.init_from={checkpoint}"]
+    if load_recipe(recipe).data.seq_len > model["max_seq_len"]:
+        sets.append(f"data.seq_len={model['max_seq_len']}")
+    return " ".join(["tfkit pretrain", recipe, *(f"--set {shlex.quote(item)}" for item in sets)])
 
 
 def export_hf(

@@ -10,8 +10,13 @@ the pieces are usable on their own:
 | `objectives`    | `compute_loss(model, batch, objective) -> LossOutput(loss_sum, correct, count)` |
 | `optim`         | AdamW parameter groups (no decay on norms, biases, embeddings), precision      |
 | `checkpoint`    | atomic `checkpoints/step-N/`, weights-only trainer state, RNG per rank         |
+| `checkpointer`  | a run's checkpoints: every save_every, best/ (keep_best), the last good one    |
 | `run_folder`    | run folder, recipe.yaml, the checkpoint a run starts from, its model config    |
-| `loop`          | one update per global batch: accumulation, clipping, NaN skipping, signals    |
+| `resume`        | what a resume trains with: the run's own recipe.yaml plus --set overrides      |
+| `step`          | `train_step`: one update on the device; windows of updates between host reads |
+| `loop`          | the run of updates: log rows, validations, checkpoints, skips, signals        |
+| `budget`        | `train.max_time`: the step a run ends at, evenly spaced validations           |
+| `report`        | the start block, the final report, the end-of-run sample                      |
 | `validation`    | `validate`: the same fixed validation batches every time                       |
 | `distributed`   | torchrun process groups, devices, collectives                                  |
 | `parallel`      | `Parallel`: DDP / FSDP2 wrapping and full state; activation checkpointing      |

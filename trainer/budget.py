@@ -8,6 +8,11 @@ at their share), minus what the end of the run needs (the final validation and c
 the last ones took). The schedule decays over that horizon, so the learning rate reaches its floor when
 the time is up and the last checkpoint is written inside the budget. `train.max_steps` stays a cap.
 
+A budget covers training proper: from the untrained baseline validation to the last checkpoint and the
+final validation, periodic validations and checkpoints included. Preparing the tokenizer, the token
+cache and the model before it, and the end-of-run sample, plot and report after it, come on top (seconds,
+or minutes for a large corpus tokenized the first time); the run report shows both.
+
 Time-limited runs are not reproducible step for step (the horizon depends on the machine), which is why
 the budget is opt-in; the steps that fit are recorded in the run report and metrics.
 """
@@ -23,6 +28,7 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s)")
 MARGIN = 0.02  # of the budget, kept free for what the estimate cannot see (the report, closing files)
 FIRST_WINDOW = 3  # updates timed before the first estimate of the pace
 WINDOW_SHARE = 0.05  # a window of updates lasts at most about this share of the budget
+VALIDATIONS = 8  # validations at evenly spaced points of the steps that fit (besides train.eval_every's)
 
 
 def parse_duration(value: str | int | float, key: str = "train.max_time") -> float:
@@ -53,6 +59,7 @@ class TimeBudget:
         self.first_step: int | None = None  # the step the pace is measured from
         self.paced_from = self.started
         self.ending: dict[str, float] = {}  # "validation" / "checkpoint" -> seconds the last one took
+        self.validated = 0  # the last of the VALIDATIONS points validated at (0: none yet)
 
     def spent(self) -> float:
         return self.spent_before + self.clock() - self.started
@@ -60,6 +67,20 @@ class TimeBudget:
     def start(self, step: int) -> None:
         """The loop begins at `step`: the pace is measured from here (not from the data preparation)."""
         self.first_step, self.paced_from = step, self.clock()
+
+    def next_validation(self, horizon: int) -> int:
+        """The step of the next evenly spaced validation point, at the horizon known now."""
+        return -(-(self.validated + 1) * horizon // VALIDATIONS)  # ceil: the first step at or past the point
+
+    def validation_due(self, step: int, horizon: int) -> bool:
+        """Whether `step` has reached the next of VALIDATIONS evenly spaced points of the steps that fit (the
+        horizon's final validation is the run's own). A fixed `train.eval_every` tuned for one machine
+        validates a 90 s run never or constantly; these points scale with the budget, so `keep_best` has
+        something to choose from. The points move with the horizon as the pace is learnt."""
+        point = VALIDATIONS * step // max(horizon, 1)
+        due = self.validated < point < VALIDATIONS
+        self.validated = max(self.validated, point)
+        return due
 
     def took(self, what: str, seconds: float) -> None:
         """A validation or checkpoint took `seconds`: the end of the run will need about as long."""

@@ -1,9 +1,7 @@
-"""The training loop: micro-batches → one optimizer update, with every safety net a long run needs.
+"""The training loop: updates until the end of the run, with every safety net a long run needs.
 
-One update (`state.step` → `state.step + 1`) consumes `train.grad_accum` global micro-batches, numbered
-`state.batches, state.batches + 1, ...`; each rank takes its slice of each. Each micro-batch's summed
-loss is divided by the token count of the whole global batch (all micro-batches, all ranks; see
-objectives.py), so accumulation and data parallelism reproduce the single-batch gradient exactly.
+One update (`state.step` → `state.step + 1`, `step.train_step`) consumes `train.grad_accum` global
+micro-batches, numbered `state.batches, state.batches + 1, ...`; each rank takes its slice of each.
 
 Semantics a resume depends on:
 - `state.step` counts *applied* updates; the LR of update n is `lr_at(n)`, a pure function.
@@ -17,40 +15,28 @@ Semantics a resume depends on:
   end of the window in progress, so that every rank stops at the same step), then the caller saves a
   checkpoint.
 
-The host never waits for the device between two reads (STYLE.md 12). Updates run in *windows*: the
-attempts from one read to the next, as many as there are updates to the next log row, validation,
-checkpoint or the end of the run. Inside a window the device decides everything an update decides: the
-loss scale 1 / global token count, whether the loss and the gradient norm are finite, a skipped update's
-no-op optimizer step (`_optimizer_step`), the learning rate (the window's schedule, indexed by the
-updates applied so far), the bad updates in a row and, past `max_bad_steps`, that nothing more is applied.
-Each attempt leaves a record of device numbers; at the end of the window the host reads them all at once
-(one `.tolist()`) and `_replay` turns them into the rows and the state the updates produced, exactly
-those of an update-by-update loop. A skipped update ends its window short of the boundary; the next
-window starts from the true step. Meanwhile a thread prepares the next update's batches
-(data.Prefetcher).
+The step itself, and the windows of updates between two reads of the device, are in step.py; this module
+turns the windows' rows into log lines, validations and checkpoints.
 """
 
 from __future__ import annotations
 
-import math
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..errors import TfkitError
 from ..progress import progress_bar
 from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
-from .objectives import move_batch
-from .optim import autocast_context, clip_grad_norm, set_lr
-from .parallel import no_grad_sync
-from .recipe import Recipe, TrainSection
-from .schedules import lr_at
+from .metrics import mfu
+from .recipe import Recipe
+from .step import replay, run_window, window_length
 
 if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
@@ -142,158 +128,12 @@ def micro_batch_size(recipe: Recipe) -> int:
     return recipe.train.batch_size // recipe.train.grad_accum
 
 
-def _finite(x: float) -> bool:
-    return math.isfinite(x)
-
-
-# --- one window of updates, on the device ---------------------------------------------------------------
-
-@dataclass
-class Window:
-    """The device-side bookkeeping of the update attempts between two host reads."""
-
-    lrs: Tensor  # (n,) float32: lr_at(step + k) for the window's k-th applied update
-    applied: Tensor  # () int64: updates applied so far in the window (the index into lrs)
-    bad_run: Tensor  # () int64: bad updates in a row, carried in from state.bad_in_a_row
-    first_batch: int  # global micro-batch of the window's first attempt
-    end: int  # the run's last step as this window sees it (the schedule's horizon)
-    records: list[Tensor] = field(default_factory=list)  # per attempt, (7,) float64: see _attempt
-
-    @classmethod
-    def open(cls, loop: Loop, n: int) -> "Window":
-        """A window of at most n attempts from the current state (just read, so these small copies to the
-        device wait for nothing)."""
-        r, s, device = loop.recipe, loop.state, loop.info.device
-        d_model = loop.model.config.d_model
-        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, d_model) for k in range(n)]
-        return cls(torch.tensor(lrs, dtype=torch.float32, device=device),
-                   torch.zeros((), dtype=torch.int64, device=device),
-                   torch.full((), s.bad_in_a_row, dtype=torch.int64, device=device), s.batches, loop.end)
-
-
-def window_length(step: int, train: TrainSection, end: int | None = None) -> int:
-    """Updates from `step` to the next log row, validation, checkpoint or the end of the run (`end`,
-    default train.max_steps): the most the loop may run before it reads."""
-    every = (train.log_every, train.eval_every, train.save_every)
-    return min([(end or train.max_steps) - step] + [n - step % n for n in every])
-
-
-def _attempt(loop: Loop, window: Window, micro: list[dict[str, Tensor]], counts: Tensor) -> None:
-    """One update attempt, every decision taken on the device; its record joins the window's."""
-    r, info, device = loop.recipe, loop.info, loop.info.device
-    counts = all_reduce_sum(counts.to(device, non_blocking=True), info)  # (2,) predicted, input tokens: all ranks
-    scale = (info.world_size / counts[0].clamp(min=1.0)).float()  # DDP averages over ranks: undo it, / count
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
-    for j, batch in enumerate(micro):
-        batch = move_batch(batch, device)
-        with no_grad_sync(loop.train_module, skip=j < len(micro) - 1):
-            with autocast_context(r.train.precision, device):
-                loss_sum, correct, _ = loop.train_module(batch)
-            loop.scaler.scale(loss_sum * scale).backward()
-        sums[0] += loss_sum.detach()
-        sums[1] += correct
-    sums = all_reduce_sum(sums, info)
-    loop.scaler.unscale_(loop.optimizer)
-    norm = clip_grad_norm(loop.model.parameters(), r.optim.grad_clip)  # () float64
-    finite_loss = torch.isfinite(sums[0])
-    finite = finite_loss & torch.isfinite(norm)
-    if r.train.precision == "fp16":
-        # Gradients that overflow fp16 at a loss scale >= 1 are not divergence: the scaler halves its scale and
-        # the run goes on. Below a scale of 1 they overflow fp16 unscaled, and count as bad steps.
-        loss_scale = loop.scaler.scale(torch.ones((), dtype=torch.float64, device=device))  # () the scale
-        bad = ~finite & ~(finite_loss & (loss_scale >= 1.0))
-    else:
-        bad = ~finite
-    applied = finite & (window.bad_run < r.train.max_bad_steps)  # nothing more once the run diverged
-    lr = window.lrs.index_select(0, window.applied.view(1)).squeeze(0)  # () this update's, with no read
-    _optimizer_step(loop.optimizer, lr, skip=~applied)
-    window.applied += applied
-    window.bad_run = torch.where(applied, 0, window.bad_run + bad)  # an fp16 overflow leaves it as it was
-    loop.scaler.update()  # after every unscale_, or the next one raises; a no-op unless fp16
-    loop.optimizer.zero_grad(set_to_none=True)
-    window.records.append(torch.stack([sums[0], sums[1], counts[0], counts[1], norm, applied.double(),
-                                       bad.double()]))  # loss sum, correct, count, tokens, grad norm, applied, bad
-
-
-def _optimizer_step(optimizer: torch.optim.Optimizer, lr: Tensor, skip: Tensor) -> None:
-    """`optimizer.step()` with the learning rate and the skip decided on the device, read by nobody.
-
-    The fused AdamW takes both: a tensor lr, and `found_inf` (what GradScaler hands it), with which the
-    kernel leaves parameters, moments and step counts exactly as they were. That is exact and costs
-    nothing, where restoring a saved copy of every parameter and moment (`torch.where`) costs three copies
-    of the model, and zeroing the gradients is no skip (the moments still decay, AdamW still decays the
-    weights). The float lr of the last update is written back by `_replay`."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.found_inf = skip.float()
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.found_inf
-
-
-def _run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
-    """Up to n update attempts with no read; the next update's batches are prepared during each one.
-    One process stops after the update in progress when a signal came; under torchrun every rank goes on
-    to the end of the window, where they vote (`_stop_voted`)."""
-    r = loop.recipe
-    if loop.loader is None:
-        loop.loader = Prefetcher(loop.dataset, micro_batch_size(r), r.train.grad_accum, loop.info)
-    window = Window.open(loop, n)
-    for k in range(n):
-        if k and stop.signum and not loop.info.enabled:
-            break
-        first = window.first_batch + k * r.train.grad_accum
-        micro, counts = loop.loader.get(first)
-        loop.loader.prefetch(first + r.train.grad_accum)  # the next update's batches, while this one runs
-        _attempt(loop, window, micro, counts)
-        loop.loader.wait()  # here rather than in the next update: the time is this update's
-    return window
-
-
-def _replay(loop: Loop, window: Window) -> Iterator[dict]:
-    """The window's records, read in one `.tolist()` (the read of a log row), replayed in order into the
-    metrics rows and the state the updates produced; the caller stops at a divergence."""
-    r, s = loop.recipe, loop.state
-    lr = None
-    for loss_sum, correct, count, tokens, grad_norm, applied, bad in torch.stack(window.records).tolist():
-        lr = lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.model.config.d_model)
-        loss = loss_sum / max(count, 1.0)
-        s.batches += r.train.grad_accum
-        s.tokens += int(tokens)
-        row = {"step": s.step + 1, "loss": loss, "accuracy": correct / max(count, 1.0), "lr": lr,
-               "grad_norm": grad_norm}
-        if applied:
-            s.step += 1
-            s.bad_in_a_row = 0
-        elif not bad:
-            row.update(skipped=True, reason="fp16 overflow", grad_norm=None)
-        else:
-            s.bad_steps += 1
-            s.bad_in_a_row += 1
-            row.update(skipped=True, reason="non-finite loss or gradient norm", bad_steps=s.bad_steps,
-                       loss=loss if _finite(loss) else None, grad_norm=grad_norm if _finite(grad_norm) else None)
-        yield row
-    if lr is not None:
-        set_lr(loop.optimizer, lr)  # a float again, as checkpoints record it
-
-
-def _stop_voted(stop: StopFlag, info: DistInfo) -> bool:
+def stop_voted(stop: StopFlag, info: DistInfo) -> bool:
     """Stop before the next window? This process's flag; under torchrun every rank's, summed in one
     collective (a rank that saw no signal still stops, all at the same step)."""
     if not info.enabled:
         return bool(stop.signum)
     return all_reduce_sum(torch.tensor([float(stop.signum)], dtype=torch.float64), info).tolist()[0] > 0
-
-
-def train_step(loop: Loop, stop: StopFlag) -> dict | None:
-    """One update attempt and its metrics row (a window of one, so one read), or None when a stop was
-    requested before it began: for callers that drive the updates themselves (benchmarks)."""
-    if _stop_voted(stop, loop.info):
-        loop.state.interrupted = int(stop.signum) or signal.SIGTERM  # a rank that saw no signal still stops
-        return None
-    (row,) = _replay(loop, _run_window(loop, stop, 1))
-    return row
 
 
 def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -> TrainState:
@@ -324,59 +164,97 @@ def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -
 
 def _train(loop: Loop, stop: StopFlag, bar: tqdm, last_checkpoint: Callable[[], object]) -> None:
     """Windows of updates until the end, a stop or a divergence; their rows, validations, checkpoints."""
-    r, s, info = loop.recipe, loop.state, loop.info
-    window_tokens, counted, window_start = 0, s.tokens, time.perf_counter()
+    s, info = loop.state, loop.info
+    pace = Pace(s.tokens)
     unlogged = None  # the last row, when it was not logged: written if the time budget ends the run on it
     while s.step < _plan(loop, bar, info):
-        if _stop_voted(stop, info):
+        if stop_voted(stop, info):
             s.interrupted = int(stop.signum) or signal.SIGTERM  # a rank that saw no signal still stops
             return
         reached = False  # did the window end with an applied update, so at its boundary (unless stopped)?
-        n = min(window_length(s.step, r.train, loop.end), loop.window_cap)
-        for row in _replay(loop, _run_window(loop, stop, n)):
-            window_tokens, counted = window_tokens + s.tokens - counted, s.tokens
+        for row in replay(loop, run_window(loop, stop, _next_window(loop))):
             reached = not row.get("skipped")
             if not reached:
-                loop.log(row)
-                _say(bar, f"step {row['step']}: skipped ({row['reason']}; loss={row['loss']}, "
-                          f"grad_norm={row['grad_norm']})", info.is_main)
-                if s.bad_in_a_row >= r.train.max_bad_steps:
-                    bar.close()
-                    raise TrainingDiverged(
-                        f"training diverged: {s.bad_in_a_row} updates in a row had a non-finite loss or gradient "
-                        f"norm (train.max_bad_steps={r.train.max_bad_steps}) at step {s.step}; last good "
-                        f"checkpoint: {last_checkpoint() or 'none'}; try a lower optim.lr or optim.grad_clip")
+                _skipped(loop, row, bar, last_checkpoint)
                 continue
             bar.update(1)
             unlogged = row
-            if s.step % r.train.log_every == 0 or s.step == loop.end:
+            if s.step % loop.recipe.train.log_every == 0 or s.step == loop.end:
                 unlogged = None
-                elapsed = max(time.perf_counter() - window_start, 1e-9)
-                row["tokens"] = s.tokens
-                row["tokens_per_sec"] = window_tokens / elapsed
-                if loop.peak_flops:
-                    row["mfu"] = loop.flops_per_token * row["tokens_per_sec"] / (loop.peak_flops * info.world_size)
-                window_tokens, window_start = 0, time.perf_counter()
-                bar.set_postfix(_postfix(row), refresh=False)
-                _say(bar, _log_line(row, loop.end), info.is_main)
-                loop.log(row)
+                _log_row(loop, row, pace, bar)
         s.seconds = loop.budget.spent() if loop.budget is not None else s.seconds
-        if not reached:
-            continue
-        paused = time.perf_counter()  # validation and checkpoints do not count against tokens/s
-        if s.step % r.train.eval_every == 0 and s.step < loop.end:
-            val = loop.validate(s.step)
-            _say(bar, f"step {s.step}: val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  "
-                      f"val_acc {val['val_accuracy']:.3f}", info.is_main)
-            _took(loop, "validation", paused)
-        if s.step % r.train.save_every == 0 and s.step < loop.end:
-            saving = time.perf_counter()
-            loop.save(s)
-            _took(loop, "checkpoint", saving)
-        window_start += time.perf_counter() - paused
+        if reached:
+            _validate_and_save(loop, pace, bar)
     if unlogged is not None and s.step == unlogged["step"]:  # the budget ended the run between log rows
-        unlogged.update(tokens=s.tokens, tokens_per_sec=window_tokens / max(time.perf_counter() - window_start, 1e-9))
-        loop.log(unlogged)
+        loop.log(dict(unlogged, tokens=s.tokens, tokens_per_sec=pace.rate(s.tokens)))
+
+
+class Pace:
+    """Tokens per second since the last log row, validations and checkpoints left out."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens, self.since = tokens, time.perf_counter()
+
+    def rate(self, tokens: int) -> float:
+        return (tokens - self.tokens) / max(time.perf_counter() - self.since, 1e-9)
+
+    def restart(self, tokens: int) -> None:
+        self.tokens, self.since = tokens, time.perf_counter()
+
+    def pause(self, seconds: float) -> None:
+        self.since += seconds
+
+
+def _next_window(loop: Loop) -> int:
+    """Updates until the next read: the next log row, validation, checkpoint or end, within the budget's cap."""
+    n = min(window_length(loop.state.step, loop.recipe.train, loop.end), loop.window_cap)
+    if loop.budget is not None:
+        n = min(n, max(1, loop.budget.next_validation(loop.end) - loop.state.step))
+    return n
+
+
+def _skipped(loop: Loop, row: dict, bar: tqdm, last_checkpoint: Callable[[], object]) -> None:
+    """Log a skipped update; past train.max_bad_steps in a row, stop the run."""
+    s, r = loop.state, loop.recipe
+    loop.log(row)
+    _say(bar, f"step {row['step']}: skipped ({row['reason']}; loss={row['loss']}, grad_norm={row['grad_norm']})",
+         loop.info.is_main)
+    if s.bad_in_a_row >= r.train.max_bad_steps:
+        bar.close()
+        raise TrainingDiverged(
+            f"training diverged: {s.bad_in_a_row} updates in a row had a non-finite loss or gradient norm "
+            f"(train.max_bad_steps={r.train.max_bad_steps}) at step {s.step}; last good checkpoint: "
+            f"{last_checkpoint() or 'none'}; try a lower optim.lr or optim.grad_clip")
+
+
+def _log_row(loop: Loop, row: dict, pace: Pace, bar: tqdm) -> None:
+    """A training row with its throughput (and MFU on a known GPU): metrics, console, progress bar."""
+    row.update(tokens=loop.state.tokens, tokens_per_sec=pace.rate(loop.state.tokens))
+    utilisation = mfu(loop.flops_per_token, row["tokens_per_sec"], loop.peak_flops, loop.info.world_size)
+    if utilisation is not None:
+        row["mfu"] = utilisation
+    pace.restart(loop.state.tokens)
+    bar.set_postfix(_postfix(row), refresh=False)
+    _say(bar, _log_line(row, loop.end), loop.info.is_main)
+    loop.log(row)
+
+
+def _validate_and_save(loop: Loop, pace: Pace, bar: tqdm) -> None:
+    """The validation and checkpoint due at this step (the run's last ones are the caller's); their time
+    is left out of tokens/s and, under a time budget, reserved for the end of the run."""
+    s, train = loop.state, loop.recipe.train
+    paused = time.perf_counter()
+    spaced = loop.budget is not None and loop.budget.validation_due(s.step, loop.end)
+    if s.step < loop.end and (s.step % train.eval_every == 0 or spaced):
+        val = loop.validate(s.step)
+        _say(bar, f"step {s.step}: val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  "
+                  f"val_acc {val['val_accuracy']:.3f}", loop.info.is_main)
+        _took(loop, "validation", paused)
+    if s.step % train.save_every == 0 and s.step < loop.end:
+        saving = time.perf_counter()
+        loop.save(s)
+        _took(loop, "checkpoint", saving)
+    pace.pause(time.perf_counter() - paused)
 
 
 def _plan(loop: Loop, bar: tqdm, info: DistInfo) -> int:

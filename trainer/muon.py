@@ -8,7 +8,7 @@ inside the transformer blocks (attention projections, feed-forward); the embeddi
 pooler and MLM transform, norms and biases go to AdamW, as modded-nanogpt splits them.
 
 `MuonAdamW` is one `torch.optim.AdamW(fused=True)` whose last group, `muon`, it steps itself, because the
-training loop relies on two things only one optimizer object gives (trainer/loop.py):
+training loop relies on two things only one optimizer object gives (trainer/step.py):
 - the rate is written into every group as a device tensor each step; the muon group holds `lr_scale =
   optim.muon_lr / optim.lr`, so its rate follows the schedule at its own peak;
 - a non-finite update is skipped with no host read: the fused AdamW groups take the loop's `found_inf`,

@@ -47,14 +47,14 @@ def param_groups(model: nn.Module, weight_decay: float, exclude: Iterable[nn.Par
 def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device) -> torch.optim.AdamW:
     """AdamW over `param_groups`, the fused kernel (one launch for every tensor on GPUs, one pass per tensor on
     CPUs). The training loop needs it: its step takes the learning rate as a device tensor and skips a
-    non-finite update on the device (`found_inf`), so the host never reads either (trainer/loop.py).
+    non-finite update on the device (`found_inf`), so the host never reads either (trainer/step.py).
     `optim.name: muon` gives `muon.MuonAdamW`, a fused AdamW that steps the blocks' matrices by Muon."""
     if optim.name == "muon":
         matrices = muon_parameters(model)
         return build_muon_adamw(model, matrices, param_groups(model, optim.weight_decay, exclude=matrices), optim)
     return torch.optim.AdamW(
         param_groups(model, optim.weight_decay),
-        lr=optim.lr,  # replaced every step by the schedule (loop._optimizer_step, set_lr)
+        lr=optim.lr,  # replaced every step by the schedule (step._optimizer_step, set_lr)
         betas=(optim.beta1, optim.beta2),
         eps=optim.eps,
         fused=True,

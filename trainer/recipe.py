@@ -42,6 +42,10 @@ class Recipe:
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
     log: LogSection = field(default_factory=LogSection)
+    # the SECTION.KEY names that --set gave, not saved (recipe.yaml holds their values): a run started from a
+    # checkpoint takes every model key from it except those given explicitly (run_folder.source_model)
+    overrides: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)  # how it was chosen (trainer.resume), not saved: warnings
 
     def problems(self) -> list[str]:
         """Every problem of every section, then the combinations across sections."""
@@ -65,7 +69,7 @@ class Recipe:
 
         A warmup longer than the run is one: a quick `--set train.max_steps=20` try of a recipe that warms
         up over 30 steps is common and must run, but its learning rate never reaches optim.lr."""
-        out = []
+        out = list(self.notes)
         s, warmup = self.schedule, self.schedule.warmup_steps
         if self.train.max_steps >= 1 and warmup > self.train.max_steps:
             out.append(f"schedule.warmup_steps: {warmup} exceeds train.max_steps="
@@ -83,7 +87,7 @@ class Recipe:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("overrides", "notes")}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -209,6 +213,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     if problems or set_problems:  # each problem a readable length, though it quotes a 2 MB value
         raise ConfigError(_blame(path, [shorten(p, 300) for p in problems], set_by, set_problems))
     validate_on_own_corpus(recipe.data, valid_given="data.valid" in set_by)
+    recipe.overrides = tuple(set_by)
     return recipe
 
 

@@ -30,7 +30,7 @@ from ..models.config import ModelConfig
 from ..models.io import read_config
 from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
 from .optim import resolve_precision
-from .recipe import PRECISIONS, AliasBomb, safe_load
+from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, AliasBomb, safe_load
 
 MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
@@ -83,34 +83,58 @@ def check_run_dir(run_dir: Path, fresh: bool) -> None:
                               f"{', ...' if len(foreign) > 3 else ''}); choose another --run-dir")
 
 
-def lock_run_dir(run_dir: Path, stack: contextlib.ExitStack) -> tuple[list[Path], bool]:
-    """Make `run_dir` and take its lock into `stack` (held until the stack closes, at the end of the run):
-    a second `pretrain` on the same folder is refused in one line (`files.folder_lock`). Returns the
-    folders this process made, deepest first (a failed start removes them again), and whether it made
-    the lock file (a refused start into a user's folder removes it, leaving the folder as it was)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        check_run_dir(run_dir, fresh=True)  # names the file in the way
-    made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    created = not (run_dir / LOCK_FILE).exists()
-    try:
-        stack.enter_context(folder_lock(run_dir))
-    except CheckpointError:  # another process holds it: nothing here is this process's to remove
-        raise
-    except OSError:  # no lock file could be made (a full disk): what this process made goes again
-        if made:
-            shutil.rmtree(made[0], ignore_errors=True)
-        for parent in made[1:]:  # e.g. runs/, when this process made it: only while empty
+class FolderClaim:
+    """Rank 0's hold on its run folder for the life of a run: the folder made when missing and its lock
+    taken (`files.folder_lock`: a second `pretrain` on the same folder is refused in one line), and
+    after a failed start whatever this process made removed again."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.stack = contextlib.ExitStack()  # holds the lock until close()
+        self.made: list[Path] = []  # the folder and the parents this process created, deepest first
+        self.lock_created = False  # whether this process made the lock file
+
+    def take(self, run_dir: Path) -> None:
+        if run_dir.exists() and not run_dir.is_dir():
+            check_run_dir(run_dir, fresh=True)  # names the file in the way
+        self.path, self.made = run_dir, [d for d in (run_dir, *run_dir.parents) if not d.exists()]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock_created = not (run_dir / LOCK_FILE).exists()
+        try:
+            self.stack.enter_context(folder_lock(run_dir))
+        except CheckpointError:  # another process holds it: nothing here is this process's to remove
+            self.made, self.lock_created = [], False
+            raise
+        except OSError:  # no lock file could be made (a full disk): what this process made goes again
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Remove what this claim made: a refused or broken start leaves nothing behind (an empty
+        runs/NAME-TIME/ only misleads `--resume auto` and the user); a folder it did not make stays as it was."""
+        if self.lock_created and not self.made:
+            (self.path / LOCK_FILE).unlink(missing_ok=True)
+        if self.made:
+            shutil.rmtree(self.made[0], ignore_errors=True)
+        for parent in self.made[1:]:  # e.g. runs/, when this run made it: only while empty
             if parent.is_dir() and not any(parent.iterdir()):
                 parent.rmdir()
-        raise
-    return made, created
+        self.made, self.lock_created = [], False
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues a run: its own recipe.yaml (the recipe it trained with, --set overrides
+    included), so nothing the run was started with has to be remembered."""
+    return f"tfkit pretrain {run_dir / RECIPE_FILE} --resume auto --run-dir {run_dir}"
 
 
 def disk_full_during_run(exc: OSError, run_dir: Path, checkpoint: Path | None) -> Exception:
     """The one line for a disk that filled during training: the path, and the checkpoint that is intact."""
-    kept = (f"the last complete checkpoint {checkpoint} is intact (continue with --resume auto --run-dir "
-            f"{run_dir} once there is space)" if checkpoint else
+    kept = (f"the last complete checkpoint {checkpoint} is intact (continue with `{resume_command(run_dir)}` once "
+            "there is space)" if checkpoint else
             "no checkpoint was complete yet; what was written before is intact")
     return disk_full(exc, kept)
 
@@ -141,6 +165,19 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
         raise CheckpointError(f"--resume {resume}: run folder {run_dir} holds {whose} ({', '.join(clash)}) that "
                               "this run would overwrite or mix with; resume into a new folder with --run-dir")
     return source
+
+
+def prior_steps(source: Path | None, resumed: bool) -> int:
+    """Optimizer updates behind the weights a run starts from, before its own step 0: none for a fresh
+    run, the resumed checkpoint's own count on resume, and all of an `init_from` checkpoint's (its prior
+    steps and its steps; a converted checkpoint carries its source's), so an uptrained model reads as
+    300+15 steps rather than 15."""
+    if source is None:
+        return 0
+    config = read_config(source)
+    before = config.get("prior_steps") if isinstance(config.get("prior_steps"), int) else 0
+    step = config.get("step") if isinstance(config.get("step"), int) else 0
+    return before if resumed else before + step
 
 
 def source_data(recipe, source: Path | None):
@@ -293,6 +330,33 @@ def recipe_changes(before: dict, after: dict, prefix: str = "") -> list[str]:
         elif old != new:
             changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
     return changes
+
+
+def source_model(recipe, source: Path, out=None):
+    """The recipe of a run started from a checkpoint (train.init_from) with the checkpoint's model: every
+    model key is the checkpoint's, except the MAY_DIFFER ones and those given by `--set model.KEY`, which
+    `model_config` then checks. A user continuing an imported model names the checkpoint, not its shape.
+    The replaced keys are said in one line on `out` (the start block), when given."""
+    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
+    wanted = recipe.model.config(saved.vocab_size)
+    explicit = {key.split(".", 1)[1] for key in recipe.overrides if key.startswith("model.")}
+    kept = set(MAY_DIFFER) | explicit
+    replaced = [f"{f.name} {getattr(wanted, f.name)!r} -> {getattr(saved, f.name)!r}"
+                for f in dataclasses.fields(ModelConfig) if f.name not in kept | {"vocab_size", "pad_token_id"}
+                and getattr(wanted, f.name) != getattr(saved, f.name)]
+    values = {f.name: getattr(wanted if f.name in kept else saved, f.name) for f in dataclasses.fields(ModelConfig)}
+    model = type(recipe.model)(**values, size=None)
+    expected = OBJECTIVE_FOR_ARCH.get(model.arch)
+    if expected and recipe.objective.name != expected:
+        raise ConfigError(f"{source}: a {model.arch} model, which objective.name={recipe.objective.name!r} does not "
+                          f"train (expected {expected!r}; set objective.name={expected})")
+    if recipe.data.seq_len > model.max_seq_len:
+        raise ConfigError(f"data.seq_len: {recipe.data.seq_len} exceeds the max_seq_len {model.max_seq_len} of "
+                          f"{source}; set data.seq_len <= {model.max_seq_len}")
+    if replaced and out is not None:
+        out.print(f"model: the shape of {source}, not the recipe's: " + "; ".join(replaced), highlight=False,
+                  markup=False)
+    return dataclasses.replace(recipe, model=model)
 
 
 def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:

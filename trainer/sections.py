@@ -145,15 +145,16 @@ class ScheduleSection:
 @dataclass
 class TrainSection:
     max_steps: int = 1000  # optimizer steps (with max_time: the most the run may take)
-    # a time budget such as 90s, 3m or 1h30m (the unit is required): the run ends, last checkpoint and
-    # validation written, when it is spent, its schedule decaying over the steps that fit (trainer/budget.py);
-    # null = max_steps decides
+    # a time budget such as 90s, 3m or 1h30m (the unit is required) for training proper (updates, validations,
+    # checkpoints): the run ends, last checkpoint and validation written, when it is spent, its schedule decaying
+    # over the steps that fit, validating at 8 evenly spaced points of them; setup before (tokenizer, token cache)
+    # and the sample after come on top (trainer/budget.py); null = max_steps decides
     max_time: str | int | float | None = None
     batch_size: int = 32  # global batch in sequences per optimizer step (all ranks, all micro-batches)
     grad_accum: int = 1  # micro-batches per optimizer step
     seed: int = 1337  # initial weights, batch order, masks and dropout: one seed, one run
     log_every: int = 10  # steps between log lines / metrics.jsonl rows
-    eval_every: int = 200  # steps between validations
+    eval_every: int = 200  # steps between validations (with max_time, also 8 evenly spaced ones)
     save_every: int = 500  # steps between checkpoints (one is always written at the end)
     keep_last: int = 3  # checkpoints kept in the run folder
     # auto (bf16 where the device computes it natively, else fp32) | fp32 (TF32 matmuls on CUDA) | bf16 (autocast)
@@ -200,7 +201,9 @@ class TrainSection:
 class EvalSection:
     batches: int = 20  # validation batches per evaluation (the same batches every time)
     batch_size: int | None = None  # null = train.batch_size
-    sample_prompt: str | None = None  # causal models: text to continue after training; null = no sample
+    # causal models: text to continue after training; auto = the opening of the run's validation text; "" = from
+    # the start of a document; null = no sample
+    sample_prompt: str | None = None
     sample_tokens: int = 64  # length of the sample generated from sample_prompt at the end
 
     def problems(self, prefix: str = "eval") -> list[str]:

@@ -1,0 +1,139 @@
+"""What `tfkit pretrain` tells the user: the start block (what is about to run) and the final report.
+
+The start block is also kept in the run folder's start.log (run_folder.append_start_block), so it is
+printed into a `progress.Transcript`. The final report is the table a user compares between runs; under
+a time budget it says what the budget covered, and after a signal it prints the whole command that
+continues the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.table import Table
+
+from ..progress import Transcript, console as output_console
+from ..tokenization.train import TfkitTokenizer
+from .distributed import DistInfo
+from .loop import TrainState, micro_batch_size
+from .recipe import Recipe
+from .run_folder import resume_command
+from .validation import ValidationResult
+
+console = output_console()
+SAMPLE_PROMPT_TOKENS = 8  # eval.sample_prompt: auto = this many tokens of the run's own validation text
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    state: TrainState
+    final: ValidationResult | None  # None when the run was interrupted
+    checkpoint: Path | None  # the last checkpoint written
+    wall_time: float  # seconds from the start of `pretrain` to the report
+    sample: str | None = None
+
+    @property
+    def interrupted(self) -> int:
+        """The signal number that stopped the run (SIGINT 2, SIGTERM 15), 0 if it finished."""
+        return self.state.interrupted
+
+
+def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from: Path | None,
+             init_from: Path | None, out: Transcript, precision_auto: bool) -> None:
+    """What is about to run, including the global batch in tokens (the number that sets the LR)."""
+    t = recipe.train
+    precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[t.precision]
+    why = f"; train.precision auto: {'' if t.precision == 'bf16' else 'no '}native bf16 on this {info.device.type}"
+    per_rank = micro_batch_size(recipe) // info.world_size
+    per_sequence = recipe.data.seq_len * (2 if recipe.objective.name == "seq2seq" else 1)  # source + target
+    threads = torch.get_num_threads()
+    out.print(
+        f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
+        f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
+        f"vocab {cfg.vocab_size}, {recipe.objective.name}, {precision} on {info.device} "
+        f"({threads} CPU thread{'s' * (threads != 1)})"
+        + (f" x{info.world_size} ({t.distributed})" if info.enabled else "") + (why if precision_auto else ""),
+        highlight=False)
+    out.print(
+        f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
+        f" = {t.batch_size * per_sequence:,} tokens "
+        f"({t.grad_accum} micro-batch(es) of {per_rank} sequences per rank), "
+        + (f"as many steps as fit in {t.max_time} of training (at most {t.max_steps:,}; setup and the final "
+           "sample come on top), " if t.max_time else f"{t.max_steps} steps, ")
+        + f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
+    origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
+    out.print(f"run folder {run_dir} ({origin})", highlight=False)
+    for warning in recipe.warnings():
+        out.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
+
+
+def what_ended(state: TrainState, train) -> str:
+    """Under train.max_time, what the step count means: the steps that fit in the budget, or max_steps
+    reached inside it (a fast machine), or an interruption."""
+    budget = train.max_time
+    if budget is None:
+        return ""
+    if state.interrupted:
+        return f" (interrupted, {state.seconds:.0f} s of train.max_time={budget})"
+    if state.step >= train.max_steps:
+        return f" (train.max_steps={train.max_steps:,} reached in {state.seconds:.0f} s, within train.max_time={budget})"
+    return f" (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
+
+
+def wall_time(result: RunResult, train) -> str:
+    """The wall time, and under a time budget what it holds besides the budget's training time."""
+    if train.max_time is None:
+        return f"{result.wall_time:.1f} s"
+    return (f"{result.wall_time:.1f} s (train.max_time counts training, validation and checkpoints; setup "
+            "(tokenizer, token cache, model) and the final sample and report come on top)")
+
+
+def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recipe) -> None:
+    """The final table: what a user compares between runs."""
+    table = Table(title=f"pretrain: {result.run_dir.name}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    if result.final is not None:
+        table.add_row("validation loss", f"{result.final.loss:.4f}")
+        table.add_row("perplexity", f"{result.final.perplexity:.2f}")
+        table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
+    table.add_row("steps", f"{result.state.step:,}" + what_ended(result.state, recipe.train))
+    table.add_row("tokens", f"{result.state.tokens:,}")
+    table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
+    table.add_row("parameters", f"{model.num_params():,}")
+    table.add_row("skipped steps", str(result.state.bad_steps))
+    table.add_row("wall time", wall_time(result, recipe.train))
+    table.add_row("checkpoint", str(result.checkpoint))
+    console.print(table)
+    if result.sample is not None:
+        console.print("[bold]sample:[/bold]", highlight=False)
+        console.print(result.sample, highlight=False, markup=False)
+    if result.interrupted:
+        console.print(f"interrupted: continue with: {resume_command(result.run_dir)}", highlight=False,
+                      markup=False, soft_wrap=True)
+
+
+def sample_prompt(recipe: Recipe, valid_data, tokenizer: TfkitTokenizer) -> str:
+    """`eval.sample_prompt`, where `auto` is the opening of the run's own validation text (its first
+    SAMPLE_PROMPT_TOKENS tokens): a phrase of the corpus the model learnt, not of some other corpus.
+    An empty prompt starts the sample from the beginning of a document."""
+    if recipe.eval.sample_prompt != "auto":
+        return recipe.eval.sample_prompt
+    batch = next(iter(valid_data.eval_batches(1, 1)), None)
+    if batch is None:
+        return ""
+    return tokenizer.decode(batch["input_ids"][0, :SAMPLE_PROMPT_TOKENS].tolist()).strip()
+
+
+def sample(model, tokenizer: TfkitTokenizer, recipe: Recipe, valid_data) -> str:
+    """The trained model continuing `eval.sample_prompt` (causal models only)."""
+    from ..models.generation import continuation, frame_prompt, generate
+
+    text = sample_prompt(recipe, valid_data, tokenizer)
+    prompt, _ = frame_prompt(tokenizer, text, "gpt")  # as `tfkit generate` frames it
+    new = generate(model, [prompt], recipe.eval.sample_tokens, temperature=0.8, top_k=40,
+                   eos_id=tokenizer.eos_id, seed=recipe.train.seed)[0]
+    return text + continuation(tokenizer, prompt, new)

@@ -1,0 +1,169 @@
+"""The training step, `train_step`: one optimizer update from its micro-batches, decided on the device.
+
+How a window works. The host never waits for the device between two log rows (STYLE.md 12), so updates
+run in *windows*: the update attempts from one host read to the next, as many as there are updates to the
+next log row, validation, checkpoint or the end of the run (`window_length`). `Window.open` copies to the
+device what the window needs from the host (the learning rates of its next updates and the bad updates in
+a row so far); `train_step` then decides everything an update decides on the device: the loss scale
+1 / global token count, whether loss and gradient norm are finite, the skip of a non-finite update inside
+the fused AdamW (`found_inf`), this update's learning rate (indexed by the updates applied so far in the
+window) and, past `train.max_bad_steps` bad updates in a row, that nothing more is applied. Each attempt
+appends a record of seven device numbers (loss sum, correct, predicted tokens, input tokens, grad norm,
+applied, bad). At the window's end `replay` reads all records in one `.tolist()` and turns them, in order,
+into the metrics rows and the state (step, batches, tokens, skips) exactly as an update-by-update loop
+would have produced them. A skipped update ends its window short of the boundary; the next window starts
+from the true step. Meanwhile a thread prepares the next update's batches (data.Prefetcher).
+
+One update consumes `train.grad_accum` global micro-batches; each micro-batch's summed loss is divided by
+the token count of the whole global batch (all micro-batches, all ranks; see objectives.py), so
+accumulation and data parallelism reproduce the single-batch gradient exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .data import Prefetcher
+from .distributed import all_reduce_sum
+from .objectives import move_batch
+from .optim import autocast_context, clip_grad_norm, set_lr
+from .parallel import no_grad_sync
+from .recipe import TrainSection
+from .schedules import lr_at
+
+if TYPE_CHECKING:
+    from .loop import Loop, StopFlag
+
+
+@dataclass
+class Window:
+    """The device-side bookkeeping of the update attempts between two host reads."""
+
+    lrs: Tensor  # (n,) float32: lr_at(step + k) for the window's k-th applied update
+    applied: Tensor  # () int64: updates applied so far in the window (the index into lrs)
+    bad_run: Tensor  # () int64: bad updates in a row, carried in from state.bad_in_a_row
+    first_batch: int  # global micro-batch of the window's first attempt
+    end: int  # the run's last step as this window sees it (the schedule's horizon)
+    records: list[Tensor] = field(default_factory=list)  # per attempt, (7,) float64: see train_step
+
+    @classmethod
+    def open(cls, loop: Loop, n: int) -> Window:
+        """A window of at most n attempts from the current state (just read, so these small copies to the
+        device wait for nothing)."""
+        r, s, device = loop.recipe, loop.state, loop.info.device
+        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, loop.model.config.d_model) for k in range(n)]
+        return cls(torch.tensor(lrs, dtype=torch.float32, device=device),
+                   torch.zeros((), dtype=torch.int64, device=device),
+                   torch.full((), s.bad_in_a_row, dtype=torch.int64, device=device), s.batches, loop.end)
+
+
+def window_length(step: int, train: TrainSection, end: int | None = None) -> int:
+    """Updates from `step` to the next log row, validation, checkpoint or the end of the run (`end`,
+    default train.max_steps): the most the loop may run before it reads."""
+    every = (train.log_every, train.eval_every, train.save_every)
+    return min([(end or train.max_steps) - step] + [n - step % n for n in every])
+
+
+def train_step(loop: Loop, window: Window, micro: list[dict[str, Tensor]], counts: Tensor) -> None:
+    """One update attempt from the micro-batches of one global batch (`counts`: (2,) predicted and input
+    tokens of this rank's share), every decision taken on the device; its record joins the window's."""
+    r, info, device = loop.recipe, loop.info, loop.info.device
+    counts = all_reduce_sum(counts.to(device, non_blocking=True), info)  # (2,) predicted, input tokens: all ranks
+    scale = (info.world_size / counts[0].clamp(min=1.0)).float()  # DDP averages over ranks: undo it, / count
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+    for j, batch in enumerate(micro):
+        batch = move_batch(batch, device)
+        with no_grad_sync(loop.train_module, skip=j < len(micro) - 1):
+            with autocast_context(r.train.precision, device):
+                loss_sum, correct, _ = loop.train_module(batch)
+            loop.scaler.scale(loss_sum * scale).backward()
+        sums[0] += loss_sum.detach()
+        sums[1] += correct
+    sums = all_reduce_sum(sums, info)
+    loop.scaler.unscale_(loop.optimizer)
+    norm = clip_grad_norm(loop.model.parameters(), r.optim.grad_clip)  # () float64
+    finite_loss = torch.isfinite(sums[0])
+    finite = finite_loss & torch.isfinite(norm)
+    if r.train.precision == "fp16":
+        # Gradients that overflow fp16 at a loss scale >= 1 are not divergence: the scaler halves its scale and
+        # the run goes on. Below a scale of 1 they overflow fp16 unscaled, and count as bad steps.
+        loss_scale = loop.scaler.scale(torch.ones((), dtype=torch.float64, device=device))  # () the scale
+        bad = ~finite & ~(finite_loss & (loss_scale >= 1.0))
+    else:
+        bad = ~finite
+    applied = finite & (window.bad_run < r.train.max_bad_steps)  # nothing more once the run diverged
+    lr = window.lrs.index_select(0, window.applied.view(1)).squeeze(0)  # () this update's, with no read
+    _optimizer_step(loop.optimizer, lr, skip=~applied)
+    window.applied += applied
+    window.bad_run = torch.where(applied, 0, window.bad_run + bad)  # an fp16 overflow leaves it as it was
+    loop.scaler.update()  # after every unscale_, or the next one raises; a no-op unless fp16
+    loop.optimizer.zero_grad(set_to_none=True)
+    window.records.append(torch.stack([sums[0], sums[1], counts[0], counts[1], norm, applied.double(),
+                                       bad.double()]))  # (7,) as the module docstring lists them
+
+
+def _optimizer_step(optimizer: torch.optim.Optimizer, lr: Tensor, skip: Tensor) -> None:
+    """`optimizer.step()` with the learning rate and the skip decided on the device, read by nobody.
+
+    The fused AdamW takes both: a tensor lr, and `found_inf` (what GradScaler hands it), with which the
+    kernel leaves parameters, moments and step counts exactly as they were. That is exact and costs
+    nothing, where restoring a saved copy of every parameter and moment (`torch.where`) costs three copies
+    of the model, and zeroing the gradients is no skip (the moments still decay, AdamW still decays the
+    weights). The float lr of the last update is written back by `replay`."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.found_inf = skip.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
+
+
+def run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
+    """Up to n update attempts with no read; the next update's batches are prepared during each one.
+    One process stops after the update in progress when a signal came; under torchrun every rank goes on
+    to the end of the window, where they vote (loop.stop_voted)."""
+    grad_accum = loop.recipe.train.grad_accum
+    if loop.loader is None:
+        loop.loader = Prefetcher(loop.dataset, loop.recipe.train.batch_size // grad_accum, grad_accum, loop.info)
+    window = Window.open(loop, n)
+    for k in range(n):
+        if k and stop.signum and not loop.info.enabled:
+            break
+        first = window.first_batch + k * grad_accum
+        micro, counts = loop.loader.get(first)
+        loop.loader.prefetch(first + grad_accum)  # the next update's batches, while this one runs
+        train_step(loop, window, micro, counts)
+        loop.loader.wait()  # here rather than in the next update: the time is this update's
+    return window
+
+
+def replay(loop: Loop, window: Window) -> Iterator[dict]:
+    """The window's records, read in one `.tolist()`, replayed in order into the metrics rows and the
+    state the updates produced; the caller stops at a divergence. A skipped attempt's row carries
+    `"skipped": true` under the step it tried to become, and null for a non-finite loss or norm."""
+    r, s = loop.recipe, loop.state
+    for loss_sum, correct, count, tokens, grad_norm, applied, bad in torch.stack(window.records).tolist():
+        loss = loss_sum / max(count, 1.0)
+        row = {"step": s.step + 1, "loss": loss, "accuracy": correct / max(count, 1.0),
+               "lr": lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.model.config.d_model),
+               "grad_norm": grad_norm}
+        s.batches += r.train.grad_accum
+        s.tokens += int(tokens)
+        set_lr(loop.optimizer, row["lr"])  # a float again, as checkpoints record it
+        if applied:
+            s.step, s.bad_in_a_row = s.step + 1, 0
+        elif not bad:
+            row.update(skipped=True, reason="fp16 overflow", grad_norm=None)
+        else:
+            s.bad_steps, s.bad_in_a_row = s.bad_steps + 1, s.bad_in_a_row + 1
+            row.update(skipped=True, reason="non-finite loss or gradient norm", bad_steps=s.bad_steps,
+                       loss=loss if math.isfinite(loss) else None,
+                       grad_norm=grad_norm if math.isfinite(grad_norm) else None)
+        yield row
