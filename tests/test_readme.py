@@ -58,8 +58,13 @@ def test_every_readme_example_runs_in_a_clone_as_written():
             assert path.startswith("stdlib:") or path in written, f"{' '.join(args)}: {path} is not there"
         if ">" in args:
             written.add(args[args.index(">") + 1])
+        if "--run-dir" in args:
+            written.add(args[args.index("--run-dir") + 1])
         if "pretrain" in args and "tfkit" in args[: args.index("pretrain")]:
             recipe = args[args.index("pretrain") + 1]
             sets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--set"]
+            if "--resume" in args:  # a run folder's own recipe.yaml, written by an earlier example's run
+                assert Path(recipe).parent.as_posix() in written, f"{' '.join(args)}: no earlier run wrote {recipe}"
+                continue
             assert recipe in bundled_recipes(), f"{' '.join(args)}: no bundled recipe {recipe}"
             load_recipe(recipe, sets)  # raises on a value the recipe refuses
