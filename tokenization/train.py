@@ -170,6 +170,7 @@ def train_tokenizer(
     heldout: list[str] | None = None,
     force: bool = False,
     progress_total: int | None = None,
+    corpus_files: list[str] | None = None,
 ) -> dict:
     """Train on `texts`, save the folder, return the report (also saved as JSON).
 
@@ -177,7 +178,8 @@ def train_tokenizer(
     it a collection or a function that returns a fresh iterable each time it is called.
 
     `heldout` texts (never trained on) give the compression and unknown-rate figures of the report.
-    `progress_total` is the approximate corpus size in characters, for the progress bar only.
+    `progress_total` is the approximate corpus size in characters, for the progress bar only;
+    `corpus_files`, the files a folder or glob corpus reads, are recorded in the report.
     Raises ConfigError for an invalid spec or a vocabulary smaller than the corpus alphabet, DataError
     for an empty corpus or an output folder that must not be overwritten.
     """
@@ -221,7 +223,7 @@ def train_tokenizer(
     files = tokenizer_files(tok, spec.kind, roles_for(spec.kind, spec.special_tokens), spec.special_tokens,
                             spec.to_dict())
     trained = parse_tokenizer(files["tokenizer.json"], files["tokenizer_config.json"], out / "tokenizer.json")
-    report = build_report(trained, spec, heldout, seconds, seen["chars"])
+    report = build_report(trained, spec, heldout, seconds, seen["chars"], corpus_files)
     files[REPORT_FILE] = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode()
     _publish(files, out, force)
     return report

@@ -23,7 +23,7 @@ from ..layout import TOKENIZER_FILES
 from ..progress import Transcript
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.pairs import is_pair_data, read_pairs
-from ..tokenization.corpus import iter_documents, text_size
+from ..tokenization.corpus import corpus_files, iter_documents, listing, text_size
 from ..tokenization.holdout import hold_out_spread, sample_documents
 from ..tokenization.shards import prepare_tokens
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
@@ -141,6 +141,9 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
                       f"{recipe.train.max_steps * per_step:.2g} epochs in {recipe.train.max_steps:,} steps")
             console.print(f"data: {train.num_tokens:,} training tokens from {d.train} ({epochs}); "
                           f"{valid.num_tokens:,} validation tokens from {where} (cache {cache})", highlight=False)
+            for key, spec in (("data.train", d.train), ("data.valid", d.valid)):
+                if spec and (files := corpus_files(spec)) is not None:  # a folder or glob: which files it read
+                    console.print(f"{key}: {listing(files)}", highlight=False)
         out = tuple(_dataset(recipe, tokenizer, shards) for shards in (train, valid))
     return out
 
