@@ -29,7 +29,6 @@ import ctypes
 import errno
 import functools
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import CheckpointError
+from .jsonfile import read_json
 from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES,
                      TRAINER_STATE, WEIGHTS)
 
@@ -426,8 +426,8 @@ def _existing_kind(folder: Path) -> str:
     if (folder / TRAINER_STATE).is_file():
         return f"a training checkpoint (it has {TRAINER_STATE})"
     try:
-        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = read_json(folder / CONFIG, CheckpointError)
+    except CheckpointError:
         config = None
     if not isinstance(config, dict):
         return f"a folder whose {CONFIG} is not a JSON object"

@@ -7,12 +7,13 @@ one yellow `warning:` line each on stderr; stdout carries only the output folder
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from ..jsonfile import read_json
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -55,6 +56,6 @@ def export_hf(
     from ..models.hf_export import export_hf as convert
 
     path = convert(ckpt, out, force=force)
-    architecture = json.loads((path / "config.json").read_text())["architectures"][0]
+    architecture = read_json(path / "config.json")["architectures"][0]  # what export_hf has just written
     err.print(f"exported {ckpt} as {architecture}")
     typer.echo(str(path))
