@@ -9,7 +9,6 @@ without sentencepiece: the import warns and goes on without a tokenizer.
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
@@ -75,7 +74,7 @@ def import_tokenizer(src: Path, dst: Path) -> TfkitTokenizer | None:
     it loads the tokenizer (tokenization/tokenizer.py)."""
     config = _plain(read_json(src / "tokenizer_config.json")) if (src / "tokenizer_config.json").is_file() else {}
     if (src / "tokenizer.json").is_file():
-        shutil.copyfile(src / "tokenizer.json", dst / "tokenizer.json")
+        (dst / "tokenizer.json").write_bytes((src / "tokenizer.json").read_bytes())  # a full disk names `dst`
         specials_file = src / "special_tokens_map.json"
         specials = _plain(read_json(specials_file)) if specials_file.is_file() else {
             k: v for k, v in config.items() if k.endswith("_token") or k == "additional_special_tokens"}
