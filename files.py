@@ -194,10 +194,13 @@ def atomic_file(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def raise_named(exc: OSError, path: Path) -> None:
-    """Raise `exc`, naming `path` (the file or folder being written) when it names no file: a failed write
-    or flush names none ("[Errno 28] No space left on device"), and the user must know where."""
-    if exc.filename is not None or exc.errno is None:
+def raise_named(exc: OSError, path: Path, staging: Path | None = None) -> None:
+    """Raise `exc`, naming `path` (the file or folder being written) when it names no file, or only names in
+    the temporary `staging` folder: a failed write or flush names none ("[Errno 28] No space left on
+    device"), a failed copy names its source first, and the user must know where."""
+    named = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    in_staging = staging is not None and any(n.startswith(str(staging)) for n in named)
+    if (named and not in_staging) or exc.errno is None:
         raise exc
     raise type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
 
@@ -276,7 +279,7 @@ def staged_folder(out: Path, *, keep_existing: bool = False, durable: bool = Fal
         try:
             yield tmp
         except OSError as exc:
-            raise_named(exc, out)
+            raise_named(exc, out, tmp)
         share_like_mkdir(tmp)
         if durable:
             fsync_tree(tmp)

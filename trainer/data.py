@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 
 from ..errors import CheckpointError, ConfigError
+from ..files import staged_folder
 from ..layout import TOKENIZER_FILES
 from ..progress import Transcript
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
@@ -40,10 +41,10 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
     if source is not None:
         if not (source / "tokenizer.json").is_file():
             raise CheckpointError(f"{source}: holds no tokenizer.json, so the run cannot know its token ids")
-        out.mkdir(parents=True, exist_ok=True)
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, out / name)
+        with staged_folder(out) as tmp:  # the run's tokenizer/ is replaced whole, never left half copied
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copy2(source / name, tmp / name)
         copied = load_tokenizer(out)
         console.print(f"tokenizer: {copied.kind}, vocab {copied.vocab_size}, copied from {source}", highlight=False)
         return
@@ -55,7 +56,8 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                 f"tokenizer.path {recipe.tokenizer.path}: a {tokenizer.kind} tokenizer without a mask token, which "
                 f"objective {recipe.objective.name} needs; train one with `tfkit train-tokenizer ... "
                 "--special-token '<|mask|>'` (bpe) or use kind wordpiece or unigram")
-        tokenizer.save(out)  # writes the standard files
+        with staged_folder(out) as tmp:
+            tokenizer.save(tmp)  # writes the standard files
         console.print(f"tokenizer: {tokenizer.kind}, vocab {tokenizer.vocab_size}, from {recipe.tokenizer.path}",
                       highlight=False)
         return
