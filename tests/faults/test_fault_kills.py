@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from fault_helpers import cli, snapshot
 
 from tfkit import files
@@ -41,6 +42,8 @@ def _forked(args: list, kill_at: int | None, exchange: bool) -> int:
     if pid == 0:  # the child: never returns into pytest
         try:
             os.close(read)
+            signal.alarm(120)  # a child that hangs (a lock held by a thread of the parent) fails the case instead
+            torch.set_num_threads(1)  # no OpenMP team: the parent's threads do not exist in the child
             seen = [0]
 
             def hook(event, hook_args):
@@ -61,7 +64,7 @@ def _forked(args: list, kill_at: int | None, exchange: bool) -> int:
         said = pipe.read()
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
+        assert os.WTERMSIG(status) == signal.SIGKILL, f"the child died of signal {os.WTERMSIG(status)}"
         return -1
     code, count = map(int, said.split())
     assert code == 0, f"exit {code}"
