@@ -323,10 +323,19 @@ def write_files_into(folder: Path, files: dict[str, bytes]) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def carry_over(out: Path, staging: Path, replaced: Iterable[str]) -> None:
+    """Put into `staging` everything the existing folder `out` holds except the entries named `replaced`
+    (the new files), so that publishing `staging` whole keeps the rest (a model's weights beside its
+    tokenizer, a tokenizer's report, the user's notes)."""
+    if out.is_dir():
+        for entry in out.iterdir():
+            if entry.name not in replaced:
+                link_or_copy(entry, staging / entry.name)
+
+
 def link_or_copy(source: Path, target: Path) -> None:
     """Put `source` (a file or a folder tree) at `target` by hard links where the file system allows them
-    (no data is copied; nothing tfkit writes is ever changed in place), else by copies: what a folder
-    being replaced holds besides the new files (`staged_folder` then publishes the folder whole)."""
+    (no data is copied; nothing tfkit writes is ever changed in place), else by copies."""
     def one(src: str, dst: str) -> None:
         try:
             os.link(src, dst)

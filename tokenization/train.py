@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ..errors import ConfigError, DataError
-from ..files import holds_working_folder, link_or_copy, staged_folder, write_files_into
+from ..files import carry_over, holds_working_folder, staged_folder, write_files_into
 from ..progress import progress_bar
 from .determinism import canonical_unigram, continuing_pieces, count_words, unpin_continuing_pieces
 from .report import build_report
@@ -153,10 +153,7 @@ def _publish(files: dict[str, bytes], out: Path, force: bool) -> None:
         write_files_into(out, files)
         return
     with staged_folder(out) as tmp:
-        if out.is_dir():
-            for entry in out.iterdir():
-                if entry.name not in files:
-                    link_or_copy(entry, tmp / entry.name)
+        carry_over(out, tmp, files)
         for name, data in files.items():
             (tmp / name).write_bytes(data)
 

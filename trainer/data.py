@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 
 from ..errors import CheckpointError, ConfigError
-from ..files import staged_folder
+from ..files import carry_over, staged_folder
 from ..layout import TOKENIZER_FILES
 from ..progress import Transcript
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
@@ -42,6 +42,7 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
         if not (source / "tokenizer.json").is_file():
             raise CheckpointError(f"{source}: holds no tokenizer.json, so the run cannot know its token ids")
         with staged_folder(out) as tmp:  # the run's tokenizer/ is replaced whole, never left half copied
+            carry_over(out, tmp, TOKENIZER_FILES)  # its tokenizer_report.json stays
             for name in TOKENIZER_FILES:
                 if (source / name).is_file():
                     shutil.copy2(source / name, tmp / name)
@@ -57,6 +58,7 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                 f"objective {recipe.objective.name} needs; train one with `tfkit train-tokenizer ... "
                 "--special-token '<|mask|>'` (bpe) or use kind wordpiece or unigram")
         with staged_folder(out) as tmp:
+            carry_over(out, tmp, TOKENIZER_FILES)
             tokenizer.save(tmp)  # writes the standard files
         console.print(f"tokenizer: {tokenizer.kind}, vocab {tokenizer.vocab_size}, from {recipe.tokenizer.path}",
                       highlight=False)
