@@ -18,8 +18,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..files import write_atomic, write_problem
+from ..jsonfile import read_json
 from ..progress import console as output_console
 from ..runtime import check_precision, pick_device
 from ..threads import set_threads
@@ -79,8 +80,8 @@ def json_safe(row: dict) -> dict:
 def holds_results(path: Path) -> bool:
     """Whether `path` is what `--json` writes: a JSON list of rows, each with a checkpoint and a loss."""
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        rows = read_json(path, expect=list)
+    except DataError:
         return False
     return isinstance(rows, list) and all(isinstance(r, dict) and {"checkpoint", "loss"} <= r.keys() for r in rows)
 

@@ -8,13 +8,14 @@ stdout carries only the output folder, so the commands pipe.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from ..jsonfile import read_json
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -71,6 +72,6 @@ def export_hf(
     from ..models.hf_export import export_hf as convert
 
     path = convert(ckpt, out, force=force)
-    architecture = json.loads((path / "config.json").read_text())["architectures"][0]
+    architecture = read_json(path / "config.json")["architectures"][0]  # what export_hf has just written
     err.print(f"exported {ckpt} as {architecture}")
     typer.echo(str(path))

@@ -57,7 +57,7 @@ def train_tokenizer(
     About --heldout-chars of the corpus, blocks of lines drawn (seeded) from all through it, are not
     trained on; the report measures bytes per token, tokens per word and the unknown-token rate on them.
     """
-    from ..tokenization.corpus import check_text_field, iter_documents, text_size
+    from ..tokenization.corpus import check_text_field, corpus_files, iter_documents, text_size
     from ..tokenization.holdout import hold_out_spread
     from ..tokenization.report import print_report  # imports deferred: `--help` stays fast
     from ..tokenization.train import TokenizerSpec, train_tokenizer as train
@@ -82,6 +82,6 @@ def train_tokenizer(
         return hold_out_spread(iter_documents(corpus, text_field=text_field), heldout_chars, heldout)
 
     report = train(spec, texts, out, show_progress=not quiet, heldout=heldout, force=force,
-                   progress_total=text_size(corpus, text_field))
+                   progress_total=text_size(corpus, text_field), corpus_files=corpus_files(corpus))
     print_report(report)
     typer.echo(f"saved {out}")

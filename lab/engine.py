@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import staged_folder, write_atomic
+from ..jsonfile import read_json
 from ..layout import CHECKPOINTS, CONFIG
 from ..progress import console as output_console, progress_bar
 from ..trainer.recipe import Recipe, load_recipe
@@ -103,7 +104,10 @@ def _claim_folder(folder: Path, spec: LabSpec, options: LabOptions) -> None:
     record = {"claim": spec.claim, "options": options.to_dict()}
     marker = folder / LAB_FILE
     if marker.is_file():
-        found = json.loads(marker.read_text(encoding="utf-8"))
+        found = read_json(marker, ConfigError)
+        if not isinstance(found.get("options"), dict):
+            raise ConfigError(f"{marker}: damaged, expected the claim and options of a lab (no options object); "
+                              "restore it, or run the lab into another --out")
         if found != record:
             raise ConfigError(f"{folder}: holds a lab of {found.get('claim')!r} with options {found.get('options')}, "
                               f"not {record['options']}; continue it with the same options or choose another --out")

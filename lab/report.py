@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import write_atomic
+from ..jsonfile import read_json
 from .spec import LabSpec, load_spec
 from .verdict import coverage_warning, judge, reliance_warning, summary
 
@@ -124,8 +125,5 @@ def report_folder(folder: Path) -> dict:
     if not path.is_file() or not spec_copy.is_file():
         raise ConfigError(f"{folder}: not a finished lab folder (expected {RESULTS} and spec.yaml); "
                           "run `tfkit lab run CLAIM --out DIR` first")
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    results = read_json(path, ConfigError)
     return write_report(folder, results, load_spec(str(spec_copy)))

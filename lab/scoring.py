@@ -12,7 +12,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
 from ..files import write_atomic
+from ..jsonfile import read_json
 from ..trainer.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -52,10 +54,19 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
     return {k: result[k] for k in KEPT}
 
 
+def _read_scores(path: Path) -> dict:
+    """The scores saved for a checkpoint: {eval label: {metric: value}}; a damaged file is one line."""
+    have = read_json(path, ConfigError)
+    if not all(isinstance(v, dict) for v in have.values()):
+        raise ConfigError(f"{path}: damaged, expected an object of eval labels to scores; remove it and continue "
+                          "the lab to score that checkpoint again")
+    return have
+
+
 def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dict, bool]:
     """({label: metrics}, whether anything was computed now) for one checkpoint."""
     path = scores_file(lab, job)
-    have = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    have = _read_scores(path) if path.is_file() else {}
     missing = {k: v for k, v in labels(lab).items() if k not in have}
     for label, (text, factor) in missing.items():
         have[label] = score_checkpoint(checkpoint, text, recipe, factor, lab.folder / "data")

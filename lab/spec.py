@@ -16,12 +16,23 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..trainer.recipe import AliasBomb, safe_load
 
 TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "variants", "convert",
             "uptrain", "probes", "expect", "cost", "quick")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
 PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed")
+# The settings of each probe (`lengths` is a bare list): what the engine reads, checked before any training.
+RUN, RUNS, COUNT, COUNTS, NUMBER = "a variant name", "a list of variant names", "a positive integer", \
+    "a non-empty list of positive integers", "a number"
+PROBE_SETTINGS = {
+    "attention_reliance": {"run": RUN, "threshold": NUMBER},
+    "flash_equality": {"runs": RUNS},
+    "mask_leak": {"runs": RUNS},
+    "memory": {"run": RUN, "seq_lens": COUNTS},
+    "decode_speed": {"runs": RUNS, "batch_sizes": COUNTS, "context": COUNT, "new_tokens": COUNT},
+}
 PROBE_NAMES = ("attention_reliance", "flash_max_diff", "mask_leak", "memory_ratio")  # what `expect: probe:` may name
 DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
 
@@ -108,7 +119,9 @@ def load_spec(name_or_path: str) -> LabSpec:
     """Read and check a spec; one ConfigError lists every problem, prefixed by the file."""
     path = find_spec(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = safe_load(path.read_text(encoding="utf-8"))  # the recipes' guarded reader: no alias bombs, no deep nests
+    except AliasBomb as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise ConfigError(f"{path}{f' line {mark.line + 1}' if mark else ''}: not valid YAML") from None
@@ -213,6 +226,8 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         if probe is not None and not isinstance(probe, dict):
             problems.append(f"probes.{key}: expected a mapping of settings, got {probe!r}")
             continue
+        if not _probe_settings(key, probe or {}, problems):
+            continue
         runs = [(probe or {}).get("run")] + list((probe or {}).get("runs") or [])
         for run in runs:
             if run is not None and run not in names:
@@ -224,6 +239,33 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     for i, item in enumerate(expect):
         spec.expect.extend(_expectation(item, f"expect[{i}]", names, problems))
     return spec
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+SETTING_CHECKS = {
+    RUN: lambda v: isinstance(v, str),
+    RUNS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    COUNT: _is_count,
+    COUNTS: lambda v: isinstance(v, list) and bool(v) and all(_is_count(x) for x in v),
+    NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
+
+
+def _probe_settings(key: str, probe: dict, problems: list[str]) -> bool:
+    """Whether every setting of probe `key` is known and of its type (each problem added), so that a value
+    the engine reads after every training (`threshold: abc`) fails now."""
+    allowed = PROBE_SETTINGS[key]
+    found = len(problems)
+    for name, value in probe.items():
+        if name not in allowed:
+            problems.append(f"probes.{key}.{name}: unknown setting{_suggest(name, allowed)} "
+                            f"(expected {', '.join(allowed)})")
+        elif not SETTING_CHECKS[allowed[name]](value):
+            problems.append(f"probes.{key}.{name}: got {value!r}, expected {allowed[name]}")
+    return len(problems) == found
 
 
 EXPECT_KEYS = ("better", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import TFKIT_MODEL, check_new_folder, staged_folder
+from ..jsonfile import member
 from . import build_model
 from .config import ModelConfig, type_problem
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
@@ -318,6 +319,15 @@ def _load_file(file: Path) -> dict[str, Tensor]:
     return state
 
 
+def _shards(folder: Path, index: Path) -> list[Path]:
+    """The files a sharded index's weight_map names, each inside `folder` (a downloaded folder may only
+    read files inside itself: `../x.safetensors` or an absolute path is refused)."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: expected a 'weight_map' object of tensor names to shard files")
+    return sorted({member(folder, name, index, CheckpointError) for name in weight_map.values()})
+
+
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:
     """The state dict of a HF folder: model.safetensors, pytorch_model.bin, or their sharded `.index.json`."""
     for name in ("model.safetensors", "pytorch_model.bin"):
@@ -326,8 +336,8 @@ def read_hf_weights(folder: Path) -> dict[str, Tensor]:
         index = folder / f"{name}.index.json"
         if index.is_file():
             state: dict[str, Tensor] = {}
-            for shard in sorted(set(read_json(index).get("weight_map", {}).values())):
-                state.update(_load_file(folder / shard))
+            for shard in _shards(folder, index):
+                state.update(_load_file(shard))
             return state
     raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
 
@@ -349,9 +359,14 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
         model = build_model(cfg)
     assign_weights(model, state, src, f"the {cfg.arch} model mapped from {arch}")
     with staged_folder(out) as tmp:  # check_new_folder decided whether an existing `out` may be replaced
-        save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": arch})
         try:
-            import_tokenizer(src, tmp)
+            tokenizer = import_tokenizer(src, tmp)
         except (DataError, CheckpointError) as err:
             _warn(f"tokenizer not imported: {err}")
+            tokenizer = None
+        if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:  # every later command would refuse it
+            raise ConfigError(f"{src}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
+                              f"vocab_size {cfg.vocab_size} (config.json): ids from {cfg.vocab_size} on have no "
+                              "embedding, so nothing was imported; import a folder whose tokenizer fits its model")
+        save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": arch})
     return out

@@ -19,7 +19,6 @@ decided in files.py.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckpointError
+from ..jsonfile import read_json as read_guarded
 from ..layout import EXPORT_ARCHITECTURES
 from .config import ModelConfig
 
@@ -148,11 +148,6 @@ def join_to_hf(rule: Rule, tensors: dict[str, Tensor]) -> Tensor:
 
 
 def read_json(file: Path) -> dict:
-    """A JSON object from a file; CheckpointError naming the file when it is unreadable or not an object."""
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{file}: cannot read it as JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file}: expected a JSON object")
-    return data
+    """A JSON object from a file of an HF folder; CheckpointError naming the file when it is unreadable,
+    too deeply nested or not an object (the guarded reader, jsonfile.py)."""
+    return read_guarded(file, CheckpointError)

@@ -9,11 +9,12 @@ without sentencepiece: the import warns and goes on without a tokenizer.
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
-from ..tokenization.train import load_tokenizer, write_tokenizer_files
+from ..errors import DataError
+from ..jsonfile import read_json as read_guarded
+from ..tokenization.train import TfkitTokenizer, load_tokenizer, write_tokenizer_files
 from .hf_names import HFInteropWarning, read_json
 
 
@@ -66,12 +67,14 @@ def _slow_tokenizer(src: Path, config: dict):
     return kind, tok, roles
 
 
-def import_tokenizer(src: Path, dst: Path) -> None:
-    """Copy the HF tokenizer files into `dst` (building tokenizer.json from vocab files when it is absent),
-    then check tfkit's `load_tokenizer` reads them. Warns when there is nothing tfkit can read."""
+def import_tokenizer(src: Path, dst: Path) -> TfkitTokenizer | None:
+    """Copy the HF tokenizer files into `dst` (building tokenizer.json from vocab files when it is absent)
+    and return them as tfkit's `load_tokenizer` reads them; None, with a warning, when there is nothing
+    tfkit can read. A truncation or padding the HF tokenizer carries is reported: tfkit clears it when
+    it loads the tokenizer (tokenization/tokenizer.py)."""
     config = _plain(read_json(src / "tokenizer_config.json")) if (src / "tokenizer_config.json").is_file() else {}
     if (src / "tokenizer.json").is_file():
-        shutil.copyfile(src / "tokenizer.json", dst / "tokenizer.json")
+        (dst / "tokenizer.json").write_bytes((src / "tokenizer.json").read_bytes())  # a full disk names `dst`
         specials_file = src / "special_tokens_map.json"
         specials = _plain(read_json(specials_file)) if specials_file.is_file() else {
             k: v for k, v in config.items() if k.endswith("_token") or k == "additional_special_tokens"}
@@ -85,5 +88,16 @@ def import_tokenizer(src: Path, dst: Path) -> None:
         what = "a sentencepiece tokenizer.model (save it with transformers to get tokenizer.json)" \
             if (src / "tokenizer.model").is_file() else "no tokenizer files"
         warnings.warn(f"{src}: {what}; the checkpoint has no tokenizer", HFInteropWarning, stacklevel=3)
-        return
-    load_tokenizer(dst)
+        return None
+    _note_length_settings(dst / "tokenizer.json")
+    return load_tokenizer(dst)
+
+
+def _note_length_settings(file: Path) -> None:
+    """Warn that a tokenizer.json's truncation / padding (a sentence-transformers model's 128 tokens) is not
+    used: tfkit packs whole documents, so keeping it would cut every document of a corpus."""
+    data = read_guarded(file, DataError, max_depth=None)
+    found = [f"{key} {json.dumps(data[key])}" for key in ("truncation", "padding") if data.get(key) is not None]
+    if found:
+        warnings.warn(f"{file}: {' and '.join(found)} not used: tfkit tokenizes whole documents and frames them "
+                      "itself (cleared whenever tfkit loads this tokenizer)", HFInteropWarning, stacklevel=3)

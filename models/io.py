@@ -28,6 +28,7 @@ from torch import nn
 from .. import __version__
 from ..errors import CheckpointError, TfkitError
 from ..files import atomic_file, write_atomic
+from ..jsonfile import read_json
 from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, WEIGHTS  # CONFIG, WEIGHTS: the trainer imports them from here
 from ..runtime import machine_memory
 from .config import ModelConfig
@@ -149,10 +150,7 @@ def read_config(path: str | Path) -> dict:
     is a ConfigError naming the file and the key."""
     path = Path(path)
     file = path if path.is_file() and path.name == CONFIG else resolve_checkpoint(path) / CONFIG
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{file}: cannot read it as JSON ({err})") from err
+    config = read_json(file, CheckpointError, expect=None)
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise CheckpointError(f"{file}: expected a JSON object with a 'model' section (the model config)")
     ModelConfig.from_dict(config["model"], source=file)

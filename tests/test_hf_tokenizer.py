@@ -113,3 +113,41 @@ def test_a_folder_without_a_readable_tokenizer_imports_with_a_warning(tmp_path):
     messages = import_quietly(src, tmp_path / "ckpt")
     assert any("sentencepiece" in m and "no tokenizer" in m for m in messages)
     assert not (tmp_path / "ckpt" / "tokenizer.json").exists()
+
+
+def sentence_transformers_folder(folder: Path) -> Path:
+    """A BERT folder whose tokenizer.json carries what a sentence-transformers model's does:
+    `truncation: {max_length: 128}` and `padding: {Fixed: 128}`."""
+    src = hf_model_folder(folder, "bert")
+    tok = wordpiece()
+    tok.enable_truncation(max_length=128)
+    tok.enable_padding(length=128, pad_id=0, pad_token="[PAD]")
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps({"pad_token": "[PAD]", "unk_token": "[UNK]",
+                                                           "cls_token": "[CLS]", "sep_token": "[SEP]"}))
+    return src
+
+
+def test_an_hf_tokenizers_truncation_and_padding_are_not_used(tmp_path):
+    """Imported as they were, every document of a corpus was cut (or padded) to 128 tokens. The import says
+    they are not used, and every load clears them, also of a folder imported before (the file as it was)."""
+    src = sentence_transformers_folder(tmp_path / "hf")
+    assert json.loads((src / "tokenizer.json").read_text())["truncation"]["max_length"] == 128
+    messages = import_quietly(src, tmp_path / "ckpt")
+    assert any("truncation" in m and "padding" in m and "not used" in m for m in messages), messages
+    long_text = " ".join(TEXT)  # about 400 tokens
+    for folder in (tmp_path / "ckpt", src):  # the import, and a folder with the settings still in its file
+        ours = load_tokenizer(folder)
+        ids = ours.encode(long_text)
+        assert len(ids) > 300 and 0 not in ids, len(ids)  # not cut, and no [PAD]
+        assert [len(x) for x in ours.encode_batch([long_text, "a dog"])] == [len(ids), len(ours.encode("a dog"))]
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_at_import(tmp_path):
+    from tfkit.errors import ConfigError
+
+    src = hf_model_folder(tmp_path / "hf", "bert")  # vocab_size 128
+    byte_level_bpe().save(str(src / "tokenizer.json"))  # 290 tokens
+    with pytest.raises(ConfigError, match=r"tokenizer has 290 tokens, more than the model's vocab_size 128"):
+        import_quietly(src, tmp_path / "ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

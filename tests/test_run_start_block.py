@@ -45,3 +45,15 @@ def test_the_start_block_is_kept_in_the_run_folder_and_a_resume_adds_its_own(eng
     blocks = Path(run / "start.log").read_text().split("\n\n# ")
     assert len(blocks) == 2 and "resumed at step 2" in blocks[1].splitlines()[0]
     assert "resuming" in blocks[1]
+
+
+def test_a_folder_corpus_names_the_files_it_read_in_the_start_block(english_text, tmp_path):
+    folder = tmp_path / "corpus"
+    (folder / "part").mkdir(parents=True)
+    (folder / "one.txt").write_text(english_text[:60_000])
+    (folder / "part" / "two.txt").write_text(english_text[60_000:120_000])
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--run-dir", str(run), "--set", f"data.train={folder}",
+                                      *[a for s in TINY for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    assert "data.train: 2 files: one.txt, part/two.txt" in (run / "start.log").read_text()

@@ -61,3 +61,21 @@ def test_cli_strip_accents_option_reaches_the_normalizer(tmp_path, flag, kept):
     assert result.exit_code == 0, result.output
     normalized = load_tokenizer(out).tokenizer.normalizer.normalize_str("Café")
     assert normalized == ("café" if kept else "cafe")
+
+
+def test_a_folder_corpus_lists_the_files_it_read(english_text, tmp_path):
+    """Which files a folder corpus trained on is in the report (printed and tokenizer_report.json), in
+    reading order; hidden files are not read, so not listed."""
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.txt").write_text(english_text[:20_000])
+    (folder / "sub" / "a.md").write_text(english_text[20_000:40_000])
+    (folder / ".notes.txt").write_text("hidden")
+    out = tmp_path / "tok"
+    result = CliRunner().invoke(app, [str(folder), "--out", str(out), "--vocab-size", "300", "-q"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "tokenizer_report.json").read_text())["corpus_files"] == ["b.txt", "sub/a.md"]
+    assert "2 files: b.txt, sub/a.md" in result.output
+    single = CliRunner().invoke(app, [str(folder / "b.txt"), "--out", str(tmp_path / "one"), "--vocab-size", "300", "-q"])
+    assert "corpus_files" not in json.loads((tmp_path / "one" / "tokenizer_report.json").read_text())
+    assert single.exit_code == 0

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
+import stat
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
+from ..jsonfile import kind_of, parse_json
+from .encoding import SNIFF_BYTES, check_text
 from .formats import (DATASET_FILES, dataset_dict_error, dataset_files, decoded_size, open_bytes, read_arrow,
                       read_parquet)
 from .stdlib_corpus import stdlib_documents, stdlib_fingerprint
@@ -96,7 +98,36 @@ def resolve_files(spec: str) -> list[Path]:
         if not files:
             raise DataError(f"corpus glob {spec!r} matches no files")
         return files
+    if path.exists():
+        raise DataError(f"corpus {spec}: {_special_kind(path)}, not a regular file; a corpus is read more than once "
+                        "(its size, the tokenizer, the tokens): save the stream to a file first")
     raise DataError(f"corpus {spec}: no such file or folder")
+
+
+def _special_kind(path: Path) -> str:
+    """What a path that is neither a file nor a folder is: a FIFO (named pipe, `<(cmd)`), a socket, a device."""
+    mode = path.stat().st_mode
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+
+
+def corpus_files(spec: str) -> list[str] | None:
+    """The files a folder or glob corpus reads, in reading order (relative to the folder), for the record
+    of what a run or a tokenizer was trained on; None for a single file or stdlib (its name says it all)."""
+    path = Path(spec).expanduser()
+    if spec.startswith("stdlib:") or path.is_file():
+        return None
+    files = resolve_files(spec)
+    return [str(p.relative_to(path)) if path.is_dir() else str(p) for p in files]
+
+
+def listing(files: list[str], limit: int = 20) -> str:
+    """`N files: a.txt, b/c.txt, ...` for a console line (the first `limit` names)."""
+    more = f", ... ({len(files) - limit:,} more)" if len(files) > limit else ""
+    return f"{len(files):,} file{'s' if len(files) != 1 else ''}: {', '.join(files[:limit])}{more}"
 
 
 def check_text_field(spec: str, text_field: str, option: str = "--text-field") -> None:
@@ -177,8 +208,10 @@ def _json_text(value: object, field_name: str, where: str) -> str:
         if isinstance(text, str):
             return text
         raise DataError(f"{where}: field {field_name!r} is {type(text).__name__}, expected a string")
-    raise DataError(f"{where}: no {field_name!r} field (name the key holding the text with --text-field, "
-                    "or data.text_field in a recipe)")
+    if isinstance(value, dict):
+        raise DataError(f"{where}: no {field_name!r} field (name the key holding the text with --text-field, "
+                        "or data.text_field in a recipe)")
+    raise DataError(f"{where}: {kind_of(value)}, expected a text or an object with a {field_name!r} field")
 
 
 def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
@@ -188,10 +221,7 @@ def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str
             line = _decode(raw, str(path), stats).strip()
             if not line:
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            record = parse_json(line, f"{path}:{lineno}", max_depth=None)
             yield _json_text(record, text_field, f"{path}:{lineno}")
 
 
@@ -206,21 +236,21 @@ def _read_json(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]
     data = path.read_bytes()
     stats.bytes_read += len(data)
     stats.file_bytes += len(data)
-    try:
-        records = json.loads(_decode(data, str(path), stats))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    records = parse_json(_decode(data, str(path), stats), path, max_depth=None)
     if isinstance(records, dict):  # one record spread over lines (e.g. a dataset_info.json)
         yield _json_text(records, text_field, str(path))
         return
+    if not isinstance(records, list):
+        raise DataError(f"{path}: {kind_of(records)}, expected a JSON array of texts or records, one record, "
+                        "or JSON lines")
     for i, record in enumerate(records):
         yield _json_text(record, text_field, f"{path}: item {i}")
 
 
 def _is_json_value(line: bytes) -> bool:
     try:
-        json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        parse_json(line, "", max_depth=None)
+    except DataError:
         return False
     return True
 
@@ -232,9 +262,17 @@ def _read_tsv(path: Path, stats: CorpusStats) -> Iterator[str]:
             yield "\n".join(_decode(raw, str(path), stats).rstrip("\r\n").split("\t"))
 
 
+def _check_head(path: Path) -> None:
+    """Refuse a file whose first bytes are UTF-16/32 text or binary data (`encoding.check_text`)."""
+    with open_bytes(path, _compression(path), CorpusStats()) as f:
+        check_text(f.read(SNIFF_BYTES), path)
+
+
 def _file_pieces(path: Path, text_field: str, stats: CorpusStats, chunk_bytes: int):
     """(text, is_new_document) for one file: chunks of a text file continue their document."""
     kind = suffix(path)
+    if kind not in (".parquet", ".arrow"):
+        _check_head(path)
     if kind in (".jsonl", ".jsonl.gz", ".jsonl.zst"):
         return ((t, True) for t in _read_jsonl(path, text_field, stats))
     if kind == ".json":

@@ -18,12 +18,12 @@ when such a file is read, so the CLI never pays for them at start-up. Every prob
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError
+from ..jsonfile import kind_of, member, read_json
 
 if TYPE_CHECKING:
     from .corpus import CorpusStats
@@ -273,24 +273,27 @@ def _arrow_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iterat
 
 def dataset_files(folder: Path) -> list[Path]:
     """The `.arrow` shards of a folder written by `datasets`' `save_to_disk`, in its own order."""
-    try:
-        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-        names = [entry["filename"] for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{folder / 'state.json'}: not a datasets state file ({type(e).__name__}: {e})") from None
-    missing = [n for n in names if not (folder / n).is_file()]
+    file = folder / "state.json"
+    entries = read_json(file).get("_data_files")
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise DataError(f"{file}: not a datasets state file (expected '_data_files', a list of objects with a "
+                        f"'filename', got {kind_of(entries)})")
+    shards = [member(folder, entry.get("filename"), file) for entry in entries]
+    missing = [p for p in shards if not p.is_file()]
     if missing:
-        raise DataError(f"datasets folder {folder}: state.json lists {missing[0]}, which is not there")
-    if not names:
+        raise DataError(f"datasets folder {folder}: state.json lists {missing[0].relative_to(folder)}, which is not there")
+    if not shards:
         raise DataError(f"datasets folder {folder}: state.json lists no .arrow files")
-    return [folder / n for n in names]
+    return shards
 
 
 def dataset_dict_error(folder: Path) -> DataError:
     """A `DatasetDict` folder holds one datasets folder per split: reading them all would mix train and test."""
     try:
-        splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
-    except (OSError, ValueError, KeyError, TypeError):
+        splits = read_json(folder / "dataset_dict.json").get("splits")
+    except DataError:
+        splits = None
+    if not isinstance(splits, list) or not all(isinstance(split, str) for split in splits):
         splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
     first = splits[0] if splits else "train"
     return DataError(f"corpus {folder}: a datasets DatasetDict with splits {', '.join(splits) or '(none)'}; "

@@ -8,11 +8,11 @@ a source and a target field (`data.source_field`, `data.target_field`) in JSON l
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DataError
+from ..jsonfile import parse_json
 from .corpus import CorpusStats, resolve_files, suffix
 from .formats import need, open_bytes, read_rows
 
@@ -32,10 +32,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, object]]:
             line = raw.decode("utf-8", errors="replace").strip()
             if not line:
                 continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            yield f"{path}:{lineno}", parse_json(line, f"{path}:{lineno}", max_depth=None)
 
 
 def _columns(path: Path) -> list[str]:

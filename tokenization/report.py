@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..progress import console as output_console
+from .corpus import listing
 
 if TYPE_CHECKING:
     from .train import TfkitTokenizer, TokenizerSpec
@@ -60,9 +61,10 @@ def heldout_stats(tok: "TfkitTokenizer", heldout: list[str] | None) -> tuple[dic
 
 
 def build_report(
-    tok: "TfkitTokenizer", spec: "TokenizerSpec", heldout: list[str] | None, seconds: float, chars: int
+    tok: "TfkitTokenizer", spec: "TokenizerSpec", heldout: list[str] | None, seconds: float, chars: int,
+    files: list[str] | None = None,
 ) -> dict:
-    """Everything `tokenizer_report.json` holds."""
+    """Everything `tokenizer_report.json` holds; `files`: those a folder or glob corpus read."""
     stats, heldout_ids = heldout_stats(tok, heldout)
     return {
         "kind": spec.kind,
@@ -76,6 +78,7 @@ def build_report(
         "fingerprint": tok.fingerprint(),
         "spec": spec.to_dict(),
         "python": platform.python_version(),
+        **({"corpus_files": files} if files is not None else {}),
     }
 
 
@@ -93,6 +96,8 @@ def print_report(report: dict, console: Console | None = None) -> None:
         ("unknown-token rate", _fmt(report["unk_rate"], pct=True)),
         ("special tokens", " ".join(f"{i}:{t}" for i, t in report["special_tokens"].items())),
     ]
+    if "corpus_files" in report:
+        rows.insert(1, ("corpus files", listing(report["corpus_files"])))
     key = "top_pieces" if "top_pieces" in report else "top_merges"
     rows.append((key.replace("_", " "), ", ".join(repr(m) for m in report[key])))
     for name, value in rows:

@@ -38,7 +38,9 @@ from typing import TypeVar
 
 import numpy as np
 
+from ..errors import DataError
 from ..files import staged_folder
+from ..jsonfile import read_json
 from ..progress import progress_bar
 from .corpus import CorpusStats, corpus_fingerprint, corpus_size, iter_pieces
 from .holdout import complement, heldout_chunks
@@ -200,9 +202,9 @@ def cache_problem(folder: Path) -> str | None:
     """What is wrong with a token cache folder (meta.json unreadable or of the wrong shape, tokens.bin or
     doc_starts.bin missing or of another size than meta.json records), None when it can be opened."""
     try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"meta.json is not readable JSON ({type(exc).__name__})"
+        meta = read_json(folder / "meta.json", expect=None)
+    except DataError as exc:
+        return f"meta.json is not readable JSON ({exc})"
     types = {"dtype": str, "num_tokens": int, "vocab_size": int, "num_documents": int}
     if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t) or isinstance(meta.get(k), bool)
                                          for k, t in types.items()):
@@ -223,7 +225,7 @@ def cache_problem(folder: Path) -> str | None:
 
 
 def _open(folder: Path, from_cache: bool) -> TokenShards:
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = read_json(folder / "meta.json")  # checked by cache_problem
     dtype = np.dtype(meta["dtype"])
     tokens = np.memmap(folder / "tokens.bin", dtype=dtype, mode="r", shape=(meta["num_tokens"],))
     starts = np.fromfile(folder / "doc_starts.bin", dtype=np.int64)

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from ..errors import ConfigError, DataError
 from ..files import write_atomic
+from ..jsonfile import kind_of, parse_json
 
 # Role -> token, in transformers' names. unigram reuses <s>/</s> as [CLS]/[SEP] (RoBERTa/XLM-R style).
 KIND_ROLES = {
@@ -171,23 +172,38 @@ def load_tokenizer(path: str | Path) -> TfkitTokenizer:
 
 
 def parse_tokenizer(raw: bytes, config_raw: bytes | None, file: Path) -> TfkitTokenizer:
-    """The tokenizer of the bytes of `file` (tokenizer.json) and of its tokenizer_config.json (None: absent)."""
+    """The tokenizer of the bytes of `file` (tokenizer.json) and of its tokenizer_config.json (None: absent).
+
+    A truncation or padding setting the file carries (a sentence-transformers tokenizer.json has
+    `truncation: {max_length: 128}`, `padding: {Fixed: 128}`) is cleared: tfkit frames, packs and pads
+    token streams itself, and with it every document of a corpus would be cut to 128 tokens."""
     try:
-        data = json.loads(raw)
+        data = parse_json(raw, f"tokenizer {file}", expect=dict, max_depth=None)
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as e:  # noqa: BLE001 - JSON, UTF-8 and tokenizers' own parse errors alike
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - UTF-8 and tokenizers' own parse errors alike
         raise DataError(f"tokenizer {file}: not a valid tokenizer.json ({str(e).splitlines()[0][:120]})") from None
-    config: dict = {}
-    if config_raw is not None:
-        try:
-            config = json.loads(config_raw.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"tokenizer config {file.parent / 'tokenizer_config.json'}: invalid JSON ({e})") from None
-    model = str((data.get("model") or {}).get("type", "unknown"))  # foreign files: infer from the model
-    kind = config.get("tfkit_kind") or {"BPE": "bpe", "WordPiece": "wordpiece"}.get(model, model.lower())
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    config = {} if config_raw is None else _read_config(config_raw, file.parent / "tokenizer_config.json")
+    model = data.get("model")
+    model_type = str(model.get("type", "unknown")) if isinstance(model, dict) else "unknown"  # foreign files
+    kind = config.get("tfkit_kind") or {"BPE": "bpe", "WordPiece": "wordpiece"}.get(model_type, model_type.lower())
     roles = {k: v for k, v in config.items() if k.endswith("_token") and k[:-6] in ROLES and isinstance(v, str)}
     if not roles:
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         roles = {k: v for k, v in roles_for(kind).items() if v in vocab}
     extra = [t for t in config.get("additional_special_tokens", []) if isinstance(t, str)]
     return TfkitTokenizer(tokenizer, raw, file, kind, roles, extra, config.get("tfkit_spec"))
+
+
+def _read_config(raw: bytes, file: Path) -> dict:
+    """tokenizer_config.json: a JSON object whose `tfkit_kind` is text and `additional_special_tokens` a list."""
+    config = parse_json(raw, f"tokenizer config {file}", expect=dict)
+    if not isinstance(config.get("tfkit_kind", ""), str):
+        raise DataError(f"tokenizer config {file}: tfkit_kind is {kind_of(config['tfkit_kind'])}, expected a string")
+    if not isinstance(config.get("additional_special_tokens", []), list):
+        raise DataError(f"tokenizer config {file}: additional_special_tokens is "
+                        f"{kind_of(config['additional_special_tokens'])}, expected a list of tokens")
+    return config

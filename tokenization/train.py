@@ -14,9 +14,10 @@ Training is deterministic for every kind: the same text and spec give a byte-ide
 in any process. tokenizers trains WordPiece and Unigram in hash-map order; `determinism.py` works around
 it (WordPiece reads the corpus twice for that: `texts` may be a function returning a fresh iterable).
 
-A new output folder is written to a temporary sibling and renamed into place; in an existing one each of
-the tokenizer's files is replaced atomically (files.py), so an interrupted run never leaves a half-written
-tokenizer, and an existing folder holding a different tokenizer is never replaced unless `force=True`.
+The output folder is written to a temporary sibling and published whole (files.py): new, or replacing
+an existing one in one step, with whatever else that held carried over, so an interrupted run or a full
+disk leaves the old tokenizer or the new one, never a mix; an existing folder holding a different
+tokenizer is never replaced unless `force=True`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ..errors import ConfigError, DataError
-from ..files import staged_folder, write_atomic
+from ..files import carry_over, holds_working_folder, staged_folder, write_files_into
 from ..progress import interactive, progress_bar
 from .determinism import canonical_unigram, continuing_pieces, count_words, unpin_continuing_pieces
 from .report import build_report
@@ -139,20 +140,22 @@ def _check_out_dir(out: Path, force: bool) -> None:
 
 
 def _publish(files: dict[str, bytes], out: Path, force: bool) -> None:
-    """Write the finished files into `out`: a new folder is staged and renamed into place whole. In an
-    existing one only the tokenizer's own files are ever replaced, each atomically: anything else in the
-    folder (a model's weights beside its tokenizer, the user's notes) stays, with --force too.
-    A different tokenizer already there is replaced only with `force`; the same one is refreshed."""
-    if not out.exists():
-        with staged_folder(out) as tmp:
-            for name, data in files.items():
-                (tmp / name).write_bytes(data)
-        return
+    """Write the finished files as the folder `out`, published whole (staged and renamed into place), so
+    a full disk or a killed process leaves the old folder or the complete new one, never a mix of two
+    tokenizers (the working folder itself, `--out .`, has its files replaced: `write_files_into`).
+    Anything else an existing folder holds (a model's weights beside its tokenizer, the
+    user's notes) is carried into the new one, with --force too. A different tokenizer already there is
+    replaced only with `force`; the same one is refreshed."""
     old = out / "tokenizer.json"
     if old.exists() and old.read_bytes() != files["tokenizer.json"] and not force:
         raise DataError(f"tokenizer output {out}: holds a different tokenizer; use --force to replace it")
-    for name in sorted(files):
-        write_atomic(out / name, files[name])
+    if holds_working_folder(out):  # `--out .`: the folder itself is never renamed
+        write_files_into(out, files)
+        return
+    with staged_folder(out) as tmp:
+        carry_over(out, tmp, files)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
 
 
 def train_tokenizer(
@@ -164,6 +167,7 @@ def train_tokenizer(
     heldout: list[str] | None = None,
     force: bool = False,
     progress_total: int | None = None,
+    corpus_files: list[str] | None = None,
 ) -> dict:
     """Train on `texts`, save the folder, return the report (also saved as JSON).
 
@@ -171,7 +175,8 @@ def train_tokenizer(
     it a collection or a function that returns a fresh iterable each time it is called.
 
     `heldout` texts (never trained on) give the compression and unknown-rate figures of the report.
-    `progress_total` is the approximate corpus size in characters, for the progress bar only.
+    `progress_total` is the approximate corpus size in characters, for the progress bar only;
+    `corpus_files`, the files a folder or glob corpus reads, are recorded in the report.
     Raises ConfigError for an invalid spec or a vocabulary smaller than the corpus alphabet, DataError
     for an empty corpus or an output folder that must not be overwritten.
     """
@@ -215,7 +220,7 @@ def train_tokenizer(
     files = tokenizer_files(tok, spec.kind, roles_for(spec.kind, spec.special_tokens), spec.special_tokens,
                             spec.to_dict())
     trained = parse_tokenizer(files["tokenizer.json"], files["tokenizer_config.json"], out / "tokenizer.json")
-    report = build_report(trained, spec, heldout, seconds, seen["chars"])
+    report = build_report(trained, spec, heldout, seconds, seen["chars"], corpus_files)
     files[REPORT_FILE] = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode()
     _publish(files, out, force)
     return report

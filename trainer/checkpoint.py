@@ -23,7 +23,6 @@ source checkpoint) is `run_folder`'s concern.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import shutil
@@ -35,6 +34,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..files import set_aside, staged_folder
+from ..jsonfile import read_json
 from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS
 from ..models.io import load_plain_pickle, load_weights_into, pickle_refusal, save_model
 
@@ -142,8 +142,8 @@ def save_best(run_dir: Path, step: int, model: nn.Module, tokenizer_dir: Path, e
 def best_loss(run_dir: Path) -> float:
     """The validation loss of the run folder's best/ (inf when there is none yet)."""
     try:
-        loss = json.loads((run_dir / BEST / CONFIG).read_text(encoding="utf-8")).get("val_loss")
-    except (OSError, ValueError, AttributeError):
+        loss = read_json(run_dir / BEST / CONFIG, CheckpointError).get("val_loss")
+    except CheckpointError:
         return math.inf
     return float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else math.inf
 

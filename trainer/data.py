@@ -19,11 +19,12 @@ import torch
 from rich.console import Console
 
 from ..errors import CheckpointError, ConfigError
+from ..files import carry_over, staged_folder
 from ..layout import TOKENIZER_FILES
 from ..progress import Transcript
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.pairs import is_pair_data, read_pairs
-from ..tokenization.corpus import iter_documents, text_size
+from ..tokenization.corpus import corpus_files, iter_documents, listing, text_size
 from ..tokenization.holdout import hold_out_spread, sample_documents
 from ..tokenization.shards import prepare_tokens
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
@@ -40,10 +41,11 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
     if source is not None:
         if not (source / "tokenizer.json").is_file():
             raise CheckpointError(f"{source}: holds no tokenizer.json, so the run cannot know its token ids")
-        out.mkdir(parents=True, exist_ok=True)
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, out / name)
+        with staged_folder(out) as tmp:  # the run's tokenizer/ is replaced whole, never left half copied
+            carry_over(out, tmp, TOKENIZER_FILES)  # its tokenizer_report.json stays
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copy2(source / name, tmp / name)
         copied = load_tokenizer(out)
         console.print(f"tokenizer: {copied.kind}, vocab {copied.vocab_size}, copied from {source}", highlight=False)
         return
@@ -55,7 +57,9 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                 f"tokenizer.path {recipe.tokenizer.path}: a {tokenizer.kind} tokenizer without a mask token, which "
                 f"objective {recipe.objective.name} needs; train one with `tfkit train-tokenizer ... "
                 "--special-token '<|mask|>'` (bpe) or use kind wordpiece or unigram")
-        tokenizer.save(out)  # writes the standard files
+        with staged_folder(out) as tmp:
+            carry_over(out, tmp, TOKENIZER_FILES)
+            tokenizer.save(tmp)  # writes the standard files
         console.print(f"tokenizer: {tokenizer.kind}, vocab {tokenizer.vocab_size}, from {recipe.tokenizer.path}",
                       highlight=False)
         return
@@ -141,6 +145,9 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
                       f"{recipe.train.max_steps * per_step:.2g} epochs in {recipe.train.max_steps:,} steps")
             console.print(f"data: {train.num_tokens:,} training tokens from {d.train} ({epochs}); "
                           f"{valid.num_tokens:,} validation tokens from {where} (cache {cache})", highlight=False)
+            for key, spec in (("data.train", d.train), ("data.valid", d.valid)):
+                if spec and (files := corpus_files(spec)) is not None:  # a folder or glob: which files it read
+                    console.print(f"{key}: {listing(files)}", highlight=False)
         out = tuple(_dataset(recipe, tokenizer, shards) for shards in (train, valid))
     return out
 

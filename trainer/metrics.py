@@ -13,7 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..errors import DataError
 from ..files import write_atomic
+from ..jsonfile import parse_json
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity), matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names come first.
@@ -98,8 +100,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         return rows
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            rows.append(parse_json(line, path))
+        except DataError:  # checked when a run resumes (run_folder); a torn or damaged row counts for nothing
             continue
     return rows
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import re
 import shutil
 import time
@@ -25,6 +24,7 @@ import yaml
 
 from ..errors import CheckpointError, ConfigError, disk_full
 from ..files import LOCK_FILE, folder_lock, write_atomic
+from ..jsonfile import parse_json
 from ..layout import CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
 from ..models.config import ModelConfig
 from ..models.io import read_config
@@ -292,8 +292,8 @@ def check_run_files(run_dir: Path) -> None:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = parse_json(line, f"{metrics}:{number}", CheckpointError)
+        except CheckpointError:
             if number == len(lines):
                 continue  # the torn last row of a killed run
             raise CheckpointError(f"{metrics}:{number}: damaged, not a JSON row; remove the line or resume into "

@@ -49,6 +49,8 @@ def snapshot(root: Path) -> dict[str, str]:
             out[rel] = "link"
         elif path.is_dir():
             out[rel] = "dir"
+        elif not path.is_file():  # a FIFO, a socket: reading it would wait for a writer
+            out[rel] = "special"
         else:
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out

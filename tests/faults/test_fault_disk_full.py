@@ -149,6 +149,18 @@ def test_a_full_disk_names_the_path_and_leaves_nothing(command, limit, work, tin
     assert not changes(before, snapshot(work)), changes(before, snapshot(work))
 
 
+@pytest.mark.parametrize("limit", [0, 300, 7_000, 7_400], ids=lambda n: f"disk-train-tokenizer-force-after-{n}-bytes")
+def test_a_full_disk_during_train_tokenizer_force_keeps_the_old_tokenizer_whole(limit, work, monkeypatch):
+    """The line says every file that existed before is intact, and it is: the folder is the old tokenizer,
+    byte for byte (it used to be replaced file by file, so special_tokens_map.json was already the new one)."""
+    args = ["train-tokenizer", work / "text.txt", "--out", work / "out", "--vocab-size", "300", "-q"]
+    assert cli(args).exit_code == 0
+    before = snapshot(work)
+    with full_disk(monkeypatch, limit=limit):
+        _check_full(cli([*args[:-3], "--vocab-size", "280", "--force", "-q"]), "every file that existed before is intact")
+    assert not changes(before, snapshot(work)), changes(before, snapshot(work))
+
+
 @pytest.fixture(scope="module")
 def hf_folder(tiny_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "hf"

@@ -1,0 +1,71 @@
+"""What a corpus file's bytes are, told from its first 64 kB before any of it is trained on.
+
+tfkit reads text as UTF-8, and a few invalid bytes in a web scrape are repaired with a warning
+(`corpus._decode`). A file that is not UTF-8 text at all is refused in one line that says what it is:
+- UTF-16 or UTF-32 text (a byte-order mark, or every second or fourth byte a NUL, as Windows tools write
+  it): decoded as UTF-8 it is NUL-interleaved noise that trains without a word of complaint;
+- binary data (NUL bytes in no such pattern, or more than MAX_INVALID of the bytes, and at least
+  MIN_INVALID of them, not UTF-8): an image,
+  an archive or a model file picked up by a folder or a glob.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+from ..errors import DataError
+
+SNIFF_BYTES = 1 << 16
+MAX_INVALID = 0.10  # a Latin-1 French or German text has 1-5% of such bytes; binary data far more
+MIN_INVALID = 32  # a few bad bytes in a one-line file are a large share, and still a repair, not binary
+BOMS = ((codecs.BOM_UTF32_LE, "UTF-32LE"), (codecs.BOM_UTF32_BE, "UTF-32BE"), (codecs.BOM_UTF16_LE, "UTF-16LE"),
+        (codecs.BOM_UTF16_BE, "UTF-16BE"))
+CONVERT = "tfkit reads UTF-8: convert it first, e.g. `iconv -f {code} -t UTF-8 FILE > FILE.utf8`"
+
+
+def _nul_pattern(head: bytes) -> str | None:
+    """The UTF-16/32 variant whose NUL bytes `head` shows (mostly ASCII text stored wide), or None."""
+    size = len(head) - len(head) % 4
+    if size < 8:
+        return None
+    lanes = [head[i:size:4].count(0) / (size // 4) for i in range(4)]  # share of NULs per byte position mod 4
+    if lanes[1] > 0.9 and lanes[2] > 0.9 and lanes[3] > 0.9:
+        return "UTF-32LE"
+    if lanes[0] > 0.9 and lanes[1] > 0.9 and lanes[2] > 0.9:
+        return "UTF-32BE"
+    if lanes[1] > 0.7 and lanes[3] > 0.7 and lanes[0] < 0.3 and lanes[2] < 0.3:
+        return "UTF-16LE"
+    if lanes[0] > 0.7 and lanes[2] > 0.7 and lanes[1] < 0.3 and lanes[3] < 0.3:
+        return "UTF-16BE"
+    return None
+
+
+def _invalid_bytes(head: bytes) -> int:
+    """How many of `head`'s bytes are not UTF-8 (a character cut at the end of the sample is not counted)."""
+    text = head.decode("utf-8", errors="surrogateescape")
+    bad = sum(1 for c in text if "\udc80" <= c <= "\udcff")
+    tail = next((n for n in range(1, 4) if len(head) >= n and head[-n] >= 0xC0), 0)  # a cut lead byte
+    return max(bad - tail, 0)
+
+
+def check_text(head: bytes, path: Path | str) -> None:
+    """DataError naming `path` when its first bytes `head` are UTF-16/32 text or binary data, not UTF-8."""
+    for bom, code in BOMS:
+        if head.startswith(bom):
+            raise DataError(f"corpus {path}: {code} text, not UTF-8 (it starts with the byte-order mark "
+                            f"{bom.hex(' ').upper()}); {CONVERT.format(code=code)}")
+    wide = _nul_pattern(head)
+    if wide is not None:
+        nuls = "every second byte" if "16" in wide else "three bytes in four"
+        raise DataError(f"corpus {path}: {wide} text without a byte-order mark, not UTF-8 ({nuls} NUL); "
+                        f"{CONVERT.format(code=wide)}")
+    if b"\0" in head:
+        raise DataError(f"corpus {path}: binary data, not text (it holds NUL bytes); name only text files, or move "
+                        "it out of the corpus folder")
+    bad = _invalid_bytes(head)
+    share = bad / max(len(head), 1)
+    if share > MAX_INVALID and bad >= MIN_INVALID:
+        raise DataError(f"corpus {path}: binary data, not UTF-8 text ({share:.0%} of its first {len(head):,} bytes "
+                        "are not UTF-8); name only text files, or convert a text in another encoding "
+                        f"({CONVERT.format(code='LATIN1')})")
