@@ -20,6 +20,12 @@ to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
 return the attention weights; `need_weights=True` always takes this path, since fused kernels never
 materialise the weights.
 
+Document masks (`data.document_mask`): packed rows carry `doc_ids (B, T)`, each token's document, and a query
+sees only keys of its own document (`position_mask(doc_ids=...)`, a bool (B, 1, T, T) built once per forward).
+On a CPU that bool mask goes into SDPA (its flash kernel takes masks; measured in benchmarks/doc_mask.py); on
+CUDA the same rule is a flex_attention block mask (models/flex.py), built once per forward too, so whole
+blocks of keys in other documents are skipped instead of masked. The naive path reads the bool tensor.
+
 `attn_scale` replaces the 1/sqrt(d) on the scores in both paths (SDPA's `scale=`, a multiply in the naive
 one); the default passes no scale, so SDPA and the naive division compute exactly what they always did.
 """
@@ -34,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .flex import document_block_mask, flex_attention
 from .kv_cache import CrossKV, LayerKV
 from .layers import apply_rope
 
@@ -46,38 +53,48 @@ class AttnMask:
         (B|1, H, T_q, T_k) bias (ALiBi) with -inf where not allowed.
     is_causal: the tensor is exactly the square causal mask, so SDPA may build it itself (is_causal=True)
         and pick the fastest kernel; the naive path still uses the tensor.
+    block: the same rule as a flex_attention BlockMask (CUDA, document masks: models/flex.py), or None.
     """
 
     tensor: Tensor | None = None
     is_causal: bool = False
+    block: object | None = None
 
 
 def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None = None,
                         alibi: Tensor | None = None, device: torch.device | None = None,
-                        dtype: torch.dtype = torch.float32) -> AttnMask:
+                        dtype: torch.dtype = torch.float32, doc_ids: Tensor | None = None) -> AttnMask:
     """Mask for self-attention of q_len queries over the same q_len keys, positions 0..q_len-1 (a forward
     without a KV cache; over a cache the model builds `position_mask` from the cache's tables).
 
-    key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. A query may always see
-    its own position, so a padding query (whose output is never used) never has an empty softmax row.
+    key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. doc_ids: (B, q_len), each token's
+    document in its packed row: attention stays inside a document. A query may always see its own
+    position, so a padding query (whose output is never used) never has an empty softmax row.
     """
-    if key_padding is not None and key_padding.shape[-1] != q_len:
-        raise ValueError(f"attention mask covers {key_padding.shape[-1]} positions, expected T={q_len}")
-    if key_padding is None and alibi is None and (not causal or q_len == 1):
+    for name, rows in (("attention mask", key_padding), ("doc_ids", doc_ids)):
+        if rows is not None and rows.shape[-1] != q_len:
+            raise ValueError(f"{name} covers {rows.shape[-1]} positions, expected T={q_len}")
+    plain = key_padding is None and alibi is None and doc_ids is None
+    if plain and (not causal or q_len == 1):
         return AttnMask()  # every key visible: no tensor, any kernel
     positions = torch.arange(q_len, device=device)  # (T,)
-    pure_causal = causal and key_padding is None and alibi is None
-    tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype)
-    return AttnMask(tensor, is_causal=pure_causal)
+    tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype,
+                           doc_ids=doc_ids)
+    block = None
+    if doc_ids is not None and key_padding is None and alibi is None and doc_ids.is_cuda:
+        block = document_block_mask(doc_ids, causal=causal)  # None where flex_attention is missing
+    return AttnMask(tensor, is_causal=causal and plain, block=block)
 
 
 def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Tensor | None = None,
-                  alibi: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                  alibi: Tensor | None = None, dtype: torch.dtype = torch.float32,
+                  doc_ids: Tensor | None = None) -> Tensor:
     """The mask tensor of queries at positions q_pos (T_q,) over keys at positions k_pos (T_k,).
 
     bool (B|1, 1, T_q, T_k), True = may attend; with alibi slopes (H,) the additive float bias
     (B|1, H, T_q, T_k), -inf where not allowed. Tensor ops only, so the static decode step builds it from
     a position tensor (queries at that position, keys at every cache slot) without reading the position.
+    doc_ids (B, T) (a forward without a cache, q_pos = k_pos): keys of other documents are hidden.
     """
     q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (T_q, 1), (1, T_k)
     if causal:
@@ -87,6 +104,8 @@ def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Te
     allowed = allowed[None, None]  # (1, 1, T_q, T_k)
     if key_padding is not None:
         allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)
+    if doc_ids is not None:
+        allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])  # (B, 1, T, T)
     if alibi is None:
         return allowed
     distance = (q_pos - k_pos).abs().float()  # (T_q, T_k): symmetric, so it also serves encoders
@@ -109,6 +128,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: 
     the memory-efficient kernel no grouped K/V, so SDPA would run its unfused math path; full-width K/V
     (B, H, S, D) keep it fused."""
     gqa = k.shape[1] != q.shape[1]
+    if mask.block is not None and dropout_p == 0.0:
+        return flex_attention(q, k, v, mask.block, scale=scale, enable_gqa=gqa)  # (B, H, T, D)
     if gqa and mask.tensor is not None and q.is_cuda:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)

@@ -94,30 +94,39 @@ class ModelBase(nn.Module):
             return x
         return norm(x) if rows is None else norm(x, rows)
 
-    def _rope(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
-        """RoPE cos/sin for the positions 0..T-1 of x (B, T, C), or None when positions are not rope."""
+    def _rope(self, x: Tensor, position_ids: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+        """RoPE cos/sin for the positions 0..T-1 of x (B, T, C), (T, D) each, or for `position_ids (B, T)`
+        (positions restarted at each packed document), (B, 1, T, D) each; None when positions are not rope."""
         if self.config.positions != "rope":
             return None
-        return rope_angles(self.config, x.shape[1], x.device)
+        if position_ids is None:
+            return rope_angles(self.config, x.shape[1], x.device)  # (T, D) x2
+        cos, sin = rope_angles(self.config, self.config.max_seq_len, x.device)  # (S, D) x2: any position id
+        return cos[position_ids][:, None], sin[position_ids][:, None]  # (B, 1, T, D) x2
 
-    def _self_mask(self, x: Tensor, causal: bool, padding: Tensor | None = None) -> AttnMask:
-        """The self-attention mask (with the ALiBi bias folded in) for x (B, T, C), built once per forward.
-        Slopes are fp32 and not a buffer, so casting the model to bf16 cannot round them."""
+    def _self_mask(self, x: Tensor, causal: bool, padding: Tensor | None = None,
+                   doc_ids: Tensor | None = None) -> AttnMask:
+        """The self-attention mask (with the ALiBi bias folded in) for x (B, T, C), built once per forward;
+        doc_ids (B, T) keeps attention inside each packed document. Slopes are fp32 and not a buffer, so
+        casting the model to bf16 cannot round them."""
         slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
         return self_attention_mask(x.shape[1], causal=causal, key_padding=padding,
-                                   alibi=slopes, device=x.device, dtype=x.dtype)
+                                   alibi=slopes, device=x.device, dtype=x.dtype, doc_ids=doc_ids)
 
     def _decoder_inputs(self, x: Tensor, start_pos: Tensor | None, padding: Tensor | None,
-                        kv_cache: KVCache | None) -> tuple[AttnMask, tuple[Tensor, Tensor] | None]:
+                        kv_cache: KVCache | None, doc_ids: Tensor | None = None,
+                        position_ids: Tensor | None = None) -> tuple[AttnMask, tuple[Tensor, Tensor] | None]:
         """The causal self-attention mask and RoPE cos/sin of a decoder forward, built once for all layers.
 
         Over a cache (start_pos the 0-dim tensor `_start` gives): queries at start_pos.. over every slot of
         the cache, the mask from the cache's key positions (and ALiBi slopes), RoPE rows indexed from its table.
+        doc_ids / position_ids (B, T): packed documents kept apart (training and scoring, never a cache).
         """
         if kv_cache is None:
-            return self._self_mask(x, causal=True, padding=padding), self._rope(x)
-        if padding is not None:
-            raise ValueError("a forward over the KV cache takes no attention_mask: every row is real up to start_pos")
+            return self._self_mask(x, causal=True, padding=padding, doc_ids=doc_ids), self._rope(x, position_ids)
+        if padding is not None or doc_ids is not None or position_ids is not None:
+            raise ValueError("a forward over the KV cache takes no attention_mask, doc_ids or position_ids: "
+                             "every row is one sequence, real up to start_pos")
         q_pos = start_pos + kv_cache.positions[: x.shape[1]]  # (T,)
         mask = position_mask(q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype)
         rope = None if kv_cache.rope is None else (kv_cache.rope[0][q_pos], kv_cache.rope[1][q_pos])  # (T, D) x2

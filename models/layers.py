@@ -128,18 +128,20 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start_pos: Tensor | None = None, token_type_ids: Tensor | None = None,
-                rows: Tensor | None = None) -> Tensor:
+                rows: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
         """ids (B, T) at positions start_pos..start_pos+T-1 -> (B, T, C); start_pos None = 0, else a 0-dim
         long tensor (a forward over the KV cache): the position rows are indexed on the device, never read back.
+        position_ids (B, T), instead: each token's own position (restarted at each packed document).
         rows: (B, T) bool, the real tokens, for a BatchNorm's statistics (None: every row is real)."""
         x = self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None or self.sinusoid is not None:
             positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
             positions = positions if start_pos is None else positions + start_pos
+            positions = positions if position_ids is None else position_ids  # (T,) or (B, T)
             if self.pos is not None:
                 x = x + self.pos(positions)  # (B, T, C)
             if self.sinusoid is not None:
-                x = x + self.sinusoid.index_select(0, positions).to(x.dtype)  # (B, T, C)
+                x = x + self.sinusoid[positions].to(x.dtype)  # (B, T, C)
         if self.seg is not None:
             segments = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
             x = x + self.seg(segments)  # (B, T, C)
