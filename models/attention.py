@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .flex import document_block_mask, flex_attention
 from .kv_cache import CrossKV, LayerKV
-from .layers import apply_rope
+from .layers import apply_rope, make_norm
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,8 @@ class Attention(nn.Module):
     """Multi-head attention with n_heads query heads and n_kv_heads key/value heads.
 
     Self-attention when `context` is None; cross-attention (queries from x, keys/values from context,
-    e.g. the encoder memory) otherwise. RoPE, when given, rotates q and k (self-attention only).
+    e.g. the encoder memory) otherwise. With `qk_norm`, each head of q and k is normalised first; RoPE,
+    when given, then rotates q and k (self-attention only).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -184,6 +185,8 @@ class Attention(nn.Module):
         self.impl = cfg.attention
         self.attn_dropout = cfg.attn_dropout
         self.scale = cfg.score_scale  # None = 1/sqrt(head_dim)
+        self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None  # over each head's D features
+        self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
 
     def _heads(self, x: Tensor, proj: nn.Linear, n_heads: int) -> Tensor:
         B, T, _ = x.shape
@@ -194,6 +197,8 @@ class Attention(nn.Module):
                 start_pos: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         B, T, C = x.shape
         q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
+        if self.q_norm is not None:
+            q = self.q_norm(q)  # (B, H, T, D): QK-norm comes before RoPE
         if rope is not None:
             q = apply_rope(q, *rope)
         if isinstance(cache, CrossKV) and cache.k is not None:
@@ -202,6 +207,8 @@ class Attention(nn.Module):
             source = x if context is None else context
             k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
             v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            if self.k_norm is not None:
+                k = self.k_norm(k)  # (B, H_kv, S, D)
             if rope is not None:
                 k = apply_rope(k, *rope)
             if isinstance(cache, CrossKV):

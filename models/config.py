@@ -46,6 +46,9 @@ class ModelConfig:
     # statistics in eval mode; while training, a causal model's tokens see the batch's future: models/norms.py)
     norm: str = "layernorm"
     norm_placement: str = "pre"  # pre (GPT-2, stable deep) | post (original Transformer, BERT)
+    # normalise q and k of each head before RoPE (QK-norm: OLMo 2, Qwen3, nanochat), by the `norm` kind
+    # (layernorm or rmsnorm) over head_dim, one weight shared by the heads: keeps attention logits bounded
+    qk_norm: bool = False
     norm_eps: float = 1e-5  # added to the variance in every norm (BERT: 1e-12)
     activation: str = "gelu"  # relu (original) | gelu (BERT) | gelu_tanh (GPT-2's approximation) | swiglu (Llama)
     bias: bool = True  # biases in linear layers and LayerNorm
@@ -136,6 +139,9 @@ class ModelConfig:
             )
         if self.positions == "rope" and self.n_heads >= 1 and self.head_dim % 2:
             out.append(f"{prefix}.positions: rope needs an even head size, got d_model/n_heads={self.head_dim}")
+        if self.qk_norm and self.norm not in ("layernorm", "rmsnorm"):
+            out.append(f"{prefix}.qk_norm: normalises each head of q and k by {prefix}.norm, which must be layernorm "
+                       f"or rmsnorm (got {self.norm!r}: a batch statistic per head is no QK-norm)")
         if self.type_vocab_size < 0:
             out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
         return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)

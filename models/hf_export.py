@@ -34,15 +34,19 @@ from .io import load_model, resolve_checkpoint, safetensors_writes
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")  # every HF family
+# Qwen3 and OLMo 2 have QK-norm, but neither is exported: OLMo 2 normalises q and k across all heads at once
+# and places its norms after each sublayer; Qwen3 is not among the classes this module writes.
+PLAIN_QK = ("qk_norm", (False,), "no QK-norm")
+EVERY_FAMILY = (SCALED, PLAIN_QK)
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
              ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"),
-             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
+             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
     "gpt2": [("norm", ("layernorm",), "LayerNorm"), ("norm_placement", ("pre",), "pre-LN"),
              ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"), ("bias", (True,), "biases everywhere"),
-             ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
+             ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
-              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
+              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
 }
 HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",

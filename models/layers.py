@@ -23,12 +23,14 @@ from .norms import BatchNorm
 RESIDUAL_OUT = ("o_proj", "down")
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The `cfg.norm` kind over `dim` features (d_model; head_dim for QK-norm)."""
+    dim = cfg.d_model if dim is None else dim
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        return nn.RMSNorm(dim, eps=cfg.norm_eps)
     if cfg.norm == "batchnorm":
-        return BatchNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        return BatchNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def activation(name: str) -> nn.Module:
