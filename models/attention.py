@@ -22,9 +22,12 @@ materialise the weights.
 
 Document masks (`data.document_mask`): packed rows carry `doc_ids (B, T)`, each token's document, and a query
 sees only keys of its own document (`position_mask(doc_ids=...)`, a bool (B, 1, T, T) built once per forward).
-On a CPU that bool mask goes into SDPA (its flash kernel takes masks; measured in benchmarks/doc_mask.py); on
+Sliding windows (`model.window`) are a band on the same mask: keys fewer than `window` positions away; a
+model with `global_every` builds two masks per forward, the band for windowed layers and the full one.
+On a CPU the bool mask goes into SDPA (its flash kernel takes masks; measured in benchmarks/doc_mask.py); on
 CUDA the same rule is a flex_attention block mask (models/flex.py), built once per forward too, so whole
-blocks of keys in other documents are skipped instead of masked. The naive path reads the bool tensor.
+blocks of keys outside the document or band are skipped instead of masked. The naive path reads the bool
+tensor.
 
 `attn_scale` replaces the 1/sqrt(d) on the scores in both paths (SDPA's `scale=`, a multiply in the naive
 one); the default passes no scale, so SDPA and the naive division compute exactly what they always did.
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .flex import document_block_mask, flex_attention
+from .flex import flex_attention, flex_block_mask
 from .kv_cache import CrossKV, LayerKV
 from .layers import apply_rope, make_norm
 
@@ -63,44 +66,50 @@ class AttnMask:
 
 def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None = None,
                         alibi: Tensor | None = None, device: torch.device | None = None,
-                        dtype: torch.dtype = torch.float32, doc_ids: Tensor | None = None) -> AttnMask:
+                        dtype: torch.dtype = torch.float32, doc_ids: Tensor | None = None,
+                        window: int | None = None) -> AttnMask:
     """Mask for self-attention of q_len queries over the same q_len keys, positions 0..q_len-1 (a forward
     without a KV cache; over a cache the model builds `position_mask` from the cache's tables).
 
     key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. doc_ids: (B, q_len), each token's
-    document in its packed row: attention stays inside a document. A query may always see its own
-    position, so a padding query (whose output is never used) never has an empty softmax row.
+    document in its packed row: attention stays inside a document. window: keys fewer than `window`
+    positions away only. A query may always see its own position, so a padding query (whose output is
+    never used) never has an empty softmax row.
     """
     for name, rows in (("attention mask", key_padding), ("doc_ids", doc_ids)):
         if rows is not None and rows.shape[-1] != q_len:
             raise ValueError(f"{name} covers {rows.shape[-1]} positions, expected T={q_len}")
-    plain = key_padding is None and alibi is None and doc_ids is None
+    window = None if window is not None and window >= q_len else window  # wider than the sequence: no band
+    plain = key_padding is None and alibi is None and doc_ids is None and window is None
     if plain and (not causal or q_len == 1):
         return AttnMask()  # every key visible: no tensor, any kernel
     positions = torch.arange(q_len, device=device)  # (T,)
     tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype,
-                           doc_ids=doc_ids)
+                           doc_ids=doc_ids, window=window)
     block = None
-    if doc_ids is not None and key_padding is None and alibi is None and doc_ids.is_cuda:
-        block = document_block_mask(doc_ids, causal=causal)  # None where flex_attention is missing
+    if not plain and key_padding is None and alibi is None and positions.is_cuda:
+        block = flex_block_mask(q_len, doc_ids, causal=causal, window=window, device=positions.device)  # or None
     return AttnMask(tensor, is_causal=causal and plain, block=block)
 
 
 def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Tensor | None = None,
                   alibi: Tensor | None = None, dtype: torch.dtype = torch.float32,
-                  doc_ids: Tensor | None = None) -> Tensor:
+                  doc_ids: Tensor | None = None, window: int | None = None) -> Tensor:
     """The mask tensor of queries at positions q_pos (T_q,) over keys at positions k_pos (T_k,).
 
     bool (B|1, 1, T_q, T_k), True = may attend; with alibi slopes (H,) the additive float bias
     (B|1, H, T_q, T_k), -inf where not allowed. Tensor ops only, so the static decode step builds it from
     a position tensor (queries at that position, keys at every cache slot) without reading the position.
     doc_ids (B, T) (a forward without a cache, q_pos = k_pos): keys of other documents are hidden.
+    window: keys `window` or more positions away are hidden (a band; over a cache, the slots behind it).
     """
     q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (T_q, 1), (1, T_k)
     if causal:
         allowed = k_pos <= q_pos  # (T_q, T_k)
     else:
         allowed = torch.ones(q_pos.shape[0], k_pos.shape[1], dtype=torch.bool, device=q_pos.device)  # (T_q, T_k)
+    if window is not None:
+        allowed = allowed & ((q_pos - k_pos).abs() < window)  # (T_q, T_k): the band
     allowed = allowed[None, None]  # (1, 1, T_q, T_k)
     if key_padding is not None:
         allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)

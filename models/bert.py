@@ -52,9 +52,9 @@ class BERT(ModelBase):
         self._start(None, input_ids.shape[1], None)
         rows = self.norm_rows(attention_mask, input_ids.shape[1])  # BatchNorm only: the real tokens it counts
         x = self.embed(input_ids, token_type_ids=token_type_ids, rows=rows, position_ids=position_ids)  # (B, T, C)
-        mask = self._self_mask(x, causal=False, padding=attention_mask, doc_ids=doc_ids)  # once, for all layers
+        masks = self._self_masks(x, causal=False, padding=attention_mask, doc_ids=doc_ids)  # once, for all layers
         rope = self._rope(x, position_ids)
-        for block in self.blocks:
+        for block, mask in zip(self.blocks, masks):
             x = block(x, mask, rope=rope, rows=rows)  # (B, T, C)
         return self._final_norm(self.ln_f, x, rows)
 

@@ -49,6 +49,12 @@ class ModelConfig:
     # normalise q and k of each head before RoPE (QK-norm: OLMo 2, Qwen3, nanochat), by the `norm` kind
     # (layernorm or rmsnorm) over head_dim, one weight shared by the heads: keeps attention logits bounded
     qk_norm: bool = False
+    # sliding-window attention: a query sees only the keys fewer than `window` positions away (behind it when
+    # causal, either side when not); null = the whole sequence. The KV cache stays full-size under a band mask
+    window: int | None = None
+    # with window: every global_every-th layer (the K-th, 2K-th, ... counting from 1) attends over the whole
+    # sequence, the others within the window (Gemma's local/global, ModernBERT's); null = every layer windowed
+    global_every: int | None = None
     norm_eps: float = 1e-5  # added to the variance in every norm (BERT: 1e-12)
     activation: str = "gelu"  # relu (original) | gelu (BERT) | gelu_tanh (GPT-2's approximation) | swiglu (Llama)
     bias: bool = True  # biases in linear layers and LayerNorm
@@ -142,9 +148,29 @@ class ModelConfig:
         if self.qk_norm and self.norm not in ("layernorm", "rmsnorm"):
             out.append(f"{prefix}.qk_norm: normalises each head of q and k by {prefix}.norm, which must be layernorm "
                        f"or rmsnorm (got {self.norm!r}: a batch statistic per head is no QK-norm)")
+        out += self._window_problems(prefix)
         if self.type_vocab_size < 0:
             out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
         return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)
+
+    def _window_problems(self, prefix: str) -> list[str]:
+        out = []
+        if self.window is not None and not 1 <= self.window <= self.max_seq_len:
+            out.append(f"{prefix}.window: got {self.window}, expected 1 <= window <= {prefix}.max_seq_len="
+                       f"{self.max_seq_len} (or null: no window)")
+        if self.global_every is not None and self.window is None:
+            out.append(f"{prefix}.global_every: got {self.global_every} without {prefix}.window (expected a window "
+                       "for the other layers, or null)")
+        elif self.global_every is not None and not 1 <= self.global_every <= self.n_layers:
+            out.append(f"{prefix}.global_every: got {self.global_every}, expected 1 <= global_every <= "
+                       f"{prefix}.n_layers={self.n_layers} (so that some layer attends globally)")
+        return out
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) attends within `window`: all do, but every global_every-th."""
+        if self.window is None:
+            return False
+        return self.global_every is None or (layer + 1) % self.global_every != 0
 
     def validate(self) -> "ModelConfig":
         """Raise ConfigError listing every problem; return self so calls can chain."""

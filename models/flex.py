@@ -1,4 +1,4 @@
-"""flex_attention on CUDA: document (and window) masks as block masks, built once per forward.
+"""flex_attention on CUDA: document and window masks as block masks, built once per forward.
 
 A packed row of several documents needs a (B, T, T) rule "same document, and causal". SDPA takes it as a
 dense mask, which on CUDA rules out FlashAttention and still computes every block of every other
@@ -6,7 +6,7 @@ document. flex_attention takes the rule as a `BlockMask`: a block of 128 x 128 s
 entirely is skipped, so a row of short documents costs what its documents cost. The block mask is built
 once per forward from `doc_ids` and shared by every layer (masks are built once, STYLE.md 4).
 
-Guarded: builds of torch without flex_attention (or without CUDA) get None from `document_block_mask`, and
+Guarded: builds of torch without flex_attention (or without CUDA) get None from `flex_block_mask`, and
 attention.py then passes the same rule to SDPA as the bool tensor it also gives the naive path.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 from torch import Tensor
 
 try:
@@ -23,29 +24,26 @@ except ImportError:  # torch without flex_attention: SDPA with the dense bool ma
     create_block_mask = _flex_attention = None
 
 
-def document_block_mask(doc_ids: Tensor, *, causal: bool, window: int | None = None) -> object | None:
-    """The BlockMask of "same document (and causal) (and within `window` positions)" for doc_ids (B, T),
-    or None when this torch has no flex_attention."""
+def flex_block_mask(length: int, doc_ids: Tensor | None, *, causal: bool, window: int | None,
+                    device: torch.device) -> object | None:
+    """The BlockMask of "same document (doc_ids (B, T); None: one per row), causal when `causal`, within
+    `window` positions when given" over `length` positions, or None when this torch has no flex_attention."""
     if create_block_mask is None:
         return None
 
-    def same_document(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        allowed = doc_ids[b, q] == doc_ids[b, k]
-        if causal:
-            allowed = allowed & (k <= q)
-        if window is not None:
-            allowed = allowed & ((q - k).abs() < window)
-        return allowed
+    def allowed(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        keep = (q - k).abs() < window if window is not None else q >= 0  # q >= 0: every key, as a tensor
+        if doc_ids is not None:
+            keep = keep & (doc_ids[b, q] == doc_ids[b, k])
+        return keep & (k <= q) if causal else keep
 
-    B, T = doc_ids.shape
-    return create_block_mask(same_document, B, None, T, T, device=doc_ids.device)
+    batch = None if doc_ids is None else doc_ids.shape[0]
+    return create_block_mask(allowed, batch, None, length, length, device=device)
 
 
 @functools.cache
 def _compiled():
     """flex_attention compiled once: uncompiled it runs a reference loop that materialises every score."""
-    import torch
-
     return torch.compile(_flex_attention, dynamic=False)
 
 

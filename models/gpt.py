@@ -44,10 +44,10 @@ class GPT(ModelBase):
         T = input_ids.shape[1]
         start_pos = self._start(start_pos, T, kv_cache)
         x = self.embed(input_ids, start_pos, position_ids=position_ids)  # (B, T, C)
-        mask, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache, doc_ids, position_ids)  # once
+        masks, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache, doc_ids, position_ids)  # once
         rows = self.norm_rows(attention_mask, T)  # BatchNorm only: the real tokens its statistics count
         for i, block in enumerate(self.blocks):
             cache = None if kv_cache is None else kv_cache.layers[i]
-            x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos, rows=rows)  # (B, T, C)
+            x = block(x, masks[i], rope=rope, cache=cache, start_pos=start_pos, rows=rows)  # (B, T, C)
         x = self._final_norm(self.ln_f, x, rows)
         return self.lm_head(x) if head else x  # (B, T, V) or (B, T, C)

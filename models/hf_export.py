@@ -37,7 +37,8 @@ SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head siz
 # Qwen3 and OLMo 2 have QK-norm, but neither is exported: OLMo 2 normalises q and k across all heads at once
 # and places its norms after each sublayer; Qwen3 is not among the classes this module writes.
 PLAIN_QK = ("qk_norm", (False,), "no QK-norm")
-EVERY_FAMILY = (SCALED, PLAIN_QK)
+WHOLE_CONTEXT = ("window", (None,), "attention over the whole context")  # (Mistral's window is not written)
+EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT)
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
              ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"),

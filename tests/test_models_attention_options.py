@@ -78,3 +78,90 @@ def test_qk_norm_export_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="model.qk_norm=True has no HuggingFace equivalent") as err:
         tfkit_to_hf(cfg, {})
     assert "\n" not in str(err.value)
+
+
+def band(T: int, window: int, causal: bool) -> torch.Tensor:
+    """The explicit (T, T) band written out here, independently of attention.py: True = may attend."""
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    near = (q - k < window) & (k - q < window)
+    return near & (k <= q) if causal else near
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("heads", list(KV_HEADS))
+def test_a_windowed_layer_equals_the_naive_path_with_an_explicit_band(causal, heads):
+    from tfkit.models.attention import Attention, AttnMask, self_attention_mask
+
+    torch.manual_seed(0)
+    layer = Attention(tiny_cfg("gpt", n_kv_heads=KV_HEADS[heads], window=3)).eval()
+    x = torch.randn(2, 10, 32)
+    got = layer(x, self_attention_mask(10, causal=causal, window=3))  # (B, T, C), flash
+    reference = Attention(tiny_cfg("gpt", n_kv_heads=KV_HEADS[heads], attention="naive")).eval()
+    reference.load_state_dict(layer.state_dict())
+    want = reference(x, AttnMask(band(10, 3, causal)[None, None]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, reference(x, AttnMask(band(10, 10, causal)[None, None])), atol=1e-4)
+
+
+@pytest.mark.parametrize("global_every", [None, 2], ids=["all_windowed", "global_every_2"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_windowed_flash_equals_naive(arch, global_every):
+    flash_and_naive(tiny_cfg(arch, positions="rope", n_kv_heads=2, window=3, global_every=global_every), T=12)
+
+
+def test_every_global_every_th_layer_attends_over_everything():
+    cfg = tiny_cfg("gpt", n_layers=6, window=4, global_every=3)
+    assert [cfg.windowed(i) for i in range(6)] == [True, True, False, True, True, False]
+    torch.manual_seed(0)
+    all_global = build_model(tiny_cfg("gpt", window=2, global_every=1))  # every layer is a global one
+    plain = build_model(tiny_cfg("gpt"))
+    plain.load_state_dict(all_global.state_dict())
+    ids = inputs("gpt", 12)
+    torch.testing.assert_close(all_global(**ids), plain(**ids))
+    windowed = build_model(tiny_cfg("gpt", window=2))
+    windowed.load_state_dict(plain.state_dict())
+    assert not torch.allclose(windowed(**ids), plain(**ids), atol=1e-4)
+
+
+@pytest.mark.parametrize("global_every", [None, 2], ids=["all_windowed", "global_every_2"])
+@pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])
+@pytest.mark.parametrize("heads", list(KV_HEADS))
+@pytest.mark.parametrize("mode", ["steps", "chunks", "streaming"])
+def test_decoding_past_the_window_equals_a_full_recompute(mode, heads, positions, global_every):
+    from contextlib import nullcontext
+
+    from tfkit.models.generation import decode_step
+    from tfkit.models.streaming_decode import StreamingDecode
+
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg("gpt", positions=positions, n_kv_heads=KV_HEADS[heads], window=3,
+                                 global_every=global_every, init_std=0.2, qk_norm=True)).eval()
+    ids = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(1))  # (B, T)
+    cache = model.new_kv_cache(2, 14)
+    with torch.inference_mode():
+        full = model(ids)  # (B, T, V)
+        rows = [model(ids[:, :2], kv_cache=cache)]  # the prefill, shorter than the window
+        if mode == "chunks":
+            rows += [model(ids[:, p:p + 2], kv_cache=cache, start_pos=torch.tensor(p)) for p in range(2, 12, 2)]
+        else:
+            with StreamingDecode() if mode == "streaming" else nullcontext():
+                rows.append(torch.stack([decode_step(model, ids[:, p:p + 1], torch.tensor(p), cache)
+                                         for p in range(2, 12)], dim=1))
+    torch.testing.assert_close(torch.cat(rows, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"window": 33}, "model.window: got 33, expected 1 <= window <= model.max_seq_len=32"),
+    ({"window": 0}, "model.window: got 0"),
+    ({"global_every": 2}, "model.global_every: got 2 without model.window"),
+    ({"window": 4, "global_every": 3}, "model.global_every: got 3, expected 1 <= global_every <= model.n_layers=2"),
+])
+def test_windows_no_layer_can_honour_are_refused(fields, expected):
+    assert any(expected in problem for problem in tiny_cfg("gpt", **fields).problems())
+
+
+def test_a_windowed_model_does_not_export():
+    cfg = ModelConfig(arch="gpt", vocab_size=61, d_model=32, n_layers=1, n_heads=4, positions="rope", norm="rmsnorm",
+                      activation="swiglu", window=8)
+    with pytest.raises(ConfigError, match="model.window=8 has no HuggingFace equivalent"):
+        tfkit_to_hf(cfg, {})

@@ -11,6 +11,9 @@ from tfkit.trainer.recipe import load_recipe
 REFUSED = [
     ("transformer-tiny", ["data.document_mask=true"], "data.document_mask: seq2seq rows are single pairs"),
     ("gpt-tiny", ["data.reset_positions=true"], "data.reset_positions: needs data.document_mask: true"),
+    ("gpt-tiny", ["model.window=512"], "model.window: got 512, expected 1 <= window <= model.max_seq_len=256"),
+    ("gpt-tiny", ["model.global_every=2"], "model.global_every: got 2 without model.window"),
+    ("bert-tiny", ["model.qk_norm=true", "model.norm=batchnorm"], "model.qk_norm: normalises each head"),
 ]
 
 
@@ -20,7 +23,7 @@ def test_combinations_no_path_honours_are_refused_naming_the_key(recipe, overrid
         load_recipe(recipe, overrides)
 
 
-@pytest.mark.parametrize("recipe, overrides, expected", REFUSED[:1])
+@pytest.mark.parametrize("recipe, overrides, expected", REFUSED[:1] + REFUSED[2:3])
 def test_the_cli_gives_one_line_and_exit_code_2(recipe, overrides, expected):
     args = ["recipes", "validate", recipe] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
