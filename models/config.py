@@ -24,6 +24,7 @@ ATTN_SCALES = ("sqrt_d", "none")  # or a positive number
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 INITS = ("normal", "xavier")
+ROPE_SCALINGS = (None, "linear", "yarn")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class ModelConfig:
     attn_scale: str | float = "sqrt_d"
     positions: str = "learned"  # learned | sinusoidal | rope | alibi | none (no position information at all)
     rope_theta: float = 10000.0  # RoPE base frequency
+    # RoPE context extension (models/rope_scaling.py): null | linear (position interpolation) | yarn (YaRN);
+    # the model was trained at max_seq_len / rope_factor and runs at max_seq_len (eval or fine-tune longer)
+    rope_scaling: str | None = None
+    rope_factor: float = 1.0  # with rope_scaling: max_seq_len over the trained length (>= 1)
     # layernorm | rmsnorm | batchnorm (each feature over the batch's positions, padding left out, running
     # statistics in eval mode; while training, a causal model's tokens see the batch's future: models/norms.py)
     norm: str = "layernorm"
@@ -148,10 +153,11 @@ class ModelConfig:
         if self.qk_norm and self.norm not in ("layernorm", "rmsnorm"):
             out.append(f"{prefix}.qk_norm: normalises each head of q and k by {prefix}.norm, which must be layernorm "
                        f"or rmsnorm (got {self.norm!r}: a batch statistic per head is no QK-norm)")
-        out += self._window_problems(prefix)
+        out += self._window_problems(prefix) + self._rope_scaling_problems(prefix)
         if self.type_vocab_size < 0:
             out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
-        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)
+        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE,
+                                    rope_factor=POSITIVE)
 
     def _window_problems(self, prefix: str) -> list[str]:
         out = []
@@ -164,6 +170,21 @@ class ModelConfig:
         elif self.global_every is not None and not 1 <= self.global_every <= self.n_layers:
             out.append(f"{prefix}.global_every: got {self.global_every}, expected 1 <= global_every <= "
                        f"{prefix}.n_layers={self.n_layers} (so that some layer attends globally)")
+        return out
+
+    def _rope_scaling_problems(self, prefix: str) -> list[str]:
+        out = []
+        if self.rope_scaling not in ROPE_SCALINGS:
+            out.append(f"{prefix}.rope_scaling: got {self.rope_scaling!r}, expected linear, yarn or null")
+        elif self.rope_scaling is not None and self.positions != "rope":
+            out.append(f"{prefix}.rope_scaling: {self.rope_scaling} scales RoPE, but {prefix}.positions is "
+                       f"{self.positions} (expected positions: rope, or rope_scaling: null)")
+        if self.rope_scaling is None and self.rope_factor != 1.0:
+            out.append(f"{prefix}.rope_factor: got {self.rope_factor:g} without {prefix}.rope_scaling (expected "
+                       "linear or yarn, or rope_factor 1)")
+        elif self.rope_factor < 1.0:
+            out.append(f"{prefix}.rope_factor: got {self.rope_factor:g}, expected >= 1 (how many times longer "
+                       "than the trained length)")
         return out
 
     def windowed(self, layer: int) -> bool:

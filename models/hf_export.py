@@ -117,9 +117,20 @@ def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
             "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "rope_theta": cfg.rope_theta, "rope_parameters": _rope_parameters(cfg),
             "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
             "bos_token_id": None, "eos_token_id": None}
+
+
+def _rope_parameters(cfg: ModelConfig) -> dict:
+    """Llama's `rope_parameters`: tfkit's linear and yarn scaling are transformers' own rope types (the
+    trained length of yarn is max_seq_len / rope_factor, YaRN's other values transformers' defaults)."""
+    params = {"rope_type": cfg.rope_scaling or "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling is not None:
+        params["factor"] = cfg.rope_factor
+    if cfg.rope_scaling == "yarn":
+        params["original_max_position_embeddings"] = round(cfg.max_seq_len / cfg.rope_factor)
+    return params
 
 
 def tfkit_to_hf(cfg: ModelConfig, state: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .norms import BatchNorm
+from .rope_scaling import rope_frequencies
 
 # Output projections that write into the residual stream; the `normal` init scales them by
 # 1/sqrt(2 * n_layers) so the residual variance does not grow with depth (GPT-2).
@@ -76,12 +77,13 @@ def rope_angles(cfg: ModelConfig, length: int, device: torch.device | None = Non
     Computed once per forward and shared by every layer, not stored as a buffer: a buffer would be cast
     with the model to bf16, whose 8-bit mantissa garbles the angles of distant positions.
     """
-    exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** exponents)  # (D/2,)
+    inv_freq, mscale = rope_frequencies(cfg, device)  # (D/2,): theta^(-2i/D), rescaled by model.rope_scaling
     positions = torch.arange(length, dtype=torch.float32, device=device)  # (T,)
     angles = torch.outer(positions, inv_freq)  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D): rotate-half layout (GPT-NeoX, Llama)
-    return angles.cos(), angles.sin()  # (T, D) each, fp32
+    if mscale == 1.0:
+        return angles.cos(), angles.sin()  # (T, D) each, fp32
+    return angles.cos() * mscale, angles.sin() * mscale  # (T, D) each: YaRN's sharper softmax
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

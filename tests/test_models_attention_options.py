@@ -165,3 +165,57 @@ def test_a_windowed_model_does_not_export():
                       activation="swiglu", window=8)
     with pytest.raises(ConfigError, match="model.window=8 has no HuggingFace equivalent"):
         tfkit_to_hf(cfg, {})
+
+
+def test_linear_rope_scaling_rotates_position_p_as_p_over_factor():
+    from tfkit.models.layers import rope_angles
+
+    plain = rope_angles(tiny_cfg("gpt", positions="rope", max_seq_len=32), 16)
+    scaled = rope_angles(tiny_cfg("gpt", positions="rope", max_seq_len=32, rope_scaling="linear", rope_factor=2.0), 32)
+    for a, b in zip(plain, scaled):
+        torch.testing.assert_close(b[0::2], a)  # (16, D): position 2p now turns as p did
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0, 16.0])
+def test_yarn_frequencies_and_scale_are_transformers_own(factor):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tfkit.models.rope_scaling import rope_frequencies
+
+    cfg = ModelConfig(arch="gpt", d_model=256, n_heads=2, max_seq_len=int(256 * factor), positions="rope",
+                      rope_scaling="yarn", rope_factor=factor)
+    hf = transformers.LlamaConfig(hidden_size=256, num_attention_heads=2, max_position_embeddings=cfg.max_seq_len,
+                                  rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": factor,
+                                                   "original_max_position_embeddings": 256})
+    want, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    got, mscale = rope_frequencies(cfg)
+    torch.testing.assert_close(got, want.float())
+    assert mscale == pytest.approx(attention_factor)
+    plain, _ = rope_frequencies(ModelConfig(arch="gpt", d_model=256, n_heads=2, positions="rope"))
+    assert got[0] == plain[0] and torch.allclose(got[-1], plain[-1] / factor)  # fast kept, slow interpolated
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"rope_scaling": "yarn", "rope_factor": 4.0},
+     "model.rope_scaling: yarn scales RoPE, but model.positions is learned"),
+    ({"rope_scaling": "ntk", "positions": "rope"}, "model.rope_scaling: got 'ntk', expected linear, yarn or null"),
+    ({"rope_factor": 2.0, "positions": "rope"}, "model.rope_factor: got 2 without model.rope_scaling"),
+    ({"rope_scaling": "linear", "rope_factor": 0.5, "positions": "rope"}, "model.rope_factor: got 0.5, expected >= 1"),
+])
+def test_rope_scaling_without_rope_is_refused(fields, expected):
+    assert any(expected in problem for problem in tiny_cfg("gpt", **fields).problems())
+
+
+@pytest.mark.parametrize("scaling", ["linear", "yarn"])
+def test_a_rope_scaled_model_decodes_over_the_cache_as_it_recomputes(scaling):
+    from tfkit.models.generation import decode_step
+
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg("gpt", positions="rope", rope_scaling=scaling, rope_factor=4.0, init_std=0.2)).eval()
+    ids = torch.randint(0, 61, (1, 20), generator=torch.Generator().manual_seed(1))
+    cache = model.new_kv_cache(1, 20)
+    with torch.inference_mode():
+        rows = [model(ids[:, :4], kv_cache=cache)]
+        rows += [decode_step(model, ids[:, p:p + 1], torch.tensor(p), cache)[:, None] for p in range(4, 20)]
+        torch.testing.assert_close(torch.cat(rows, dim=1), model(ids), atol=1e-5, rtol=1e-5)

@@ -14,6 +14,8 @@ REFUSED = [
     ("gpt-tiny", ["model.window=512"], "model.window: got 512, expected 1 <= window <= model.max_seq_len=256"),
     ("gpt-tiny", ["model.global_every=2"], "model.global_every: got 2 without model.window"),
     ("bert-tiny", ["model.qk_norm=true", "model.norm=batchnorm"], "model.qk_norm: normalises each head"),
+    ("gpt-tiny", ["model.rope_scaling=linear", "model.rope_factor=2"],
+     "model.rope_scaling: linear scales RoPE, but model.positions is learned"),
 ]
 
 
@@ -23,7 +25,7 @@ def test_combinations_no_path_honours_are_refused_naming_the_key(recipe, overrid
         load_recipe(recipe, overrides)
 
 
-@pytest.mark.parametrize("recipe, overrides, expected", REFUSED[:1] + REFUSED[2:3])
+@pytest.mark.parametrize("recipe, overrides, expected", REFUSED[:1] + REFUSED[2:3] + REFUSED[-1:])
 def test_the_cli_gives_one_line_and_exit_code_2(recipe, overrides, expected):
     args = ["recipes", "validate", recipe] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
