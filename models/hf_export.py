@@ -4,7 +4,8 @@ A tfkit config is exported only when transformers has a class that computes the 
 - bert arch (learned positions, post-LN LayerNorm, gelu/relu, biases, MHA) -> `BertForMaskedLM`;
 - gpt arch with learned positions (pre-LN LayerNorm, gelu/relu, biases, MHA) -> `GPT2LMHeadModel`
   (`activation_function`: gelu, or gelu_new for tfkit's gelu_tanh, GPT-2's own approximation);
-- gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`.
+- gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`;
+  the same with `qk_norm` and no biases -> `Qwen3ForCausalLM` (per-head RMSNorm on q and k before RoPE).
 Anything else is a ConfigError naming each field that has no equivalent, never a silently different model.
 The folder loads with `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained` with no missing or
 unexpected weights, and with `AutoTokenizer` when the checkpoint has a tokenizer. transformers itself is
@@ -34,9 +35,9 @@ from .io import load_model, resolve_checkpoint, safetensors_writes
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")  # every HF family
-# Qwen3 and OLMo 2 have QK-norm, but neither is exported: OLMo 2 normalises q and k across all heads at once
-# and places its norms after each sublayer; Qwen3 is not among the classes this module writes.
-PLAIN_QK = ("qk_norm", (False,), "no QK-norm")
+# QK-norm exports as Qwen3 (per head, before RoPE, as tfkit's), never as OLMo 2: that one normalises q and k
+# across all heads at once and places its norms after each sublayer.
+PLAIN_QK = ("qk_norm", (False,), "no QK-norm (Qwen3 has it: a gpt with rope, rmsnorm, swiglu and no biases)")
 WHOLE_CONTEXT = ("window", (None,), "attention over the whole context")  # (Mistral's window is not written)
 EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT)
 REQUIREMENTS = {
@@ -48,10 +49,13 @@ REQUIREMENTS = {
              ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
               ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
+    "qwen3": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
+              ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no MLP biases"),
+              ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, WHOLE_CONTEXT],
 }
 HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",
-               "llama": "gpt with rope positions (Llama)"}
+               "llama": "gpt with rope positions (Llama)", "qwen3": "gpt with rope positions and qk_norm (Qwen3)"}
 
 
 def export_family(cfg: ModelConfig) -> str:
@@ -59,7 +63,7 @@ def export_family(cfg: ModelConfig) -> str:
     if cfg.arch == "bert":
         family = "bert"
     elif cfg.arch == "gpt" and cfg.positions in ("learned", "rope"):
-        family = "gpt2" if cfg.positions == "learned" else "llama"
+        family = "gpt2" if cfg.positions == "learned" else "qwen3" if cfg.qk_norm else "llama"
     elif cfg.arch == "gpt":
         raise ConfigError(f"model.positions={cfg.positions} has no HuggingFace equivalent for gpt "
                           "(export supports learned -> GPT-2 and rope -> Llama)")
@@ -67,7 +71,7 @@ def export_family(cfg: ModelConfig) -> str:
         raise ConfigError(f"model.arch={cfg.arch} has no HuggingFace equivalent (export supports bert and gpt)")
     problems = [f"model.{name}={getattr(cfg, name)} has no HuggingFace equivalent for {FAMILY_NAME[family]}, "
                 f"which has {what}" for name, allowed, what in REQUIREMENTS[family] if getattr(cfg, name) not in allowed]
-    if family != "llama" and cfg.kv_heads != cfg.n_heads:
+    if family in ("bert", "gpt2") and cfg.kv_heads != cfg.n_heads:
         problems.append(grouped_kv_problem(family, cfg, regrouped_exports=not problems))
     if problems:
         raise ConfigError("; ".join(problems))
@@ -113,13 +117,17 @@ def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
                 "activation_function": HF_ACTIVATION[cfg.activation], "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
                 "attn_pdrop": cfg.attn_dropout, "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
                 "bos_token_id": None, "eos_token_id": None}
-    return {**common, "model_type": "llama", "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,
-            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
-            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_theta, "rope_parameters": _rope_parameters(cfg),
-            "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
-            "bos_token_id": None, "eos_token_id": None}
+    llama = {**common, "model_type": "llama", "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,
+             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+             "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+             "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+             "rope_theta": cfg.rope_theta, "rope_parameters": _rope_parameters(cfg),
+             "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
+             "bos_token_id": None, "eos_token_id": None}
+    if family == "llama":
+        return llama
+    del llama["mlp_bias"]  # Qwen3's MLP has no biases (the requirements saw to it)
+    return {**llama, "model_type": "qwen3", "use_sliding_window": False, "sliding_window": None}
 
 
 def _rope_parameters(cfg: ModelConfig) -> dict:

@@ -56,6 +56,12 @@ def llama_config(**kw):
                                     intermediate_size=96, max_position_embeddings=T_MAX, **kw)
 
 
+def qwen3_config(**kw):
+    kw.setdefault("num_key_value_heads", 2)
+    return transformers.Qwen3Config(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                                    head_dim=D // H, intermediate_size=96, max_position_embeddings=T_MAX, **kw)
+
+
 def save_hf(model, folder: Path) -> Path:
     randomise(model).save_pretrained(folder)
     return folder
@@ -154,6 +160,18 @@ def test_llama_logits_match(tmp_path, kv_heads, tied, bias):
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("kv_heads, tied", [(2, False), (1, True)])
+def test_qwen3_is_a_llama_with_qk_norm_and_its_logits_match(tmp_path, kv_heads, tied):
+    hf = transformers.Qwen3ForCausalLM(qwen3_config(num_key_value_heads=kv_heads, tie_word_embeddings=tied))
+    ours, cfg, _ = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert (cfg.qk_norm, cfg.positions, cfg.norm, cfg.bias, cfg.kv_heads, cfg.window) == (
+        True, "rope", "rmsnorm", False, kv_heads, None)
+    with torch.no_grad():
+        expected = hf(IDS).logits
+        assert expected.std() > 0.5
+        torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
+
+
 def test_mistral_without_a_sliding_window_is_a_llama(tmp_path):
     hf = transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
@@ -195,6 +213,7 @@ def test_pytorch_bin_and_sharded_safetensors_import_alike(tmp_path):
 
 @pytest.mark.parametrize("cls, config", [
     ("BertForMaskedLM", bert_config), ("GPT2LMHeadModel", gpt2_config), ("LlamaForCausalLM", llama_config),
+    ("Qwen3ForCausalLM", qwen3_config),
 ])
 def test_import_export_import_round_trips_exactly(tmp_path, cls, config):
     from tfkit.models.hf_export import export_hf

@@ -72,12 +72,17 @@ def test_qk_norm_needs_a_per_token_norm():
     assert any(p.startswith("model.qk_norm: ") and "batchnorm" in p for p in problems)
 
 
-def test_qk_norm_export_is_refused_in_one_line():
-    cfg = ModelConfig(arch="gpt", vocab_size=61, d_model=32, n_layers=1, n_heads=4, positions="rope", norm="rmsnorm",
-                      activation="swiglu", qk_norm=True)
-    with pytest.raises(ConfigError, match="model.qk_norm=True has no HuggingFace equivalent") as err:
+@pytest.mark.parametrize("fields, expected", [
+    ({"bias": True}, "model.bias=True has no HuggingFace equivalent for gpt with rope positions and qk_norm (Qwen3)"),
+    ({"positions": "learned", "norm": "layernorm", "activation": "gelu", "bias": True},
+     "model.qk_norm=True has no HuggingFace equivalent for gpt with learned positions (GPT-2)"),
+])
+def test_qk_norm_exports_as_qwen3_only(fields, expected):
+    cfg = ModelConfig(**{**dict(arch="gpt", vocab_size=61, d_model=32, n_layers=1, n_heads=4, positions="rope",
+                                norm="rmsnorm", activation="swiglu", bias=False, qk_norm=True), **fields})
+    with pytest.raises(ConfigError, match="has no HuggingFace equivalent") as err:
         tfkit_to_hf(cfg, {})
-    assert "\n" not in str(err.value)
+    assert expected in str(err.value) and "\n" not in str(err.value)
 
 
 def band(T: int, window: int, causal: bool) -> torch.Tensor:
