@@ -21,4 +21,4 @@ CHECKPOINTS = "checkpoints"
 STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".step-5.tmp"
 # The HuggingFace class each family is exported as (models/hf_names.py), named in an export's config.json.
 EXPORT_ARCHITECTURES = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-                        "qwen3": "Qwen3ForCausalLM"}
+                        "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}

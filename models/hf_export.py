@@ -5,7 +5,8 @@ A tfkit config is exported only when transformers has a class that computes the 
 - gpt arch with learned positions (pre-LN LayerNorm, gelu/relu, biases, MHA) -> `GPT2LMHeadModel`
   (`activation_function`: gelu, or gelu_new for tfkit's gelu_tanh, GPT-2's own approximation);
 - gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`;
-  the same with `qk_norm` and no biases -> `Qwen3ForCausalLM` (per-head RMSNorm on q and k before RoPE).
+  the same with `qk_norm` and no biases -> `Qwen3ForCausalLM` (per-head RMSNorm on q and k before RoPE);
+  the same with a `window` on every layer and no biases -> `MistralForCausalLM` (its `sliding_window`).
 Anything else is a ConfigError naming each field that has no equivalent, never a silently different model.
 The folder loads with `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained` with no missing or
 unexpected weights, and with `AutoTokenizer` when the checkpoint has a tokenizer. transformers itself is
@@ -38,7 +39,7 @@ SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head siz
 # QK-norm exports as Qwen3 (per head, before RoPE, as tfkit's), never as OLMo 2: that one normalises q and k
 # across all heads at once and places its norms after each sublayer.
 PLAIN_QK = ("qk_norm", (False,), "no QK-norm (Qwen3 has it: a gpt with rope, rmsnorm, swiglu and no biases)")
-WHOLE_CONTEXT = ("window", (None,), "attention over the whole context")  # (Mistral's window is not written)
+WHOLE_CONTEXT = ("window", (None,), "attention over the whole context (Mistral has a window)")
 EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT)
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
@@ -52,10 +53,15 @@ REQUIREMENTS = {
     "qwen3": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
               ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no MLP biases"),
               ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, WHOLE_CONTEXT],
+    "mistral": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
+                ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no biases"),
+                ("global_every", (None,), "the window on every layer"),
+                ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, PLAIN_QK],
 }
 HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",
-               "llama": "gpt with rope positions (Llama)", "qwen3": "gpt with rope positions and qk_norm (Qwen3)"}
+               "llama": "gpt with rope positions (Llama)", "qwen3": "gpt with rope positions and qk_norm (Qwen3)",
+               "mistral": "gpt with rope positions and a window (Mistral)"}
 
 
 def export_family(cfg: ModelConfig) -> str:
@@ -63,7 +69,7 @@ def export_family(cfg: ModelConfig) -> str:
     if cfg.arch == "bert":
         family = "bert"
     elif cfg.arch == "gpt" and cfg.positions in ("learned", "rope"):
-        family = "gpt2" if cfg.positions == "learned" else "qwen3" if cfg.qk_norm else "llama"
+        family = "gpt2" if cfg.positions == "learned" else _rope_family(cfg)
     elif cfg.arch == "gpt":
         raise ConfigError(f"model.positions={cfg.positions} has no HuggingFace equivalent for gpt "
                           "(export supports learned -> GPT-2 and rope -> Llama)")
@@ -76,6 +82,11 @@ def export_family(cfg: ModelConfig) -> str:
     if problems:
         raise ConfigError("; ".join(problems))
     return family
+
+
+def _rope_family(cfg: ModelConfig) -> str:
+    """The HF class of a gpt with RoPE: Qwen3 for QK-norm, Mistral for a window, Llama otherwise."""
+    return "qwen3" if cfg.qk_norm else "mistral" if cfg.window is not None else "llama"
 
 
 def grouped_kv_problem(family: str, cfg: ModelConfig, regrouped_exports: bool) -> str:
@@ -126,7 +137,10 @@ def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
              "bos_token_id": None, "eos_token_id": None}
     if family == "llama":
         return llama
-    del llama["mlp_bias"]  # Qwen3's MLP has no biases (the requirements saw to it)
+    del llama["mlp_bias"]  # neither Qwen3's MLP nor Mistral has biases (the requirements saw to it)
+    if family == "mistral":
+        del llama["attention_bias"]
+        return {**llama, "model_type": "mistral", "sliding_window": cfg.window}
     return {**llama, "model_type": "qwen3", "use_sliding_window": False, "sliding_window": None}
 
 

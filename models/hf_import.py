@@ -162,8 +162,10 @@ def _llama_config(hf: dict, problems: list[str]) -> dict:
     if attention_bias != mlp_bias:
         problems.append(f"attention_bias={attention_bias} with mlp_bias={mlp_bias} (tfkit's `bias` covers both)")
     window = hf.get("sliding_window")
-    if window is not None and window < hf.get("max_position_embeddings", 0):
-        problems.append(f"sliding_window={window} (tfkit attends over the whole context)")
+    if window is not None and window >= hf.get("max_position_embeddings", 0):
+        window = None  # wider than any sequence: no window
+    if window is not None and hf.get("model_type") != "mistral":  # Mistral's windows every layer as tfkit's does
+        problems.append(f"sliding_window={window} (tfkit windows every layer only as Mistral does)")
     kv = hf.get("num_key_value_heads") or heads
     return dict(
         arch="gpt", d_model=width, n_layers=hf["num_hidden_layers"], n_heads=heads,
@@ -172,6 +174,7 @@ def _llama_config(hf: dict, problems: list[str]) -> dict:
         norm="rmsnorm", norm_placement="pre", norm_eps=hf.get("rms_norm_eps", 1e-6), activation="swiglu",
         bias=attention_bias, tie_embeddings=hf.get("tie_word_embeddings", False), dropout=0.0,
         attn_dropout=hf.get("attention_dropout", 0.0), type_vocab_size=0, pad_token_id=hf.get("pad_token_id"),
+        window=window,
     )
 
 

@@ -33,7 +33,7 @@ from .config import ModelConfig
 # The HF model class each family is exported as (layout.py: files.py recognises an export by it).
 EXPORT_ARCHITECTURE = EXPORT_ARCHITECTURES
 # What a base model's keys are prefixed with inside the model with a head.
-BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model.", "qwen3": "model."}
+BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model.", "qwen3": "model.", "mistral": "model."}
 
 
 class HFInteropWarning(UserWarning):
@@ -102,7 +102,8 @@ def gpt2_rules(cfg: ModelConfig) -> list[Rule]:
 
 def llama_rules(cfg: ModelConfig) -> list[Rule]:
     """LlamaForCausalLM <-> tfkit GPT with RoPE, pre-LN RMSNorm, SwiGLU (biases when cfg.bias); with
-    cfg.qk_norm, Qwen3ForCausalLM (the same names plus each layer's per-head q_norm / k_norm)."""
+    cfg.qk_norm, Qwen3ForCausalLM (the same names plus each layer's per-head q_norm / k_norm); with a
+    window, MistralForCausalLM (the same names)."""
     p = BASE_PREFIX["llama"]
     rules = _pair(f"{p}embed_tokens", "embed.tok", False)
     for i in range(cfg.n_layers):
@@ -122,11 +123,11 @@ def llama_rules(cfg: ModelConfig) -> list[Rule]:
     return rules
 
 
-RULES = {"bert": bert_rules, "gpt2": gpt2_rules, "llama": llama_rules, "qwen3": llama_rules}
+RULES = {"bert": bert_rules, "gpt2": gpt2_rules, "llama": llama_rules, "qwen3": llama_rules, "mistral": llama_rules}
 
 # tfkit names that are the same tensor as another one when embeddings are tied (not stored by HF).
 TIED_ALIASES = {"bert": "mlm.decoder.weight", "gpt2": "lm_head.weight", "llama": "lm_head.weight",
-                "qwen3": "lm_head.weight"}
+                "qwen3": "lm_head.weight", "mistral": "lm_head.weight"}
 
 
 def split_to_tfkit(rule: Rule, tensor: Tensor) -> dict[str, Tensor]:

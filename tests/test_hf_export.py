@@ -83,6 +83,7 @@ CONFIGS = {
     "llama-rope-yarn": {**LLAMA, "rope_scaling": "yarn", "rope_factor": 4.0, "n_kv_heads": 2},
     "qwen3-gqa": {**LLAMA, "qk_norm": True, "n_kv_heads": 2},
     "qwen3-mqa-tied": {**LLAMA, "qk_norm": True, "n_kv_heads": 1, "tie_embeddings": True},
+    "mistral-window": {**LLAMA, "window": 5, "n_kv_heads": 2},
 }
 
 

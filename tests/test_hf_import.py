@@ -172,6 +172,25 @@ def test_qwen3_is_a_llama_with_qk_norm_and_its_logits_match(tmp_path, kv_heads, 
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
 
 
+def test_mistral_with_a_sliding_window_is_a_windowed_gpt_and_round_trips(tmp_path):
+    from tfkit.models.hf_export import export_hf
+
+    hf = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=T_MAX, sliding_window=5))
+    ours, cfg, _ = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert (cfg.window, cfg.global_every, cfg.kv_heads) == (5, None, 2)
+    with torch.no_grad():  # 16 tokens: most queries see only the last 5 keys
+        torch.testing.assert_close(ours(IDS), hf(IDS).logits, atol=ATOL, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HFInteropWarning)
+        export_hf(tmp_path / "ckpt", tmp_path / "hf2")
+    assert json.loads((tmp_path / "hf2" / "config.json").read_text())["sliding_window"] == 5
+    again = transformers.MistralForCausalLM.from_pretrained(tmp_path / "hf2").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(IDS).logits, hf(IDS).logits, atol=ATOL, rtol=0)
+
+
 def test_mistral_without_a_sliding_window_is_a_llama(tmp_path):
     hf = transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
@@ -246,8 +265,8 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
     ({**LLAMA, "attention_bias": True}, "attention_bias=True with mlp_bias=False"),
     ({**LLAMA, "head_dim": 32}, "head_dim=32"),
     ({**LLAMA, "hidden_act": "gelu"}, "hidden_act='gelu'"),
-    ({**LLAMA, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16},
-     "sliding_window=16"),
+    ({**LLAMA, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True,
+      "sliding_window": 16}, "sliding_window=16"),
     ({**BERT, "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ({**BERT, "hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
     ({**BERT, "architectures": ["BertForSequenceClassification"]}, "BertForSequenceClassification"),

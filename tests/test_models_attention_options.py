@@ -165,11 +165,19 @@ def test_windows_no_layer_can_honour_are_refused(fields, expected):
     assert any(expected in problem for problem in tiny_cfg("gpt", **fields).problems())
 
 
-def test_a_windowed_model_does_not_export():
-    cfg = ModelConfig(arch="gpt", vocab_size=61, d_model=32, n_layers=1, n_heads=4, positions="rope", norm="rmsnorm",
-                      activation="swiglu", window=8)
-    with pytest.raises(ConfigError, match="model.window=8 has no HuggingFace equivalent"):
+@pytest.mark.parametrize("fields, expected", [
+    ({"global_every": 2}, "model.global_every=2 has no HuggingFace equivalent for gpt with rope positions and a "
+                          "window (Mistral)"),
+    ({"positions": "learned", "norm": "layernorm", "activation": "gelu", "bias": True},
+     "model.window=8 has no HuggingFace equivalent for gpt with learned positions (GPT-2)"),
+    ({"qk_norm": True}, "model.window=8 has no HuggingFace equivalent for gpt with rope positions and qk_norm"),
+])
+def test_a_window_exports_as_mistral_only(fields, expected):
+    cfg = ModelConfig(**{**dict(arch="gpt", vocab_size=61, d_model=32, n_layers=2, n_heads=4, positions="rope",
+                                norm="rmsnorm", activation="swiglu", bias=False, window=8), **fields})
+    with pytest.raises(ConfigError, match="has no HuggingFace equivalent") as err:
         tfkit_to_hf(cfg, {})
+    assert expected in str(err.value)
 
 
 def test_linear_rope_scaling_rotates_position_p_as_p_over_factor():
