@@ -161,10 +161,14 @@ class ModelBase(nn.Module):
         source plus one target token (S = T = seq_len): both stacks, and cross-attention, count once.
         BERT counts its MLM head on every position (training applies it to ~15%) and its pooler: a few
         percent high for a small BERT, which makes MFU slightly optimistic there.
+        A windowed layer (`model.window`) counts the `window` keys it reads, not seq_len.
         """
+        cfg = self.config
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        n_attn = self.attention_layers_per_token * self.config.n_layers
-        return 6 * n_matmul + 12 * n_attn * self.config.d_model * seq_len
+        self_stacks = self.attention_layers_per_token - (1 if self.cross_attention else 0)  # cross reads every key
+        keys = sum(min(seq_len, cfg.window) if cfg.windowed(i) else seq_len for i in range(cfg.n_layers))
+        keys = self_stacks * keys + (cfg.n_layers * seq_len if self.cross_attention else 0)  # over every layer
+        return 6 * n_matmul + 12 * cfg.d_model * keys
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, device: torch.device | str | None = None,
                      dtype: torch.dtype | None = None) -> KVCache:

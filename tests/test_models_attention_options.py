@@ -114,6 +114,14 @@ def test_windowed_flash_equals_naive(arch, global_every):
     flash_and_naive(tiny_cfg(arch, positions="rope", n_kv_heads=2, window=3, global_every=global_every), T=12)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flops_count_the_keys_a_windowed_layer_reads(arch):
+    full, windowed = (build_model(tiny_cfg(arch, **extra)) for extra in ({}, {"window": 4, "global_every": 2}))
+    per_key = 12 * 32  # 12 * d_model per key per attention layer
+    self_stacks = 2 if arch == "transformer" else 1  # encoder and decoder self-attention; cross reads every key
+    assert full.flops_per_token(32) - windowed.flops_per_token(32) == self_stacks * per_key * (32 - 4)  # layer 0
+
+
 def test_every_global_every_th_layer_attends_over_everything():
     cfg = tiny_cfg("gpt", n_layers=6, window=4, global_every=3)
     assert [cfg.windowed(i) for i in range(6)] == [True, True, False, True, True, False]
