@@ -20,4 +20,5 @@ START_LOG = "start.log"  # in a run folder: the start-of-run block of every star
 CHECKPOINTS = "checkpoints"
 STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".step-5.tmp"
 # The HuggingFace class each family is exported as (models/hf_names.py), named in an export's config.json.
-EXPORT_ARCHITECTURES = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+EXPORT_ARCHITECTURES = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+                        "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}

@@ -86,12 +86,15 @@ def holds_results(path: Path) -> bool:
     return isinstance(rows, list) and all(isinstance(r, dict) and {"checkpoint", "loss"} <= r.keys() for r in rows)
 
 
-def choose_seq_len(configs: list[dict], seq_len: int | None) -> int:
+def choose_seq_len(configs: list[dict], seq_len: int | None, overrides: list[str] | None = None) -> int:
     """One context length for every row, or the numbers would not compare: --seq-len, or the shortest length
-    the checkpoints trained at, within the smallest max_seq_len."""
+    the checkpoints trained at, within the smallest max_seq_len (or the one `--set model.max_seq_len` gives:
+    a RoPE model scored longer than it trained, under `model.rope_scaling`)."""
     from ..evaluation.evaluate import trained_seq_len
+    from ..evaluation.model_overrides import parse_model_overrides
 
-    max_len = min(config["model"]["max_seq_len"] for config in configs)
+    longer = dict(parse_model_overrides(overrides or [])).get("max_seq_len")
+    max_len = longer if isinstance(longer, int) else min(config["model"]["max_seq_len"] for config in configs)
     if seq_len is None:
         seq_len = min(trained_seq_len(config) for config in configs)
         if seq_len < max_len:
@@ -151,7 +154,7 @@ def evaluate(
         configs.append(config)
         if note := chosen_note(path, folder):
             err.print(note)
-    seq_len = choose_seq_len(configs, seq_len)
+    seq_len = choose_seq_len(configs, seq_len, overrides)
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
         started = time.perf_counter()

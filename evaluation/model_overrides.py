@@ -61,7 +61,8 @@ def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -
     """The loaded `model` rebuilt under its config with `items` applied, holding the same tensors (no copy).
 
     Each override is checked alone first, so a refusal names the key that changes the weights; then all of
-    them together (a combination can be invalid, e.g. rope with an odd head size)."""
+    them together (a combination can be invalid, e.g. rope with an odd head size, and a key can be valid
+    only with another, e.g. model.rope_factor with model.rope_scaling)."""
     if not items:
         return model, cfg
     values = parse_model_overrides(items)
@@ -80,7 +81,11 @@ def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -
 
 
 def _check_one(item: str, name: str, value: object, base: dict, have: dict[str, tuple[int, ...]]) -> None:
-    _, difference = _build_on_meta(_config({**base, name: value}, f"--set {item}"), have)
+    try:
+        config = _config({**base, name: value}, f"--set {item}")
+    except ConfigError:
+        return  # valid only with another key (model.rope_factor with model.rope_scaling): checked together
+    _, difference = _build_on_meta(config, have)
     if difference:
         raise ConfigError(f"--set {item}: model.{name}={value} changes the model's weights ({difference}); only "
                           "keys that keep every weight (e.g. model.attention, model.attn_scale) can be evaluated")

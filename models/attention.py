@@ -20,6 +20,15 @@ to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
 return the attention weights; `need_weights=True` always takes this path, since fused kernels never
 materialise the weights.
 
+Document masks (`data.document_mask`): packed rows carry `doc_ids (B, T)`, each token's document, and a query
+sees only keys of its own document (`position_mask(doc_ids=...)`, a bool (B, 1, T, T) built once per forward).
+Sliding windows (`model.window`) are a band on the same mask: keys fewer than `window` positions away; a
+model with `global_every` builds two masks per forward, the band for windowed layers and the full one.
+On a CPU the bool mask goes into SDPA (its flash kernel takes masks; measured in benchmarks/doc_mask.py); on
+CUDA the same rule is a flex_attention block mask (models/flex.py), built once per forward too, so whole
+blocks of keys outside the document or band are skipped instead of masked. The naive path reads the bool
+tensor.
+
 `attn_scale` replaces the 1/sqrt(d) on the scores in both paths (SDPA's `scale=`, a multiply in the naive
 one); the default passes no scale, so SDPA and the naive division compute exactly what they always did.
 """
@@ -34,8 +43,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .flex import flex_attention, flex_block_mask
 from .kv_cache import CrossKV, LayerKV
-from .layers import apply_rope
+from .layers import apply_rope, make_norm
 
 
 @dataclass(frozen=True)
@@ -46,47 +56,65 @@ class AttnMask:
         (B|1, H, T_q, T_k) bias (ALiBi) with -inf where not allowed.
     is_causal: the tensor is exactly the square causal mask, so SDPA may build it itself (is_causal=True)
         and pick the fastest kernel; the naive path still uses the tensor.
+    block: the same rule as a flex_attention BlockMask (CUDA, document masks: models/flex.py), or None.
     """
 
     tensor: Tensor | None = None
     is_causal: bool = False
+    block: object | None = None
 
 
 def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None = None,
                         alibi: Tensor | None = None, device: torch.device | None = None,
-                        dtype: torch.dtype = torch.float32) -> AttnMask:
+                        dtype: torch.dtype = torch.float32, doc_ids: Tensor | None = None,
+                        window: int | None = None) -> AttnMask:
     """Mask for self-attention of q_len queries over the same q_len keys, positions 0..q_len-1 (a forward
     without a KV cache; over a cache the model builds `position_mask` from the cache's tables).
 
-    key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. A query may always see
-    its own position, so a padding query (whose output is never used) never has an empty softmax row.
+    key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. doc_ids: (B, q_len), each token's
+    document in its packed row: attention stays inside a document. window: keys fewer than `window`
+    positions away only. A query may always see its own position, so a padding query (whose output is
+    never used) never has an empty softmax row.
     """
-    if key_padding is not None and key_padding.shape[-1] != q_len:
-        raise ValueError(f"attention mask covers {key_padding.shape[-1]} positions, expected T={q_len}")
-    if key_padding is None and alibi is None and (not causal or q_len == 1):
+    for name, rows in (("attention mask", key_padding), ("doc_ids", doc_ids)):
+        if rows is not None and rows.shape[-1] != q_len:
+            raise ValueError(f"{name} covers {rows.shape[-1]} positions, expected T={q_len}")
+    window = None if window is not None and window >= q_len else window  # wider than the sequence: no band
+    plain = key_padding is None and alibi is None and doc_ids is None and window is None
+    if plain and (not causal or q_len == 1):
         return AttnMask()  # every key visible: no tensor, any kernel
     positions = torch.arange(q_len, device=device)  # (T,)
-    pure_causal = causal and key_padding is None and alibi is None
-    tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype)
-    return AttnMask(tensor, is_causal=pure_causal)
+    tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype,
+                           doc_ids=doc_ids, window=window)
+    block = None
+    if not plain and key_padding is None and alibi is None and positions.is_cuda:
+        block = flex_block_mask(q_len, doc_ids, causal=causal, window=window, device=positions.device)  # or None
+    return AttnMask(tensor, is_causal=causal and plain, block=block)
 
 
 def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Tensor | None = None,
-                  alibi: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                  alibi: Tensor | None = None, dtype: torch.dtype = torch.float32,
+                  doc_ids: Tensor | None = None, window: int | None = None) -> Tensor:
     """The mask tensor of queries at positions q_pos (T_q,) over keys at positions k_pos (T_k,).
 
     bool (B|1, 1, T_q, T_k), True = may attend; with alibi slopes (H,) the additive float bias
     (B|1, H, T_q, T_k), -inf where not allowed. Tensor ops only, so the static decode step builds it from
     a position tensor (queries at that position, keys at every cache slot) without reading the position.
+    doc_ids (B, T) (a forward without a cache, q_pos = k_pos): keys of other documents are hidden.
+    window: keys `window` or more positions away are hidden (a band; over a cache, the slots behind it).
     """
     q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (T_q, 1), (1, T_k)
     if causal:
         allowed = k_pos <= q_pos  # (T_q, T_k)
     else:
         allowed = torch.ones(q_pos.shape[0], k_pos.shape[1], dtype=torch.bool, device=q_pos.device)  # (T_q, T_k)
+    if window is not None:
+        allowed = allowed & ((q_pos - k_pos).abs() < window)  # (T_q, T_k): the band
     allowed = allowed[None, None]  # (1, 1, T_q, T_k)
     if key_padding is not None:
         allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)
+    if doc_ids is not None:
+        allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])  # (B, 1, T, T)
     if alibi is None:
         return allowed
     distance = (q_pos - k_pos).abs().float()  # (T_q, T_k): symmetric, so it also serves encoders
@@ -109,6 +137,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: 
     the memory-efficient kernel no grouped K/V, so SDPA would run its unfused math path; full-width K/V
     (B, H, S, D) keep it fused."""
     gqa = k.shape[1] != q.shape[1]
+    if mask.block is not None and dropout_p == 0.0:
+        return flex_attention(q, k, v, mask.block, scale=scale, enable_gqa=gqa)  # (B, H, T, D)
     if gqa and mask.tensor is not None and q.is_cuda:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
@@ -150,7 +180,8 @@ class Attention(nn.Module):
     """Multi-head attention with n_heads query heads and n_kv_heads key/value heads.
 
     Self-attention when `context` is None; cross-attention (queries from x, keys/values from context,
-    e.g. the encoder memory) otherwise. RoPE, when given, rotates q and k (self-attention only).
+    e.g. the encoder memory) otherwise. With `qk_norm`, each head of q and k is normalised first; RoPE,
+    when given, then rotates q and k (self-attention only).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -163,6 +194,8 @@ class Attention(nn.Module):
         self.impl = cfg.attention
         self.attn_dropout = cfg.attn_dropout
         self.scale = cfg.score_scale  # None = 1/sqrt(head_dim)
+        self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None  # over each head's D features
+        self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
 
     def _heads(self, x: Tensor, proj: nn.Linear, n_heads: int) -> Tensor:
         B, T, _ = x.shape
@@ -173,6 +206,8 @@ class Attention(nn.Module):
                 start_pos: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         B, T, C = x.shape
         q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
+        if self.q_norm is not None:
+            q = self.q_norm(q)  # (B, H, T, D): QK-norm comes before RoPE
         if rope is not None:
             q = apply_rope(q, *rope)
         if isinstance(cache, CrossKV) and cache.k is not None:
@@ -181,6 +216,8 @@ class Attention(nn.Module):
             source = x if context is None else context
             k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
             v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            if self.k_norm is not None:
+                k = self.k_norm(k)  # (B, H_kv, S, D)
             if rope is not None:
                 k = apply_rope(k, *rope)
             if isinstance(cache, CrossKV):

@@ -13,6 +13,8 @@ over the whole cache: the mask and RoPE rows come from the cache's tables indexe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -94,34 +96,52 @@ class ModelBase(nn.Module):
             return x
         return norm(x) if rows is None else norm(x, rows)
 
-    def _rope(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
-        """RoPE cos/sin for the positions 0..T-1 of x (B, T, C), or None when positions are not rope."""
+    def _rope(self, x: Tensor, position_ids: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+        """RoPE cos/sin for the positions 0..T-1 of x (B, T, C), (T, D) each, or for `position_ids (B, T)`
+        (positions restarted at each packed document), (B, 1, T, D) each; None when positions are not rope."""
         if self.config.positions != "rope":
             return None
-        return rope_angles(self.config, x.shape[1], x.device)
+        if position_ids is None:
+            return rope_angles(self.config, x.shape[1], x.device)  # (T, D) x2
+        cos, sin = rope_angles(self.config, self.config.max_seq_len, x.device)  # (S, D) x2: any position id
+        return cos[position_ids][:, None], sin[position_ids][:, None]  # (B, 1, T, D) x2
 
-    def _self_mask(self, x: Tensor, causal: bool, padding: Tensor | None = None) -> AttnMask:
-        """The self-attention mask (with the ALiBi bias folded in) for x (B, T, C), built once per forward.
-        Slopes are fp32 and not a buffer, so casting the model to bf16 cannot round them."""
+    def _per_layer(self, mask: Callable[[int | None], AttnMask]) -> list[AttnMask]:
+        """One mask per layer from `mask(window)`: the windowed layers share one, the global ones another,
+        each built once (`model.window`, `model.global_every`)."""
+        windows = [self.config.window if self.config.windowed(i) else None for i in range(self.config.n_layers)]
+        built = {window: mask(window) for window in set(windows)}
+        return [built[window] for window in windows]
+
+    def _self_masks(self, x: Tensor, causal: bool, padding: Tensor | None = None,
+                    doc_ids: Tensor | None = None) -> list[AttnMask]:
+        """The self-attention mask of each layer (with the ALiBi bias folded in) for x (B, T, C), built once
+        per forward; doc_ids (B, T) keeps attention inside each packed document. Slopes are fp32 and not a
+        buffer, so casting the model to bf16 cannot round them."""
         slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
-        return self_attention_mask(x.shape[1], causal=causal, key_padding=padding,
-                                   alibi=slopes, device=x.device, dtype=x.dtype)
+        return self._per_layer(lambda window: self_attention_mask(
+            x.shape[1], causal=causal, key_padding=padding, alibi=slopes, device=x.device, dtype=x.dtype,
+            doc_ids=doc_ids, window=window))
 
     def _decoder_inputs(self, x: Tensor, start_pos: Tensor | None, padding: Tensor | None,
-                        kv_cache: KVCache | None) -> tuple[AttnMask, tuple[Tensor, Tensor] | None]:
-        """The causal self-attention mask and RoPE cos/sin of a decoder forward, built once for all layers.
+                        kv_cache: KVCache | None, doc_ids: Tensor | None = None,
+                        position_ids: Tensor | None = None) -> tuple[list[AttnMask], tuple[Tensor, Tensor] | None]:
+        """The causal self-attention mask of each layer and RoPE cos/sin of a decoder forward, built once.
 
         Over a cache (start_pos the 0-dim tensor `_start` gives): queries at start_pos.. over every slot of
         the cache, the mask from the cache's key positions (and ALiBi slopes), RoPE rows indexed from its table.
+        doc_ids / position_ids (B, T): packed documents kept apart (training and scoring, never a cache).
         """
         if kv_cache is None:
-            return self._self_mask(x, causal=True, padding=padding), self._rope(x)
-        if padding is not None:
-            raise ValueError("a forward over the KV cache takes no attention_mask: every row is real up to start_pos")
+            return self._self_masks(x, causal=True, padding=padding, doc_ids=doc_ids), self._rope(x, position_ids)
+        if padding is not None or doc_ids is not None or position_ids is not None:
+            raise ValueError("a forward over the KV cache takes no attention_mask, doc_ids or position_ids: "
+                             "every row is one sequence, real up to start_pos")
         q_pos = start_pos + kv_cache.positions[: x.shape[1]]  # (T,)
-        mask = position_mask(q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype)
+        masks = self._per_layer(lambda window: AttnMask(position_mask(
+            q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype, window=window)))
         rope = None if kv_cache.rope is None else (kv_cache.rope[0][q_pos], kv_cache.rope[1][q_pos])  # (T, D) x2
-        return AttnMask(mask), rope  # mask (1, 1|H, T, S_max)
+        return masks, rope  # each mask (1, 1|H, T, S_max)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Distinct parameters (a tied matrix counts once); non_embedding drops the lookup tables
@@ -141,10 +161,14 @@ class ModelBase(nn.Module):
         source plus one target token (S = T = seq_len): both stacks, and cross-attention, count once.
         BERT counts its MLM head on every position (training applies it to ~15%) and its pooler: a few
         percent high for a small BERT, which makes MFU slightly optimistic there.
+        A windowed layer (`model.window`) counts the `window` keys it reads, not seq_len.
         """
+        cfg = self.config
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        n_attn = self.attention_layers_per_token * self.config.n_layers
-        return 6 * n_matmul + 12 * n_attn * self.config.d_model * seq_len
+        self_stacks = self.attention_layers_per_token - (1 if self.cross_attention else 0)  # cross reads every key
+        keys = sum(min(seq_len, cfg.window) if cfg.windowed(i) else seq_len for i in range(cfg.n_layers))
+        keys = self_stacks * keys + (cfg.n_layers * seq_len if self.cross_attention else 0)  # over every layer
+        return 6 * n_matmul + 12 * cfg.d_model * keys
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, device: torch.device | str | None = None,
                      dtype: torch.dtype | None = None) -> KVCache:

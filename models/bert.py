@@ -42,18 +42,19 @@ class BERT(ModelBase):
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.embed.tok.weight
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-               token_type_ids: Tensor | None = None) -> Tensor:
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+               doc_ids: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
         """input_ids (B, T), attention_mask (B, T) bool True = real token -> hidden (B, T, C).
+        doc_ids / position_ids (B, T): packed documents kept apart, positions restarted at each (as in GPT).
 
         Padding is whatever attention_mask says, never inferred from pad ids: inferring it would read the
         ids back from the GPU on every forward (and break a compiled graph) for batches that have none."""
         self._start(None, input_ids.shape[1], None)
         rows = self.norm_rows(attention_mask, input_ids.shape[1])  # BatchNorm only: the real tokens it counts
-        x = self.embed(input_ids, token_type_ids=token_type_ids, rows=rows)  # (B, T, C)
-        mask = self._self_mask(x, causal=False, padding=attention_mask)  # once, for all layers
-        rope = self._rope(x)
-        for block in self.blocks:
+        x = self.embed(input_ids, token_type_ids=token_type_ids, rows=rows, position_ids=position_ids)  # (B, T, C)
+        masks = self._self_masks(x, causal=False, padding=attention_mask, doc_ids=doc_ids)  # once, for all layers
+        rope = self._rope(x, position_ids)
+        for block, mask in zip(self.blocks, masks):
             x = block(x, mask, rope=rope, rows=rows)  # (B, T, C)
         return self._final_norm(self.ln_f, x, rows)
 

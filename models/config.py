@@ -24,6 +24,7 @@ ATTN_SCALES = ("sqrt_d", "none")  # or a positive number
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 INITS = ("normal", "xavier")
+ROPE_SCALINGS = (None, "linear", "yarn")
 
 
 @dataclass
@@ -42,10 +43,23 @@ class ModelConfig:
     attn_scale: str | float = "sqrt_d"
     positions: str = "learned"  # learned | sinusoidal | rope | alibi | none (no position information at all)
     rope_theta: float = 10000.0  # RoPE base frequency
+    # RoPE context extension (models/rope_scaling.py): null | linear (position interpolation) | yarn (YaRN);
+    # the model was trained at max_seq_len / rope_factor and runs at max_seq_len (eval or fine-tune longer)
+    rope_scaling: str | None = None
+    rope_factor: float = 1.0  # with rope_scaling: max_seq_len over the trained length (>= 1)
     # layernorm | rmsnorm | batchnorm (each feature over the batch's positions, padding left out, running
     # statistics in eval mode; while training, a causal model's tokens see the batch's future: models/norms.py)
     norm: str = "layernorm"
     norm_placement: str = "pre"  # pre (GPT-2, stable deep) | post (original Transformer, BERT)
+    # normalise q and k of each head before RoPE (QK-norm: OLMo 2, Qwen3, nanochat), by the `norm` kind
+    # (layernorm or rmsnorm) over head_dim, one weight shared by the heads: keeps attention logits bounded
+    qk_norm: bool = False
+    # sliding-window attention: a query sees only the keys fewer than `window` positions away (behind it when
+    # causal, either side when not); null = the whole sequence. The KV cache stays full-size under a band mask
+    window: int | None = None
+    # with window: every global_every-th layer (the K-th, 2K-th, ... counting from 1) attends over the whole
+    # sequence, the others within the window (Gemma's local/global, ModernBERT's); null = every layer windowed
+    global_every: int | None = None
     norm_eps: float = 1e-5  # added to the variance in every norm (BERT: 1e-12)
     activation: str = "gelu"  # relu (original) | gelu (BERT) | gelu_tanh (GPT-2's approximation) | swiglu (Llama)
     bias: bool = True  # biases in linear layers and LayerNorm
@@ -136,9 +150,48 @@ class ModelConfig:
             )
         if self.positions == "rope" and self.n_heads >= 1 and self.head_dim % 2:
             out.append(f"{prefix}.positions: rope needs an even head size, got d_model/n_heads={self.head_dim}")
+        if self.qk_norm and self.norm not in ("layernorm", "rmsnorm"):
+            out.append(f"{prefix}.qk_norm: normalises each head of q and k by {prefix}.norm, which must be layernorm "
+                       f"or rmsnorm (got {self.norm!r}: a batch statistic per head is no QK-norm)")
+        out += self._window_problems(prefix) + self._rope_scaling_problems(prefix)
         if self.type_vocab_size < 0:
             out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
-        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE)
+        return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE,
+                                    rope_factor=POSITIVE)
+
+    def _window_problems(self, prefix: str) -> list[str]:
+        out = []
+        if self.window is not None and not 1 <= self.window <= self.max_seq_len:
+            out.append(f"{prefix}.window: got {self.window}, expected 1 <= window <= {prefix}.max_seq_len="
+                       f"{self.max_seq_len} (or null: no window)")
+        if self.global_every is not None and self.window is None:
+            out.append(f"{prefix}.global_every: got {self.global_every} without {prefix}.window (expected a window "
+                       "for the other layers, or null)")
+        elif self.global_every is not None and not 1 <= self.global_every <= self.n_layers:
+            out.append(f"{prefix}.global_every: got {self.global_every}, expected 1 <= global_every <= "
+                       f"{prefix}.n_layers={self.n_layers} (so that some layer attends globally)")
+        return out
+
+    def _rope_scaling_problems(self, prefix: str) -> list[str]:
+        out = []
+        if self.rope_scaling not in ROPE_SCALINGS:
+            out.append(f"{prefix}.rope_scaling: got {self.rope_scaling!r}, expected linear, yarn or null")
+        elif self.rope_scaling is not None and self.positions != "rope":
+            out.append(f"{prefix}.rope_scaling: {self.rope_scaling} scales RoPE, but {prefix}.positions is "
+                       f"{self.positions} (expected positions: rope, or rope_scaling: null)")
+        if self.rope_scaling is None and self.rope_factor != 1.0:
+            out.append(f"{prefix}.rope_factor: got {self.rope_factor:g} without {prefix}.rope_scaling (expected "
+                       "linear or yarn, or rope_factor 1)")
+        elif self.rope_factor < 1.0:
+            out.append(f"{prefix}.rope_factor: got {self.rope_factor:g}, expected >= 1 (how many times longer "
+                       "than the trained length)")
+        return out
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) attends within `window`: all do, but every global_every-th."""
+        if self.window is None:
+            return False
+        return self.global_every is None or (layer + 1) % self.global_every != 0
 
     def validate(self) -> "ModelConfig":
         """Raise ConfigError listing every problem; return self so calls can chain."""

@@ -29,22 +29,25 @@ class GPT(ModelBase):
             self.lm_head.weight = self.embed.tok.weight
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-                start_pos: Tensor | None = None, head: bool = True) -> Tensor:
+                start_pos: Tensor | None = None, head: bool = True, doc_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
         """input_ids (B, T) at positions start_pos..start_pos+T -> logits (B, T, V).
 
         start_pos: None (position 0), or a 0-dim long tensor with a kv_cache (the decode step).
         attention_mask: (B, T) bool, True = real token; not with a kv_cache (every cached row is real).
+        doc_ids (B, T): each token's document in a packed row; attention stays inside it (data.document_mask).
+        position_ids (B, T): positions restarted at each document (data.reset_positions); None = 0..T-1.
         head=False returns the final hidden states (B, T, C) instead, for a training objective that fuses
         `lm_head` into its loss (trainer/fused_loss.py). It is a flag on forward rather than a separate
         method because FSDP gathers the root's parameters (embeddings, ln_f, lm_head) in forward's hooks.
         """
         T = input_ids.shape[1]
         start_pos = self._start(start_pos, T, kv_cache)
-        x = self.embed(input_ids, start_pos)  # (B, T, C)
-        mask, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache)  # once, for all layers
+        x = self.embed(input_ids, start_pos, position_ids=position_ids)  # (B, T, C)
+        masks, rope = self._decoder_inputs(x, start_pos, attention_mask, kv_cache, doc_ids, position_ids)  # once
         rows = self.norm_rows(attention_mask, T)  # BatchNorm only: the real tokens its statistics count
         for i, block in enumerate(self.blocks):
             cache = None if kv_cache is None else kv_cache.layers[i]
-            x = block(x, mask, rope=rope, cache=cache, start_pos=start_pos, rows=rows)  # (B, T, C)
+            x = block(x, masks[i], rope=rope, cache=cache, start_pos=start_pos, rows=rows)  # (B, T, C)
         x = self._final_norm(self.ln_f, x, rows)
         return self.lm_head(x) if head else x  # (B, T, V) or (B, T, C)

@@ -4,7 +4,9 @@ A tfkit config is exported only when transformers has a class that computes the 
 - bert arch (learned positions, post-LN LayerNorm, gelu/relu, biases, MHA) -> `BertForMaskedLM`;
 - gpt arch with learned positions (pre-LN LayerNorm, gelu/relu, biases, MHA) -> `GPT2LMHeadModel`
   (`activation_function`: gelu, or gelu_new for tfkit's gelu_tanh, GPT-2's own approximation);
-- gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`.
+- gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`;
+  the same with `qk_norm` and no biases -> `Qwen3ForCausalLM` (per-head RMSNorm on q and k before RoPE);
+  the same with a `window` on every layer and no biases -> `MistralForCausalLM` (its `sliding_window`).
 Anything else is a ConfigError naming each field that has no equivalent, never a silently different model.
 The folder loads with `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained` with no missing or
 unexpected weights, and with `AutoTokenizer` when the checkpoint has a tokenizer. transformers itself is
@@ -34,19 +36,32 @@ from .io import load_model, resolve_checkpoint, safetensors_writes
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")  # every HF family
+# QK-norm exports as Qwen3 (per head, before RoPE, as tfkit's), never as OLMo 2: that one normalises q and k
+# across all heads at once and places its norms after each sublayer.
+PLAIN_QK = ("qk_norm", (False,), "no QK-norm (Qwen3 has it: a gpt with rope, rmsnorm, swiglu and no biases)")
+WHOLE_CONTEXT = ("window", (None,), "attention over the whole context (Mistral has a window)")
+EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT)
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
              ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"),
-             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
+             ("bias", (True,), "biases everywhere"), ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
     "gpt2": [("norm", ("layernorm",), "LayerNorm"), ("norm_placement", ("pre",), "pre-LN"),
              ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"), ("bias", (True,), "biases everywhere"),
-             ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
+             ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
-              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), SCALED],
+              ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
+    "qwen3": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
+              ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no MLP biases"),
+              ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, WHOLE_CONTEXT],
+    "mistral": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
+                ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no biases"),
+                ("global_every", (None,), "the window on every layer"),
+                ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, PLAIN_QK],
 }
 HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",
-               "llama": "gpt with rope positions (Llama)"}
+               "llama": "gpt with rope positions (Llama)", "qwen3": "gpt with rope positions and qk_norm (Qwen3)",
+               "mistral": "gpt with rope positions and a window (Mistral)"}
 
 
 def export_family(cfg: ModelConfig) -> str:
@@ -54,7 +69,7 @@ def export_family(cfg: ModelConfig) -> str:
     if cfg.arch == "bert":
         family = "bert"
     elif cfg.arch == "gpt" and cfg.positions in ("learned", "rope"):
-        family = "gpt2" if cfg.positions == "learned" else "llama"
+        family = "gpt2" if cfg.positions == "learned" else _rope_family(cfg)
     elif cfg.arch == "gpt":
         raise ConfigError(f"model.positions={cfg.positions} has no HuggingFace equivalent for gpt "
                           "(export supports learned -> GPT-2 and rope -> Llama)")
@@ -62,11 +77,16 @@ def export_family(cfg: ModelConfig) -> str:
         raise ConfigError(f"model.arch={cfg.arch} has no HuggingFace equivalent (export supports bert and gpt)")
     problems = [f"model.{name}={getattr(cfg, name)} has no HuggingFace equivalent for {FAMILY_NAME[family]}, "
                 f"which has {what}" for name, allowed, what in REQUIREMENTS[family] if getattr(cfg, name) not in allowed]
-    if family != "llama" and cfg.kv_heads != cfg.n_heads:
+    if family in ("bert", "gpt2") and cfg.kv_heads != cfg.n_heads:
         problems.append(grouped_kv_problem(family, cfg, regrouped_exports=not problems))
     if problems:
         raise ConfigError("; ".join(problems))
     return family
+
+
+def _rope_family(cfg: ModelConfig) -> str:
+    """The HF class of a gpt with RoPE: Qwen3 for QK-norm, Mistral for a window, Llama otherwise."""
+    return "qwen3" if cfg.qk_norm else "mistral" if cfg.window is not None else "llama"
 
 
 def grouped_kv_problem(family: str, cfg: ModelConfig, regrouped_exports: bool) -> str:
@@ -108,13 +128,31 @@ def _hf_config(family: str, cfg: ModelConfig, dtype: torch.dtype) -> dict:
                 "activation_function": HF_ACTIVATION[cfg.activation], "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
                 "attn_pdrop": cfg.attn_dropout, "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
                 "bos_token_id": None, "eos_token_id": None}
-    return {**common, "model_type": "llama", "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,
-            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
-            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-            "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
-            "bos_token_id": None, "eos_token_id": None}
+    llama = {**common, "model_type": "llama", "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,
+             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+             "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+             "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+             "rope_theta": cfg.rope_theta, "rope_parameters": _rope_parameters(cfg),
+             "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
+             "bos_token_id": None, "eos_token_id": None}
+    if family == "llama":
+        return llama
+    del llama["mlp_bias"]  # neither Qwen3's MLP nor Mistral has biases (the requirements saw to it)
+    if family == "mistral":
+        del llama["attention_bias"]
+        return {**llama, "model_type": "mistral", "sliding_window": cfg.window}
+    return {**llama, "model_type": "qwen3", "use_sliding_window": False, "sliding_window": None}
+
+
+def _rope_parameters(cfg: ModelConfig) -> dict:
+    """Llama's `rope_parameters`: tfkit's linear and yarn scaling are transformers' own rope types (the
+    trained length of yarn is max_seq_len / rope_factor, YaRN's other values transformers' defaults)."""
+    params = {"rope_type": cfg.rope_scaling or "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling is not None:
+        params["factor"] = cfg.rope_factor
+    if cfg.rope_scaling == "yarn":
+        params["original_max_position_embeddings"] = round(cfg.max_seq_len / cfg.rope_factor)
+    return params
 
 
 def tfkit_to_hf(cfg: ModelConfig, state: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:

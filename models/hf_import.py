@@ -1,4 +1,4 @@
-"""Import a HuggingFace BERT, GPT-2 or Llama folder as a tfkit checkpoint (`tfkit import-hf`).
+"""Import a HuggingFace BERT, GPT-2, Llama or Qwen3 folder as a tfkit checkpoint (`tfkit import-hf`).
 
 Works from `config.json` and the raw state dict only (transformers is never imported), so importing needs
 nothing beyond tfkit's own dependencies. Every HF option that changes the function the model computes is
@@ -36,14 +36,15 @@ SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
     "gpt2": ("GPT2Model", "GPT2LMHeadModel"),
     "llama": ("LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"),
+    "qwen3": ("Qwen3Model", "Qwen3ForCausalLM"),
 }
 # Base models of the causal families: an untied lm_head may be missing from these only (BERT's MLM head,
 # group "head" too, is initialised whatever the architecture, as before).
-BARE_MODELS = ("GPT2Model", "LlamaModel", "MistralModel")
-MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama"}
+BARE_MODELS = ("GPT2Model", "LlamaModel", "MistralModel", "Qwen3Model")
+MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen3": "qwen3"}
 # The architecture a config.json without `architectures` is taken for, by model_type.
 DEFAULT_ARCHITECTURE = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-                        "mistral": "MistralForCausalLM"}
+                        "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # HF activation name -> tfkit's; gelu_new / gelu_pytorch_tanh are GPT-2's tanh approximation.
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 # Buffers some HF versions save next to the weights; derived from the config, never learned.
@@ -162,8 +163,10 @@ def _llama_config(hf: dict, problems: list[str]) -> dict:
     if attention_bias != mlp_bias:
         problems.append(f"attention_bias={attention_bias} with mlp_bias={mlp_bias} (tfkit's `bias` covers both)")
     window = hf.get("sliding_window")
-    if window is not None and window < hf.get("max_position_embeddings", 0):
-        problems.append(f"sliding_window={window} (tfkit attends over the whole context)")
+    if window is not None and window >= hf.get("max_position_embeddings", 0):
+        window = None  # wider than any sequence: no window
+    if window is not None and hf.get("model_type") != "mistral":  # Mistral's windows every layer as tfkit's does
+        problems.append(f"sliding_window={window} (tfkit windows every layer only as Mistral does)")
     kv = hf.get("num_key_value_heads") or heads
     return dict(
         arch="gpt", d_model=width, n_layers=hf["num_hidden_layers"], n_heads=heads,
@@ -172,7 +175,18 @@ def _llama_config(hf: dict, problems: list[str]) -> dict:
         norm="rmsnorm", norm_placement="pre", norm_eps=hf.get("rms_norm_eps", 1e-6), activation="swiglu",
         bias=attention_bias, tie_embeddings=hf.get("tie_word_embeddings", False), dropout=0.0,
         attn_dropout=hf.get("attention_dropout", 0.0), type_vocab_size=0, pad_token_id=hf.get("pad_token_id"),
+        window=window,
     )
+
+
+def _qwen3_config(hf: dict, problems: list[str]) -> dict:
+    """A Llama with per-head RMSNorm on q and k (tfkit's qk_norm) and no MLP biases; its sliding window is
+    off unless `use_sliding_window` says otherwise."""
+    if hf.get("attention_bias", False):
+        problems.append("attention_bias=True (Qwen3's MLP has no biases; tfkit's `bias` covers both)")
+    if not hf.get("use_sliding_window", False):
+        hf = {**hf, "sliding_window": None}
+    return {**_llama_config(hf, problems), "qk_norm": True}
 
 
 def config_from_hf(hf_config: dict, source: str | Path = "config.json") -> tuple[str, str, ModelConfig]:
@@ -186,7 +200,8 @@ def config_from_hf(hf_config: dict, source: str | Path = "config.json") -> tuple
     family, arch = _family(hf_config, source)
     problems: list[str] = []
     try:
-        fields = {"bert": _bert_config, "gpt2": _gpt2_config, "llama": _llama_config}[family](hf_config, problems)
+        fields = {"bert": _bert_config, "gpt2": _gpt2_config, "llama": _llama_config,
+                  "qwen3": _qwen3_config}[family](hf_config, problems)
     except KeyError as err:
         raise ConfigError(f"{source} of {arch}: required key {err.args[0]!r} is missing") from None
     if problems:

@@ -1,4 +1,4 @@
-"""Weight-name maps between tfkit and HuggingFace BERT, GPT-2 and Llama, written once for both directions.
+"""Weight-name maps between tfkit and HuggingFace BERT, GPT-2, Llama and Qwen3, written once for both directions.
 
 Import and export read the same table, so a name fixed in one direction is fixed in the other, and the
 round trip HF -> tfkit -> HF is exact by construction. Each `Rule` pairs one HuggingFace tensor with one
@@ -33,7 +33,7 @@ from .config import ModelConfig
 # The HF model class each family is exported as (layout.py: files.py recognises an export by it).
 EXPORT_ARCHITECTURE = EXPORT_ARCHITECTURES
 # What a base model's keys are prefixed with inside the model with a head.
-BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}
+BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model.", "qwen3": "model.", "mistral": "model."}
 
 
 class HFInteropWarning(UserWarning):
@@ -101,13 +101,18 @@ def gpt2_rules(cfg: ModelConfig) -> list[Rule]:
 
 
 def llama_rules(cfg: ModelConfig) -> list[Rule]:
-    """LlamaForCausalLM <-> tfkit GPT with RoPE, pre-LN RMSNorm, SwiGLU (biases when cfg.bias)."""
+    """LlamaForCausalLM <-> tfkit GPT with RoPE, pre-LN RMSNorm, SwiGLU (biases when cfg.bias); with
+    cfg.qk_norm, Qwen3ForCausalLM (the same names plus each layer's per-head q_norm / k_norm); with a
+    window, MistralForCausalLM (the same names)."""
     p = BASE_PREFIX["llama"]
     rules = _pair(f"{p}embed_tokens", "embed.tok", False)
     for i in range(cfg.n_layers):
         hf, tf = f"{p}layers.{i}.", f"blocks.{i}."
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             rules += _pair(f"{hf}self_attn.{name}", f"{tf}attn.{name}", cfg.bias)
+        if cfg.qk_norm:
+            rules += _pair(f"{hf}self_attn.q_norm", f"{tf}attn.q_norm", False)
+            rules += _pair(f"{hf}self_attn.k_norm", f"{tf}attn.k_norm", False)
         for hf_name, tf_name in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
             rules += _pair(f"{hf}mlp.{hf_name}", f"{tf}ffn.{tf_name}", cfg.bias)
         rules += _pair(f"{hf}input_layernorm", f"{tf}norm_attn", False)
@@ -118,10 +123,11 @@ def llama_rules(cfg: ModelConfig) -> list[Rule]:
     return rules
 
 
-RULES = {"bert": bert_rules, "gpt2": gpt2_rules, "llama": llama_rules}
+RULES = {"bert": bert_rules, "gpt2": gpt2_rules, "llama": llama_rules, "qwen3": llama_rules, "mistral": llama_rules}
 
 # tfkit names that are the same tensor as another one when embeddings are tied (not stored by HF).
-TIED_ALIASES = {"bert": "mlm.decoder.weight", "gpt2": "lm_head.weight", "llama": "lm_head.weight"}
+TIED_ALIASES = {"bert": "mlm.decoder.weight", "gpt2": "lm_head.weight", "llama": "lm_head.weight",
+                "qwen3": "lm_head.weight", "mistral": "lm_head.weight"}
 
 
 def split_to_tfkit(rule: Rule, tensor: Tensor) -> dict[str, Tensor]:

@@ -17,18 +17,21 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .norms import BatchNorm
+from .rope_scaling import rope_frequencies
 
 # Output projections that write into the residual stream; the `normal` init scales them by
 # 1/sqrt(2 * n_layers) so the residual variance does not grow with depth (GPT-2).
 RESIDUAL_OUT = ("o_proj", "down")
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The `cfg.norm` kind over `dim` features (d_model; head_dim for QK-norm)."""
+    dim = cfg.d_model if dim is None else dim
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        return nn.RMSNorm(dim, eps=cfg.norm_eps)
     if cfg.norm == "batchnorm":
-        return BatchNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        return BatchNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def activation(name: str) -> nn.Module:
@@ -74,12 +77,13 @@ def rope_angles(cfg: ModelConfig, length: int, device: torch.device | None = Non
     Computed once per forward and shared by every layer, not stored as a buffer: a buffer would be cast
     with the model to bf16, whose 8-bit mantissa garbles the angles of distant positions.
     """
-    exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** exponents)  # (D/2,)
+    inv_freq, mscale = rope_frequencies(cfg, device)  # (D/2,): theta^(-2i/D), rescaled by model.rope_scaling
     positions = torch.arange(length, dtype=torch.float32, device=device)  # (T,)
     angles = torch.outer(positions, inv_freq)  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D): rotate-half layout (GPT-NeoX, Llama)
-    return angles.cos(), angles.sin()  # (T, D) each, fp32
+    if mscale == 1.0:
+        return angles.cos(), angles.sin()  # (T, D) each, fp32
+    return angles.cos() * mscale, angles.sin() * mscale  # (T, D) each: YaRN's sharper softmax
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -128,18 +132,20 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start_pos: Tensor | None = None, token_type_ids: Tensor | None = None,
-                rows: Tensor | None = None) -> Tensor:
+                rows: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
         """ids (B, T) at positions start_pos..start_pos+T-1 -> (B, T, C); start_pos None = 0, else a 0-dim
         long tensor (a forward over the KV cache): the position rows are indexed on the device, never read back.
+        position_ids (B, T), instead: each token's own position (restarted at each packed document).
         rows: (B, T) bool, the real tokens, for a BatchNorm's statistics (None: every row is real)."""
         x = self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None or self.sinusoid is not None:
             positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
             positions = positions if start_pos is None else positions + start_pos
+            positions = positions if position_ids is None else position_ids  # (T,) or (B, T)
             if self.pos is not None:
                 x = x + self.pos(positions)  # (B, T, C)
             if self.sinusoid is not None:
-                x = x + self.sinusoid.index_select(0, positions).to(x.dtype)  # (B, T, C)
+                x = x + self.sinusoid[positions].to(x.dtype)  # (B, T, C)
         if self.seg is not None:
             segments = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
             x = x + self.seg(segments)  # (B, T, C)

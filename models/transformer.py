@@ -39,9 +39,9 @@ class Transformer(ModelBase):
         """src_ids (B, S), src_mask (B, S) bool True = real token -> memory (B, S, C)."""
         self._start(None, src_ids.shape[1], None)
         x = self.src_embed(src_ids)  # (B, S, C)
-        mask = self._self_mask(x, causal=False, padding=src_mask)
+        masks = self._self_masks(x, causal=False, padding=src_mask)
         rope, rows = self._rope(x), self.norm_rows(src_mask, src_ids.shape[1])
-        for block in self.encoder:
+        for block, mask in zip(self.encoder, masks):
             x = block(x, mask, rope=rope, rows=rows)
         return self._final_norm(self.enc_norm, x, rows)  # (B, S, C)
 
@@ -59,11 +59,11 @@ class Transformer(ModelBase):
         T = tgt_ids.shape[1]
         start_pos = self._start(start_pos, T, kv_cache)
         x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
-        self_mask, rope = self._decoder_inputs(x, start_pos, tgt_mask, kv_cache)
+        self_masks, rope = self._decoder_inputs(x, start_pos, tgt_mask, kv_cache)
         memory_mask = cross_attention_mask(src_mask)
         rows = self.norm_rows(tgt_mask, T)
         for i, block in enumerate(self.decoder):
-            x = block(x, self_mask, rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,
+            x = block(x, self_masks[i], rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,
                       cache=None if kv_cache is None else kv_cache.layers[i],
                       cross_cache=None if kv_cache is None else kv_cache.cross[i], rows=rows)
         x = self._final_norm(self.dec_norm, x, rows)

@@ -103,3 +103,12 @@ def test_the_cli_takes_repeated_overrides_and_writes_them_to_json(checkpoint, tm
     assert result.exit_code == 0, result.output
     (row,) = json.loads(out.read_text())
     assert row["set"] == ["model.attention=naive", "model.attn_scale=0.5"]
+
+
+def test_a_rope_model_is_scored_past_its_trained_length_under_rope_scaling(checkpoint):
+    folder, data = checkpoint
+    longer = ["model.max_seq_len=256", "model.rope_scaling=yarn", "model.rope_factor=4"]
+    args = ["eval", str(folder), "--data", str(data), "--seq-len", "256", "--max-batches", "1", "--batch-size", "1"]
+    result = CliRunner().invoke(app, args + [a for o in longer for a in ("--set", o)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output

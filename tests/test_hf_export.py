@@ -79,6 +79,11 @@ CONFIGS = {
     "llama-gqa": {**LLAMA, "n_kv_heads": 2},
     "llama-mqa-tied": {**LLAMA, "n_kv_heads": 1, "tie_embeddings": True, "rope_theta": 500.0},
     "llama-gqa-bias": {**LLAMA, "n_kv_heads": 2, "bias": True, "tie_embeddings": False},
+    "llama-rope-linear": {**LLAMA, "rope_scaling": "linear", "rope_factor": 4.0},
+    "llama-rope-yarn": {**LLAMA, "rope_scaling": "yarn", "rope_factor": 4.0, "n_kv_heads": 2},
+    "qwen3-gqa": {**LLAMA, "qk_norm": True, "n_kv_heads": 2},
+    "qwen3-mqa-tied": {**LLAMA, "qk_norm": True, "n_kv_heads": 1, "tie_embeddings": True},
+    "mistral-window": {**LLAMA, "window": 5, "n_kv_heads": 2},
 }
 
 

@@ -56,6 +56,12 @@ def llama_config(**kw):
                                     intermediate_size=96, max_position_embeddings=T_MAX, **kw)
 
 
+def qwen3_config(**kw):
+    kw.setdefault("num_key_value_heads", 2)
+    return transformers.Qwen3Config(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                                    head_dim=D // H, intermediate_size=96, max_position_embeddings=T_MAX, **kw)
+
+
 def save_hf(model, folder: Path) -> Path:
     randomise(model).save_pretrained(folder)
     return folder
@@ -154,6 +160,37 @@ def test_llama_logits_match(tmp_path, kv_heads, tied, bias):
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("kv_heads, tied", [(2, False), (1, True)])
+def test_qwen3_is_a_llama_with_qk_norm_and_its_logits_match(tmp_path, kv_heads, tied):
+    hf = transformers.Qwen3ForCausalLM(qwen3_config(num_key_value_heads=kv_heads, tie_word_embeddings=tied))
+    ours, cfg, _ = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert (cfg.qk_norm, cfg.positions, cfg.norm, cfg.bias, cfg.kv_heads, cfg.window) == (
+        True, "rope", "rmsnorm", False, kv_heads, None)
+    with torch.no_grad():
+        expected = hf(IDS).logits
+        assert expected.std() > 0.5
+        torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
+
+
+def test_mistral_with_a_sliding_window_is_a_windowed_gpt_and_round_trips(tmp_path):
+    from tfkit.models.hf_export import export_hf
+
+    hf = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=T_MAX, sliding_window=5))
+    ours, cfg, _ = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
+    assert (cfg.window, cfg.global_every, cfg.kv_heads) == (5, None, 2)
+    with torch.no_grad():  # 16 tokens: most queries see only the last 5 keys
+        torch.testing.assert_close(ours(IDS), hf(IDS).logits, atol=ATOL, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HFInteropWarning)
+        export_hf(tmp_path / "ckpt", tmp_path / "hf2")
+    assert json.loads((tmp_path / "hf2" / "config.json").read_text())["sliding_window"] == 5
+    again = transformers.MistralForCausalLM.from_pretrained(tmp_path / "hf2").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(IDS).logits, hf(IDS).logits, atol=ATOL, rtol=0)
+
+
 def test_mistral_without_a_sliding_window_is_a_llama(tmp_path):
     hf = transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
@@ -195,6 +232,7 @@ def test_pytorch_bin_and_sharded_safetensors_import_alike(tmp_path):
 
 @pytest.mark.parametrize("cls, config", [
     ("BertForMaskedLM", bert_config), ("GPT2LMHeadModel", gpt2_config), ("LlamaForCausalLM", llama_config),
+    ("Qwen3ForCausalLM", qwen3_config),
 ])
 def test_import_export_import_round_trips_exactly(tmp_path, cls, config):
     from tfkit.models.hf_export import export_hf
@@ -227,8 +265,8 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
     ({**LLAMA, "attention_bias": True}, "attention_bias=True with mlp_bias=False"),
     ({**LLAMA, "head_dim": 32}, "head_dim=32"),
     ({**LLAMA, "hidden_act": "gelu"}, "hidden_act='gelu'"),
-    ({**LLAMA, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16},
-     "sliding_window=16"),
+    ({**LLAMA, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True,
+      "sliding_window": 16}, "sliding_window=16"),
     ({**BERT, "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ({**BERT, "hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
     ({**BERT, "architectures": ["BertForSequenceClassification"]}, "BertForSequenceClassification"),

@@ -268,3 +268,41 @@ def test_seq2seq_denoising_replaces_spans_with_one_mask_each(setup):
         total += len(target)
     assert 0.1 < dropped / total < 0.2
     assert torch.equal(ds.batch(0, 32)["src_ids"], b["src_ids"])
+
+
+def _documents_of(shards, stream_positions: np.ndarray) -> np.ndarray:
+    """The document of each stream position, read off doc_starts the slow way."""
+    starts = np.asarray(shards.doc_starts)
+    return np.array([[int((starts <= p).sum()) - 1 for p in row] for row in stream_positions])
+
+
+def test_clm_document_mask_rows_carry_the_documents_of_the_shards(setup):
+    tok, shards = setup["bpe"]
+    ds = ClmDataset.from_shards(shards, seq_len=64, seed=0, document_mask=True, reset_positions=True)
+    b = ds.batch(3, 8)
+    plain = ClmDataset.from_shards(shards, seq_len=64, seed=0).batch(3, 8)
+    assert torch.equal(b["input_ids"], plain["input_ids"]) and torch.equal(b["labels"], plain["labels"])
+    idx = ds._permutation(0)[3 * 8 : 4 * 8]
+    docs = _documents_of(shards, idx[:, None] * 64 + np.arange(64))
+    assert torch.equal(b["doc_ids"], torch.from_numpy(docs - docs[:, :1]))
+    eos = b["input_ids"] == tok.eos_id  # every separator ends its document: the next token starts another
+    assert eos.any()
+    for r, c in eos[:, :-1].nonzero().tolist():
+        assert b["doc_ids"][r, c + 1] == b["doc_ids"][r, c] + 1 and b["position_ids"][r, c + 1] == 0
+        assert c == 0 or b["doc_ids"][r, c - 1] == b["doc_ids"][r, c]  # the separator belongs to its document
+    steps = b["position_ids"][:, 1:] - b["position_ids"][:, :-1]
+    assert torch.equal(steps == 1, b["doc_ids"][:, 1:] == b["doc_ids"][:, :-1])  # +1 inside, 0 at each start
+    assert torch.equal(ds.batch(3, 8)["doc_ids"], b["doc_ids"])  # a pure function of (seed, i)
+    assert "doc_ids" not in plain and "position_ids" not in ClmDataset.from_shards(
+        shards, seq_len=64, seed=0, document_mask=True).batch(3, 8)
+
+
+def test_mlm_document_mask_gives_cls_the_first_and_sep_the_last_document(setup):
+    tok, shards = setup["wordpiece"]
+    ds = MlmDataset.from_shards(shards, tok, 64, seed=0, document_mask=True)
+    b = ds.batch(0, 8)
+    idx = ds._permutation(0)[:8]
+    body = _documents_of(shards, idx[:, None] * 62 + np.arange(62))
+    want = np.concatenate([body[:, :1], body, body[:, -1:]], axis=1)
+    assert torch.equal(b["doc_ids"], torch.from_numpy(want - want[:, :1]))
+    assert b["doc_ids"].max() > 0  # some row packs more than one document

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
+from .packing import layout
 from .pairs import read_pairs
 from .mask_replace import MASK_REPLACE, mask_replace_problem
 from .masking import IGNORE_INDEX, mask_tokens, replacement_ids, row_keys, word_start_table
@@ -105,26 +106,36 @@ class ClmDataset(_PureDataset):
     Blocks overlap by one token so every token is a label exactly once; a block may span a document
     boundary, where the EOS tells the model a new document starts (GPT-2/nanoGPT packing, no padding).
     `eos_id` is that separator, kept so callers can find document boundaries inside a block.
-    Returns input_ids (B, T) and labels (B, T) = the next tokens, both int64.
+    Returns input_ids (B, T) and labels (B, T) = the next tokens, both int64; with `doc_starts` (the
+    shards', `data.document_mask`) also doc_ids (B, T), and position_ids (B, T) with `reset_positions`
+    (tokenization/packing.py).
     """
 
     name = "blocks"
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, eos_id: int | None):
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, eos_id: int | None, *,
+                 doc_starts: np.ndarray | None = None, reset_positions: bool = False):
         if seq_len < 1:
             raise ConfigError(f"data.seq_len: got {seq_len}, expected a positive integer")
         self.tokens, self.seq_len, self.seed, self.eos_id = tokens, seq_len, seed, eos_id
+        self.doc_starts, self.reset_positions = doc_starts, reset_positions
         self.num_examples = max(0, (len(tokens) - 1) // seq_len)
 
     @classmethod
-    def from_shards(cls, shards: TokenShards, seq_len: int, seed: int) -> "ClmDataset":
-        return cls(shards.tokens, seq_len, seed, shards.separator_id)
+    def from_shards(cls, shards: TokenShards, seq_len: int, seed: int, *, document_mask: bool = False,
+                    reset_positions: bool = False) -> "ClmDataset":
+        return cls(shards.tokens, seq_len, seed, shards.separator_id,
+                   doc_starts=shards.doc_starts if document_mask else None, reset_positions=reset_positions)
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
         T = self.seq_len
         blocks = np.stack([np.asarray(self.tokens[k * T : k * T + T + 1], dtype=np.int64) for k in idx])
         blocks_t = torch.from_numpy(blocks)  # (B, T+1)
-        return {"input_ids": blocks_t[:, :-1].contiguous(), "labels": blocks_t[:, 1:].contiguous()}
+        batch = {"input_ids": blocks_t[:, :-1].contiguous(), "labels": blocks_t[:, 1:].contiguous()}
+        if self.doc_starts is not None:
+            stream = np.asarray(idx, np.int64)[:, None] * T + np.arange(T)  # (B, T) positions in the stream
+            batch.update(layout(self.doc_starts, stream, self.reset_positions))
+        return batch
 
 
 def _chunks(starts: np.ndarray, ends: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -178,7 +189,8 @@ class MlmDataset(_PureDataset):
 
     def __init__(self, tokens: np.ndarray, max_len: int, seed: int, tokenizer: TfkitTokenizer, *,
                  mask_prob: float = 0.15, whole_word: bool = False,
-                 mask_replace: Sequence[float] = MASK_REPLACE):
+                 mask_replace: Sequence[float] = MASK_REPLACE, doc_starts: np.ndarray | None = None,
+                 reset_positions: bool = False):
         if max_len < 3:
             raise ConfigError(f"data.seq_len: got {max_len}, MLM needs at least 3 ([CLS] token [SEP])")
         if not 0.0 < mask_prob < 1.0:
@@ -192,6 +204,7 @@ class MlmDataset(_PureDataset):
         self.sep_id = _require(tok.sep_id if tok.sep_id is not None else tok.eos_id, "[SEP]/EOS token", tok)
         self.mask_id = _require(tok.mask_id, "mask token (add '<|mask|>' to tokenizer.special_tokens)", tok)
         self.tokens, self.max_len, self.seed, self.mask_prob = tokens, max_len, seed, mask_prob
+        self.doc_starts, self.reset_positions = doc_starts, reset_positions
         self.vocab_size, self.special_ids = tok.vocab_size, tok.special_ids
         self.is_special = torch.zeros(self.vocab_size, dtype=torch.bool)  # a lookup table: faster than isin
         self.is_special[self.special_ids] = True
@@ -202,8 +215,10 @@ class MlmDataset(_PureDataset):
         self.num_targets = mlm_num_targets(max_len, mask_prob, whole_word)  # K of mlm_positions (B, K)
 
     @classmethod
-    def from_shards(cls, shards: TokenShards, tokenizer: TfkitTokenizer, max_len: int, seed: int, **kw):
-        return cls(shards.tokens, max_len, seed, tokenizer, **kw)
+    def from_shards(cls, shards: TokenShards, tokenizer: TfkitTokenizer, max_len: int, seed: int, *,
+                    document_mask: bool = False, **kw):
+        return cls(shards.tokens, max_len, seed, tokenizer, doc_starts=shards.doc_starts if document_mask else None,
+                   **kw)
 
     def originals(self, idx: np.ndarray) -> torch.Tensor:
         """(B, L) int64 rows `idx` before masking: [CLS] slice [SEP]."""
@@ -225,8 +240,14 @@ class MlmDataset(_PureDataset):
             over = _words_past(labels != IGNORE_INDEX, begins, self.num_targets)  # (B, L)
             input_ids, labels = torch.where(over, ids, input_ids), labels.masked_fill(over, IGNORE_INDEX)
         positions, targets = mlm_targets(labels, self.num_targets)
-        return {"input_ids": input_ids, "labels": labels, "token_type_ids": torch.zeros_like(input_ids),
-                "mlm_positions": positions, "mlm_labels": targets}
+        batch = {"input_ids": input_ids, "labels": labels, "token_type_ids": torch.zeros_like(input_ids),
+                 "mlm_positions": positions, "mlm_labels": targets}
+        if self.doc_starts is not None:  # [CLS] joins the row's first document, the closing [SEP] its last
+            n = self.body_len
+            body = np.asarray(idx, np.int64)[:, None] * n + np.arange(n)  # (B, L-2) positions in the stream
+            stream = np.concatenate([body[:, :1], body, body[:, -1:]], axis=1)  # (B, L)
+            batch.update(layout(self.doc_starts, stream, self.reset_positions))
+        return batch
 
 
 def mlm_num_targets(max_len: int, mask_prob: float, whole_word: bool = False) -> int:

@@ -154,11 +154,12 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
 
 def _dataset(recipe: Recipe, tokenizer: TfkitTokenizer, shards):
     d, o, seed = recipe.data, recipe.objective, recipe.train.seed
+    packing = {"document_mask": d.document_mask, "reset_positions": d.reset_positions}
     if o.name == "clm":
-        return ClmDataset.from_shards(shards, d.seq_len, seed)
+        return ClmDataset.from_shards(shards, d.seq_len, seed, **packing)
     if o.name == "mlm":
         return MlmDataset.from_shards(shards, tokenizer, d.seq_len, seed, mask_prob=o.mask_prob,
-                                      whole_word=o.whole_word_mask, mask_replace=o.mask_replace)
+                                      whole_word=o.whole_word_mask, mask_replace=o.mask_replace, **packing)
     return Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=d.seq_len, max_tgt_len=d.seq_len)
 
 

@@ -69,6 +69,12 @@ def _head_loss(hidden: Tensor, head: nn.Linear, labels: Tensor, label_smoothing:
     return LossOutput(loss_sum, correct, (labels != IGNORE).sum())
 
 
+def _packing(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The document layout of packed rows, when the batch has one (`data.document_mask`): doc_ids (B, T)
+    and, with `data.reset_positions`, position_ids (B, T)."""
+    return {k: batch[k] for k in ("doc_ids", "position_ids") if k in batch}
+
+
 def clm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0,
              fused: bool = True) -> LossOutput:
     """Causal LM: predict token t+1 from tokens <= t over packed blocks (labels are pre-shifted).
@@ -77,9 +83,10 @@ def clm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float 
     against."""
     labels = batch["labels"].flatten()  # (B*T,)
     if not fused:
-        logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))  # (B, T, V)
+        logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"), **_packing(batch))  # (B, T, V)
         return _token_loss(logits.flatten(0, 1), labels, label_smoothing)
-    hidden = model(batch["input_ids"], attention_mask=batch.get("attention_mask"), head=False)  # (B, T, C)
+    hidden = model(batch["input_ids"], attention_mask=batch.get("attention_mask"), head=False,
+                   **_packing(batch))  # (B, T, C)
     return _head_loss(hidden.flatten(0, 1), model.lm_head, labels, label_smoothing)
 
 
@@ -94,7 +101,7 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float 
     label -100), so no shape depends on the data: no host sync, one compiled graph. A batch with `labels`
     only (made by hand) gathers `hidden[labels != -100]` instead, whose size the host must read."""
     hidden = model.encode(batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                          token_type_ids=batch.get("token_type_ids"))  # (B, T, D)
+                          token_type_ids=batch.get("token_type_ids"), **_packing(batch))  # (B, T, D)
     if "mlm_positions" in batch:
         positions = batch["mlm_positions"]  # (B, K)
         rows = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (B, K, D)

@@ -28,7 +28,7 @@ from ..ranges import POSITIVE, USUAL_PEAK_LR
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, DataSection, EvalSection,  # noqa: F401 - re-exported
                        LogSection, ModelSection, ObjectiveSection, OptimSection, ScheduleSection, TokenizerSection,
-                       TrainSection)
+                       TrainSection, packing_problems)
 
 @dataclass
 class Recipe:
@@ -54,6 +54,7 @@ class Recipe:
         if expected and self.objective.name in OBJECTIVE_FOR_ARCH.values() and self.objective.name != expected:
             out.append(f"objective.name: {self.objective.name!r} does not train model.arch={self.model.arch!r} "
                        f"(expected {expected!r})")
+        out += packing_problems(self.data, self.objective)
         if self.data.seq_len > self.model.max_seq_len:
             out.append(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
         decays = self.schedule.name in ("linear", "cosine", "wsd") and POSITIVE.contains(self.optim.lr)

@@ -59,13 +59,29 @@ class DataSection:
     source_field: str = "source"  # seq2seq JSONL: field of the source text
     target_field: str = "target"  # seq2seq JSONL: field of the target text
     seq_len: int = 256  # tokens per training sequence (<= model.max_seq_len)
+    # clm / mlm: attention only inside each packed document (its separator belongs to the document it ends),
+    # boundaries from the token shards; a training option only: checkpoints, eval, generation and HF export are
+    # as without it
+    document_mask: bool = False
+    reset_positions: bool = False  # with document_mask: positions restart at 0 at each document in a row
     cache_dir: str | None = None  # token-shard cache; null = <run folder>/data
 
     def problems(self, prefix: str = "data") -> list[str]:
         out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
         if self.seq_len < 2:
             out.append(f"{prefix}.seq_len: got {self.seq_len}, expected an integer >= 2")
+        if self.reset_positions and not self.document_mask:
+            out.append(f"{prefix}.reset_positions: needs {prefix}.document_mask: true (positions restart at the "
+                       "documents the mask keeps apart)")
         return out
+
+
+def packing_problems(data: DataSection, objective: ObjectiveSection) -> list[str]:
+    """Packing keys the objective cannot honour: seq2seq rows hold one padded pair each, nothing packed."""
+    if data.document_mask and objective.name == "seq2seq":
+        return ["data.document_mask: seq2seq rows are single pairs, not packed documents (expected false, or "
+                "objective clm / mlm)"]
+    return []
 
 
 @dataclass
