@@ -104,9 +104,7 @@ def generate(
     `==> prompt N: 'PROMPT' <==`, with a blank line between them. Stops at the end-of-text token (not
     before --min-new-tokens), after --max-new-tokens, or at the model's max_seq_len; stderr says which.
     """
-    from ..models import load_model
-    from ..models.io import check_finite, chosen_note, read_checkpoint
-    from ..tokenization import load_tokenizer
+    from ..models.io import check_finite, chosen_note, load_with_tokenizer, read_checkpoint
 
     if fill_mask_text is not None and prompt:
         raise ConfigError("--fill-mask and --prompt cannot be combined: fill masks (BERT) or continue prompts")
@@ -114,8 +112,8 @@ def generate(
         raise ConfigError("--prompt is required (or --fill-mask for a BERT checkpoint)")
     torch_device, precision = pick_device(device), check_precision(dtype)
     set_threads()  # the cores the machine's load leaves free
-    folder, ((model, cfg), tokenizer) = read_checkpoint(
-        checkpoint, lambda f: (load_model(f, device=torch_device), load_tokenizer(f)), best=True)
+    folder, (model, cfg, tokenizer) = read_checkpoint(
+        checkpoint, lambda f: load_with_tokenizer(f, device=torch_device), best=True)
     if note := chosen_note(checkpoint, folder):
         err.print(note)
     check_finite(model, folder)

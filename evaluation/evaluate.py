@@ -33,14 +33,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import CheckpointError, ConfigError, DataError
-from ..models import kv_cache_bytes_per_token, load_model, read_config
-from ..models.io import read_checkpoint
+from ..errors import ConfigError, DataError
+from ..models import kv_cache_bytes_per_token, read_config
+from ..models.io import load_with_tokenizer, read_checkpoint
 from ..runtime import PRECISIONS, check_precision, pick_device
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.corpus import CorpusWarning
 from ..tokenization.shards import TokenShards, prepare_tokens
-from ..tokenization.train import TfkitTokenizer, load_tokenizer
+from ..tokenization.train import TfkitTokenizer
 from ..tokenization.token_bytes import byte_coverage, token_byte_lengths
 from ..trainer.data import is_pair_data, truncation_note
 from ..trainer.objectives import compute_loss, count_inputs, move_batch
@@ -188,12 +188,8 @@ def _load(folder: Path, device: torch.device,
           overrides: list[str]) -> tuple[torch.nn.Module, Any, TfkitTokenizer, dict]:
     """(model under `overrides`, its config, tokenizer, config.json) of one checkpoint, read together so they
     all come from the same folder (`read_checkpoint`)."""
-    model, cfg = with_model_overrides(*load_model(folder, device=device), overrides)
-    tokenizer = load_tokenizer(folder)
-    if tokenizer.vocab_size > cfg.vocab_size:  # its ids would index past the embedding table
-        raise CheckpointError(f"{folder}: its tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
-                              f"(config.json model.vocab_size) has {cfg.vocab_size}; the tokenizer files do not "
-                              "belong to these weights")
+    model, cfg, tokenizer = load_with_tokenizer(folder, device=device)
+    model, cfg = with_model_overrides(model, cfg, overrides)
     return model, cfg, tokenizer, read_config(folder)
 
 

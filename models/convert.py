@@ -176,11 +176,14 @@ def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed
     config.json and the source's tokenizer files. config.json keeps the source's own keys (objective,
     recipe) except its training step, and records where the weights came from and how."""
     from . import build_model, load_model, read_config  # late import: models/__init__ lists this module
-    from .io import assign_weights, parameters_on_meta, save_model
+    from ..tokenization.tokenizer import load_tokenizer
+    from .io import assign_weights, check_tokenizer_fits, parameters_on_meta, save_model
 
     source_config = read_config(folder)
     check_regrouping(ModelConfig.from_dict(source_config["model"]), kv_heads, method)  # fail before loading
     model, cfg = load_model(folder)
+    if (folder / TOKENIZER_FILES[0]).is_file():  # copied below: it must fit the weights it goes with
+        check_tokenizer_fits(folder, load_tokenizer(folder).vocab_size, cfg.vocab_size)
     generator = torch.Generator().manual_seed(seed)
     state_dict, new_cfg = regroup_kv_heads(model.state_dict(), cfg, kv_heads, method, generator=generator)
     with parameters_on_meta():

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -32,6 +32,9 @@ from ..jsonfile import read_json
 from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, WEIGHTS  # CONFIG, WEIGHTS: the trainer imports them from here
 from ..runtime import machine_memory
 from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from ..tokenization.tokenizer import TfkitTokenizer
 
 T = TypeVar("T")
 ROTATION_RETRIES = 3  # checkpoints of a running training read in turn before saying that it is writing
@@ -140,6 +143,25 @@ def read_checkpoint(path: str | Path, read: Callable[[Path], T], *, best: bool =
             removed.append(folder.name)
     raise CheckpointError(f"{path}: the run is writing checkpoints and removed {', '.join(removed)} while they were "
                           "read (train.keep_last); run the command again, or pass a checkpoint folder the run keeps")
+
+
+def load_with_tokenizer(folder: Path, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig, "TfkitTokenizer"]:
+    """(model, cfg, tokenizer) of one checkpoint folder, refused when they do not belong together."""
+    from ..tokenization.tokenizer import load_tokenizer
+
+    model, cfg = load_model(folder, device=device)
+    tokenizer = load_tokenizer(folder)
+    check_tokenizer_fits(folder, tokenizer.vocab_size, cfg.vocab_size)
+    return model, cfg, tokenizer
+
+
+def check_tokenizer_fits(folder: Path, tokenizer_size: int, vocab_size: int) -> None:
+    """CheckpointError when the tokenizer beside the weights has more tokens than the model's vocabulary:
+    its ids would index past the embedding table, so the tokenizer files do not belong to these weights."""
+    if tokenizer_size > vocab_size:
+        raise CheckpointError(f"{folder}: its tokenizer has {tokenizer_size} tokens but the model's vocabulary "
+                              f"(config.json model.vocab_size) has {vocab_size}; the tokenizer files do not "
+                              "belong to these weights")
 
 
 def read_config(path: str | Path) -> dict:

@@ -120,8 +120,8 @@ def _bigger_tokenizer(ckpt, tmp_path):
     shutil.copy(tmp_path / "big" / "tokenizer.json", ckpt / "tokenizer.json")
 
 
-VOCAB_READERS = {"eval": READERS["eval"], "export-hf": READERS["export-hf"],
-                 "import-hf": lambda hf, t: ["import-hf", hf, "--out", t / "out"]}
+VOCAB_READERS = {"eval": READERS["eval"], "export-hf": READERS["export-hf"], "generate": READERS["generate"],
+                 "convert": READERS["convert"], "import-hf": lambda hf, t: ["import-hf", hf, "--out", t / "out"]}
 
 
 @pytest.mark.parametrize("reader", sorted(VOCAB_READERS), ids=[f"vocab-{r}" for r in sorted(VOCAB_READERS)])
