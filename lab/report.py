@@ -11,10 +11,19 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_atomic
 from .spec import LabSpec, load_spec
-from .verdict import coverage_warning, judge, reliance_warning, summary
+from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
 
 RESULTS, MARKDOWN = "results.json", "results.md"
 UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte"}
+
+
+RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seeds (lower is better) and its 95% paired t "
+        "interval, mean ± t(0.975, n-1) · sd / √n; the verdict is read from that interval. `A < B` holds when the "
+        "whole interval lies below -margin and is reversed when it lies above +margin; `A not worse than B` holds "
+        "when it lies below +margin; `A = B` (TOST equivalence, two one-sided tests at 2.5%) holds when it lies "
+        f"inside ±tol and differs when it lies wholly outside; anything else is inconclusive. Below {MIN_SEEDS} "
+        "seeds, and in a --quick lab, a line gives the numbers and no verdict. A probe claim holds when its value "
+        "is within the bound in every seed.")
 
 
 def _cell(stats: dict | None) -> str:
@@ -81,7 +90,7 @@ def render(results: dict) -> str:
     lines += [f"{r['metric']} ({UNITS[r['metric']]}, lower is better) on "
               + ", ".join(f"{k} = `{v}`" for k, v in r["evals"].items())
               + f"; {len(r['seeds'])} paired seed(s) ({seeds}); mean ± sd over seeds; Δ = paired difference "
-              f"to the reference {r['reference']}.", ""]
+              f"to the reference {r['reference']}.", "", RULE, ""]
     lines += table(r, r["summary"]) + ["", "## Verdicts", ""]
     lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
     if r["warnings"]:

@@ -29,10 +29,12 @@ DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this 
 @dataclass
 class Expectation:
     """One ordering the literature predicts. Exactly one form is set:
-    better/than (A's metric lower than B's), same (A and B within `tol`), probe (a probe value of `run`
-    below or above a threshold)."""
+    better/than (A's metric lower than B's by more than `margin`), not_worse/than (A's metric at most
+    `margin` above B's), same (A and B within `tol`), probe (a probe value of `run` below or above a
+    threshold). verdict.py says how each is decided."""
     source: str
     better: str | None = None
+    not_worse: str | None = None
     than: str | None = None
     same: tuple[str, str] | None = None
     tol: float = DEFAULT_MARGIN
@@ -43,9 +45,16 @@ class Expectation:
     on: str | None = None  # eval label; None = the first eval set
     margin: float = DEFAULT_MARGIN
 
+    @property
+    def pair(self) -> tuple[str, str]:
+        """(A, B) of a comparison: its verdict is read from the differences A - B."""
+        return self.same or (self.better or self.not_worse, self.than)
+
     def describe(self) -> str:
         if self.better:
             return f"{self.better} < {self.than}"
+        if self.not_worse:
+            return f"{self.not_worse} not worse than {self.than} (by more than {self.margin:g})"
         if self.same:
             return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
         bound = f"< {self.below:g}" if self.below is not None else f"> {self.above:g}"
@@ -226,18 +235,19 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     return spec
 
 
-EXPECT_KEYS = ("better", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")
+EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")
 
 
 def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
     item = _mapping(item, key, EXPECT_KEYS, problems)
     if not item:
-        problems.append(f"{key}: expected a mapping with better/than, same or probe, and source")
+        problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same or probe, and source")
         return []
     exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
-    forms = [f for f in ("better", "same", "probe") if f in item]
+    forms = [f for f in ("better", "not_worse", "same", "probe") if f in item]
     if len(forms) != 1:
-        problems.append(f"{key}: expected exactly one of better (with than), same or probe, got {forms or 'none'}")
+        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same or probe, "
+                        f"got {forms or 'none'}")
         return []
     if not exp.source:
         problems.append(f"{key}.source: every expectation names its source (paper, section)")
@@ -247,9 +257,10 @@ def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> l
             return []
     exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
     referenced = []
-    if forms == ["better"]:
-        exp.better, exp.than = item.get("better"), item.get("than")
-        referenced = [("better", exp.better), ("than", exp.than)]
+    if forms[0] in ("better", "not_worse"):
+        setattr(exp, forms[0], item.get(forms[0]))
+        exp.than = item.get("than")
+        referenced = [(forms[0], item.get(forms[0])), ("than", exp.than)]
     elif forms == ["same"]:
         pair = item["same"]
         if not (isinstance(pair, list) and len(pair) == 2):
