@@ -31,6 +31,7 @@ from ..trainer.recipe import Recipe, load_recipe
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .spec import LabSpec
 from .scoring import eval_label, read_curves, score_job
+from .gates import check_runs
 from . import probes as measure
 
 LAB_FILE = "lab.json"
@@ -269,12 +270,13 @@ def run(lab: Lab) -> dict:
                 row["scores"].setdefault(label, {})[str(job.seed)] = value
             progress.step(f"score {job.key}", started if fresh else None)
         probes = run_probes(lab, rows, progress)
+        gates = check_runs(lab, rows)
     finally:
         progress.close()
     s = lab.spec
     return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
-            "rows": rows, "curves": read_curves(lab), "probes": probes,
+            "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates,
             "timing_s": timing, "cost": s.cost}
 
 

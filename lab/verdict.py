@@ -10,7 +10,8 @@ every line prints:
   is reversed when it lies above +margin;
 - `same: [A, B]` is a TOST equivalence test: it holds when the whole interval lies inside (-tol, +tol)
   (two one-sided t tests at 2.5% each), differs when it lies wholly outside, is inconclusive otherwise.
-With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers and no verdict word.
+With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers and no verdict word; a
+comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train".
 A probe claim holds where the probe value is below (above) its threshold in every seed. The
 attention-reliance probe adds a warning to every comparison on a text where removing attention costs less
 than its threshold: there, head layouts cannot matter much."""
@@ -34,14 +35,14 @@ def _num(x: float) -> str:
 class Verdict:
     claim: str  # what the literature expects, e.g. "kv2-mean < kv2-first"
     on: str  # the eval label it was judged on ("" for a probe without one)
-    status: str  # holds | reversed | differs | inconclusive | no verdict | missing
+    status: str  # holds | reversed | differs | inconclusive | mixed (probes) | no verdict | not tested | missing
     n: int  # seeds compared
     mean: float | None  # mean paired difference (or probe value)
     lo: float | None  # the 95% interval of `mean` (None below 2 seeds, and for probes)
     hi: float | None
     source: str
     warning: str = ""
-    why: str = ""  # why there is no verdict word ("2 seeds; a verdict needs 3", "--quick")
+    why: str = ""  # why there is no verdict word ("2 seeds; a verdict needs 3", "--quick", a run's gate)
     probe: bool = False  # the numbers are probe values, not differences
     holding: int = 0  # probes: seeds where the threshold held
     sd: float | None = None
@@ -60,7 +61,9 @@ class Verdict:
         if self.status == "missing":
             return f"{self.claim}: no scores to compare — {self.source}"
         where = f" on {self.on}" if self.on else ""
-        word = f"no verdict ({self.why})" if self.status == "no verdict" else self.status
+        word = self.status
+        if self.status in ("no verdict", "not tested"):
+            word = f"no verdict ({self.why})" if self.status == "no verdict" else f"not tested: {self.why}"
         note = f" [warning: {self.warning}]" if self.warning else ""
         return f"{self.claim}{where}: {word} — {self.numbers} — {self.source}{note}"
 
@@ -159,6 +162,20 @@ def _quick(results: dict) -> bool:
     return bool(results.get("options", {}).get("quick"))
 
 
+def untrained(results: dict, name: str) -> str:
+    """"NAME did not train (figures)" when a seed of run `name`, or of the run it was converted or
+    uptrained from, failed its gate (gates.py); "" otherwise."""
+    runs = results.get("gates", {}).get("runs", {})
+    while name in runs:
+        failed = {seed: g for seed, g in runs[name]["seeds"].items() if g["status"] != "trained"}
+        if failed:
+            figures = "; ".join(f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} "
+                                f"and step 0 {g['step0']:.3f}" for seed, g in failed.items())
+            return f"{name} did not train ({figures})"
+        name = runs[name].get("source")
+    return ""
+
+
 def judge(exp: Expectation, results: dict) -> Verdict:
     """The verdict on one expectation from the lab's results (module doc for the rule)."""
     label = exp.on or next(iter(results["evals"]))
@@ -169,8 +186,12 @@ def judge(exp: Expectation, results: dict) -> Verdict:
     if not deltas:
         return Verdict(exp.describe(), label, "missing", 0, None, None, None, exp.source)
     iv = paired_interval(deltas)
-    why = undecided(iv.n, _quick(results))
-    status = "no verdict" if why else decide(exp, iv)
+    failed = list(dict.fromkeys(x for x in (untrained(results, a), untrained(results, b)) if x))
+    if failed and not _quick(results):  # in --quick nothing trains far: the gates say so in their table
+        status, why = "not tested", "; ".join(failed)
+    else:
+        why = undecided(iv.n, _quick(results))
+        status = "no verdict" if why else decide(exp, iv)
     return Verdict(exp.describe(), label, status, iv.n, iv.mean, iv.lo, iv.hi, exp.source,
                    reliance_warning(results, label), why=why, sd=iv.sd)
 

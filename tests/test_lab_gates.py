@@ -1,0 +1,94 @@
+"""The lab's gates: a run that never trained (here: learning rate 1e-9) is caught against the unigram model
+of its training text and its step-0 loss, and no comparison involving it is reported as a finding."""
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tfkit.cli.main import app
+from tfkit.lab.gates import MIN_GAIN, gate, unigram_loss
+from tfkit.lab.spec import Expectation
+from tfkit.lab.verdict import judge
+
+TINY = ("model.d_model=32", "model.n_layers=1", "model.n_heads=4", "model.max_seq_len=64", "data.seq_len=32",
+        "tokenizer.vocab_size=320", "tokenizer.max_train_mb=0.1", "train.max_steps=60", "train.batch_size=8",
+        "train.log_every=20", "train.eval_every=20", "train.save_every=60", "schedule.warmup_steps=2",
+        "eval.batches=2", "eval.batch_size=4", "optim.lr=1e-2")
+
+SPEC = """\
+# a run that trains and one whose weights barely move
+base: gpt-tiny
+reference: good
+variants: {good: [], frozen: [optim.lr=1e-9, schedule.min_lr=0]}
+expect:
+  - {better: good, than: frozen, source: test}
+"""
+
+
+def test_the_unigram_figure_is_the_smoothed_cross_entropy():
+    train, labels, vocab = np.array([0, 0, 0, 1, 2, 2]), np.array([0, 2, 3]), 5
+    counts = Counter(train.tolist())
+    expected = -sum(math.log((counts[t] + 1) / (len(train) + vocab)) for t in labels.tolist()) / len(labels)
+    assert unigram_loss(train, labels, vocab) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_gate_of_one_run():
+    assert gate(4.3, unigram=4.5, step0=5.7, from_scratch=True) == "trained"
+    assert gate(4.5 - MIN_GAIN / 2, unigram=4.5, step0=5.7, from_scratch=True) == "did not learn"
+    assert gate(5.7, unigram=4.5, step0=5.7, from_scratch=True) == "did not learn"  # never moved
+    assert gate(9.0, unigram=4.5, step0=5.7, from_scratch=True) == "diverged"
+    assert gate(float("nan"), unigram=4.5, step0=5.7, from_scratch=True) == "diverged"
+    assert gate(4.3, unigram=4.5, step0=4.2, from_scratch=False) == "trained"  # uptraining may end above its start
+
+
+def results_with_gates(failed: str) -> dict:
+    rows = {"mha": [5.0, 5.1, 5.2], "kv2-mean": [5.3, 5.4, 5.5], "kv2-first": [5.6, 5.7, 5.8]}
+    seeds = {"1": 0.0, "2": 0.0, "3": 0.0}
+    runs = {"mha": {"kind": "train", "source": None,
+                    "seeds": {s: {"loss": 6.79 if failed else 5.0, "unigram": 6.78, "step0": 8.3,
+                                  "status": failed or "trained"} for s in seeds}},
+            "kv2-mean": {"kind": "convert", "source": "mha", "seeds": {}},
+            "kv2-first": {"kind": "convert", "source": "mha", "seeds": {}}}
+    return {"claim": "demo", "metric": "loss", "reference": "mha", "evals": {"docs-valid": "x"}, "probes": {},
+            "gates": {"label": "docs-valid", "min_gain": MIN_GAIN, "runs": runs},
+            "rows": {name: {"kind": "train", "scores": {"docs-valid": {str(s): {"loss": v} for s, v in
+                                                                       enumerate(values, 1)}}}
+                     for name, values in rows.items()}}
+
+
+def test_a_comparison_of_conversions_of_a_run_that_did_not_train_is_not_tested():
+    exp = Expectation(source="s", better="kv2-mean", than="kv2-first")
+    verdict = judge(exp, results_with_gates("did not learn"))
+    assert verdict.status == "not tested"
+    assert verdict.line.startswith("kv2-mean < kv2-first on docs-valid: not tested: mha did not train (seed 1: did "
+                                   "not learn, loss 6.790 against unigram 6.780 and step 0 8.300;")
+    assert "95% CI [" in verdict.line  # the numbers are still there
+    assert judge(exp, results_with_gates("")).status == "holds"
+
+
+def test_a_run_that_did_not_train_is_caught_and_not_compared(english_text, tmp_path):
+    (tmp_path / "train.txt").write_text(english_text[:60_000])
+    (tmp_path / "valid.txt").write_text(english_text[60_000:70_000])
+    (tmp_path / "gate.yaml").write_text(SPEC)
+    args = ["lab", "run", str(tmp_path / "gate.yaml"), "--seeds", "1", "--data", str(tmp_path / "train.txt"),
+            "--eval", str(tmp_path / "valid.txt"), "--out", str(tmp_path / "out"),
+            "--set", f"data.valid={tmp_path / 'valid.txt'}", *[x for s in TINY for x in ("--set", s)]]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    good, frozen = (results["gates"]["runs"][n]["seeds"]["1337"] for n in ("good", "frozen"))
+    assert good["status"] == "trained" and good["loss"] < good["unigram"] - MIN_GAIN < good["step0"]
+    assert frozen["status"] == "did not learn"
+    # the step-0 figure is the run's own initial weights: a run that never moved ends exactly there
+    assert frozen["step0"] == pytest.approx(frozen["loss"], abs=1e-4)
+    assert good["step0"] == pytest.approx(frozen["step0"])  # one seed, one initialisation
+    (verdict,) = results["verdicts"]
+    assert verdict["status"] == "not tested"
+    assert verdict["line"].startswith("good < frozen on valid: not tested: frozen did not train (seed 1337: did not "
+                                      "learn")
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert "| frozen | train |" in markdown and "0/1 (did not learn: seed 1337)" in markdown
