@@ -32,6 +32,7 @@ from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, s
 from .spec import LabSpec
 from .scoring import eval_label, read_curves, score_job
 from .gates import check_runs
+from .scale import run_scale
 from . import probes as measure
 
 LAB_FILE = "lab.json"
@@ -270,13 +271,13 @@ def run(lab: Lab) -> dict:
                 row["scores"].setdefault(label, {})[str(job.seed)] = value
             progress.step(f"score {job.key}", started if fresh else None)
         probes = run_probes(lab, rows, progress)
-        gates = check_runs(lab, rows)
+        gates, scale = check_runs(lab, rows), run_scale(lab, rows)
     finally:
         progress.close()
     s = lab.spec
     return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
-            "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates,
+            "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale,
             "timing_s": timing, "cost": s.cost}
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import write_atomic
+from .scale import scale_lines
 from .spec import LabSpec, load_spec
 from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
 
@@ -118,7 +119,12 @@ def render(results: dict) -> str:
     lines += [f"{r['metric']} ({UNITS[r['metric']]}, lower is better) on "
               + ", ".join(f"{k} = `{v}`" for k, v in r["evals"].items())
               + f"; {len(r['seeds'])} paired seed(s) ({seeds}); mean ± sd over seeds; Δ = paired difference "
-              f"to the reference {r['reference']}.", "", RULE, ""]
+              f"to the reference {r['reference']}.", ""]
+    scale = scale_lines(r)
+    if scale:
+        lines += ["What the results rest on (the first seed's runs; an uptraining's tokens are its own, seen after "
+                  "those of the run it continues):", ""] + scale + [""]
+    lines += [RULE, ""]
     lines += table(r, r["summary"]) + ["", "## Verdicts", ""]
     lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
     if r["warnings"]:

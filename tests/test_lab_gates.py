@@ -1,5 +1,6 @@
 """The lab's gates: a run that never trained (here: learning rate 1e-9) is caught against the unigram model
-of its training text and its step-0 loss, and no comparison involving it is reported as a finding."""
+of its training text and its step-0 loss, and no comparison involving it is reported as a finding; and the
+scale every report opens with (parameters, tokens seen, tokens per parameter, epochs, precision)."""
 
 import json
 import math
@@ -70,16 +71,23 @@ def test_a_comparison_of_conversions_of_a_run_that_did_not_train_is_not_tested()
     assert judge(exp, results_with_gates("")).status == "holds"
 
 
-def test_a_run_that_did_not_train_is_caught_and_not_compared(english_text, tmp_path):
-    (tmp_path / "train.txt").write_text(english_text[:60_000])
-    (tmp_path / "valid.txt").write_text(english_text[60_000:70_000])
-    (tmp_path / "gate.yaml").write_text(SPEC)
-    args = ["lab", "run", str(tmp_path / "gate.yaml"), "--seeds", "1", "--data", str(tmp_path / "train.txt"),
-            "--eval", str(tmp_path / "valid.txt"), "--out", str(tmp_path / "out"),
-            "--set", f"data.valid={tmp_path / 'valid.txt'}", *[x for s in TINY for x in ("--set", s)]]
+@pytest.fixture(scope="module")
+def gate_lab(english_text, tmp_path_factory):
+    """A lab of 2 tiny runs (seconds): `good` learns, `frozen` (lr 1e-9) does not."""
+    folder = tmp_path_factory.mktemp("gates")
+    (folder / "train.txt").write_text(english_text[:60_000])
+    (folder / "valid.txt").write_text(english_text[60_000:70_000])
+    (folder / "gate.yaml").write_text(SPEC)
+    args = ["lab", "run", str(folder / "gate.yaml"), "--seeds", "1", "--data", str(folder / "train.txt"),
+            "--eval", str(folder / "valid.txt"), "--out", str(folder / "out"),
+            "--set", f"data.valid={folder / 'valid.txt'}", *[x for s in TINY for x in ("--set", s)]]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    return folder / "out"
+
+
+def test_a_run_that_did_not_train_is_caught_and_not_compared(gate_lab):
+    results = json.loads((gate_lab / "results.json").read_text())
     good, frozen = (results["gates"]["runs"][n]["seeds"]["1337"] for n in ("good", "frozen"))
     assert good["status"] == "trained" and good["loss"] < good["unigram"] - MIN_GAIN < good["step0"]
     assert frozen["status"] == "did not learn"
@@ -90,5 +98,19 @@ def test_a_run_that_did_not_train_is_caught_and_not_compared(english_text, tmp_p
     assert verdict["status"] == "not tested"
     assert verdict["line"].startswith("good < frozen on valid: not tested: frozen did not train (seed 1337: did not "
                                       "learn")
-    markdown = (tmp_path / "out" / "results.md").read_text()
+    markdown = (gate_lab / "results.md").read_text()
     assert "| frozen | train |" in markdown and "0/1 (did not learn: seed 1337)" in markdown
+
+
+def test_the_report_opens_with_the_scale_of_the_runs(gate_lab):
+    results = json.loads((gate_lab / "results.json").read_text())
+    good = results["scale"]["good"]
+    assert good["tokens"] == 60 * 8 * 32  # steps x batch x seq_len: every input token the run consumed
+    assert good["steps"] == 60 and good["precision"] in ("fp32", "bf16", "fp16")
+    params = results["rows"]["good"]["scores"]["valid"]["1337"]["params"]
+    assert good["params"] == params and 0 < good["train_tokens"] < 60_000  # the tokens of train.txt
+    markdown = (gate_lab / "results.md").read_text()
+    head = markdown.split("## Verdicts")[0]
+    assert "| run | kind | parameters | steps | tokens seen | tokens / parameter | epochs | precision |" in head
+    per_param, epochs = f"{15360 / params:.3g}", f"{15360 / good['train_tokens']:.3g}"
+    assert f"| good | train | {params / 1e3:.3g}k | 60 | 15.4k | {per_param} | {epochs} | {good['precision']} |" in head
