@@ -25,7 +25,9 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         "at 2.5%) holds when it lies inside ±tol and differs when it lies wholly outside; anything else is "
         f"inconclusive. Below {MIN_SEEDS} seeds, and in a --quick lab, a line gives the numbers and no "
         "verdict; a comparison involving a run that did not train (see 'Did every run train?') is not tested."
-        " A probe claim holds when its value is within the bound in every seed.")
+        " A comparison involving a run whose outputs change with tokens its mask hides while it trains (the "
+        "mask_leak probe, train mode) is invalid for a causal model. A probe claim holds when its value is "
+        "within the bound in every seed.")
 
 
 def _cell(stats: dict | None) -> str:
@@ -88,7 +90,8 @@ def probe_lines(results: dict) -> list[str]:
             out.append(f"- attention reliance of {p['run']} on {label}: removing attention costs {values} nats "
                        f"(seeds {', '.join(seeds)}; threshold {p['threshold']:g})")
     for key, what in (("flash_max_diff", "flash vs naive attention: max |logit difference|"),
-                      ("mask_leak", "mask leak: max |logit change| at positions the mask hides changes from")):
+                      ("mask_leak", "mask leak (train mode): max |output change| at positions the mask hides "
+                                    "changes from")):
         for run, seeds in probes.get(key, {}).get("values", {}).items():
             out.append(f"- {what}, {run}: " + ", ".join(f"{v:.2e}" for v in seeds.values()))
     if "memory" in probes:

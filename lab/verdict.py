@@ -11,7 +11,9 @@ every line prints:
 - `same: [A, B]` is a TOST equivalence test: it holds when the whole interval lies inside (-tol, +tol)
   (two one-sided t tests at 2.5% each), differs when it lies wholly outside, is inconclusive otherwise.
 With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers and no verdict word; a
-comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train".
+comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train", and
+one involving a run whose outputs change with tokens its mask hides in training (the mask_leak probe, e.g.
+BatchNorm's batch statistics in a GPT) reads "invalid for a causal model", --quick or not.
 A probe claim holds where the probe value is below (above) its threshold in every seed. The
 attention-reliance probe adds a warning to every comparison on a text where removing attention costs less
 than its threshold: there, head layouts cannot matter much."""
@@ -24,6 +26,7 @@ from .spec import Expectation
 from .stats import Interval, mean_sd, paired_interval
 
 MIN_SEEDS = 3  # below this the t interval is too wide to decide anything (t(0.975, 1) = 12.7)
+LEAK_TOL = 1e-5  # mask_leak above this: the run sees tokens its mask hides (float rounding stays far below)
 DECIDED = ("holds", "reversed", "differs", "inconclusive")  # the verdict words
 
 
@@ -35,7 +38,8 @@ def _num(x: float) -> str:
 class Verdict:
     claim: str  # what the literature expects, e.g. "kv2-mean < kv2-first"
     on: str  # the eval label it was judged on ("" for a probe without one)
-    status: str  # holds | reversed | differs | inconclusive | mixed (probes) | no verdict | not tested | missing
+    status: str  # holds | reversed | differs | inconclusive | mixed (probes) | no verdict | not tested | invalid
+    #              | missing
     n: int  # seeds compared
     mean: float | None  # mean paired difference (or probe value)
     lo: float | None  # the 95% interval of `mean` (None below 2 seeds, and for probes)
@@ -62,8 +66,9 @@ class Verdict:
             return f"{self.claim}: no scores to compare — {self.source}"
         where = f" on {self.on}" if self.on else ""
         word = self.status
-        if self.status in ("no verdict", "not tested"):
-            word = f"no verdict ({self.why})" if self.status == "no verdict" else f"not tested: {self.why}"
+        if self.status in ("no verdict", "not tested", "invalid"):
+            word = {"no verdict": f"no verdict ({self.why})", "not tested": f"not tested: {self.why}",
+                    "invalid": f"invalid for a causal model: {self.why}"}[self.status]
         note = f" [warning: {self.warning}]" if self.warning else ""
         return f"{self.claim}{where}: {word} — {self.numbers} — {self.source}{note}"
 
@@ -176,6 +181,17 @@ def untrained(results: dict, name: str) -> str:
     return ""
 
 
+def leaking(results: dict, name: str) -> str:
+    """Why run `name` is invalid for a causal model: the mask_leak probe (train mode) saw its outputs
+    change with tokens its mask hides (BatchNorm's batch statistics); "" when not measured or exact."""
+    seeds = results.get("probes", {}).get("mask_leak", {}).get("values", {}).get(name, {})
+    worst = max(seeds.values(), default=0.0)
+    if worst <= LEAK_TOL:
+        return ""
+    return (f"{name}'s outputs change by up to {worst:.3g} when only tokens its mask hides change "
+            "(mask_leak, train mode): it sees later tokens while it trains")
+
+
 def judge(exp: Expectation, results: dict) -> Verdict:
     """The verdict on one expectation from the lab's results (module doc for the rule)."""
     label = exp.on or next(iter(results["evals"]))
@@ -187,7 +203,10 @@ def judge(exp: Expectation, results: dict) -> Verdict:
         return Verdict(exp.describe(), label, "missing", 0, None, None, None, exp.source)
     iv = paired_interval(deltas)
     failed = list(dict.fromkeys(x for x in (untrained(results, a), untrained(results, b)) if x))
-    if failed and not _quick(results):  # in --quick nothing trains far: the gates say so in their table
+    leaks = [x for x in (leaking(results, a), leaking(results, b)) if x]
+    if leaks:  # a property of the architecture, at any size: --quick shows it too
+        status, why = "invalid", "; ".join(leaks)
+    elif failed and not _quick(results):  # in --quick nothing trains far: the gates say so in their table
         status, why = "not tested", "; ".join(failed)
     else:
         why = undecided(iv.n, _quick(results))

@@ -1,6 +1,7 @@
 """The lab's gates: a run that never trained (here: learning rate 1e-9) is caught against the unigram model
 of its training text and its step-0 loss, and no comparison involving it is reported as a finding; and the
-scale every report opens with (parameters, tokens seen, tokens per parameter, epochs, precision)."""
+scale every report opens with (parameters, tokens seen, tokens per parameter, epochs, precision); and a
+model that sees later tokens while it trains (BatchNorm in a GPT) makes its comparisons invalid."""
 
 import json
 import math
@@ -8,11 +9,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
 from tfkit.lab.gates import MIN_GAIN, gate, unigram_loss
-from tfkit.lab.spec import Expectation
+from tfkit.lab.spec import Expectation, load_spec
 from tfkit.lab.verdict import judge
 
 TINY = ("model.d_model=32", "model.n_layers=1", "model.n_heads=4", "model.max_seq_len=64", "data.seq_len=32",
@@ -114,3 +116,36 @@ def test_the_report_opens_with_the_scale_of_the_runs(gate_lab):
     assert "| run | kind | parameters | steps | tokens seen | tokens / parameter | epochs | precision |" in head
     per_param, epochs = f"{15360 / params:.3g}", f"{15360 / good['train_tokens']:.3g}"
     assert f"| good | train | {params / 1e3:.3g}k | 60 | 15.4k | {per_param} | {epochs} | {good['precision']} |" in head
+
+
+@pytest.mark.parametrize("arch", ["gpt", "bert"])
+def test_the_mask_leak_probe_sees_batchnorm_look_ahead_in_training(arch, tmp_path):
+    """In eval mode BatchNorm uses running statistics and hides nothing; in training its statistics span
+    every position of the batch, so a GPT's earlier outputs move with later tokens. A BERT's padding stays
+    out of its statistics. Dropout is on: both forwards must draw the same masks."""
+    from tfkit.lab.probes import mask_leak
+    from tfkit.models import build_model, save_model
+    from tfkit.models.config import ModelConfig
+
+    leaks = {}
+    for norm in ("layernorm", "batchnorm"):
+        cfg = ModelConfig.from_dict({"arch": arch, "vocab_size": 100, "d_model": 32, "n_layers": 1, "n_heads": 4,
+                                     "max_seq_len": 32, "norm": norm, "dropout": 0.1})
+        torch.manual_seed(0)
+        save_model(build_model(cfg), tmp_path / norm)
+        leaks[norm] = mask_leak(tmp_path / norm, {"input_ids": torch.randint(0, 100, (4, 16))})
+    assert leaks["layernorm"] == 0.0
+    assert (leaks["batchnorm"] > 1e-3) == (arch == "gpt")
+
+
+def test_a_comparison_with_a_model_that_sees_later_tokens_is_invalid():
+    results = results_with_gates("")
+    results["options"] = {"quick": True}  # the leak is the architecture's: it shows at any size
+    results["probes"] = {"mask_leak": {"values": {"mha": {"1": 0.0}, "kv2-mean": {"1": 0.12}}}}
+    verdict = judge(Expectation(source="s", better="mha", than="kv2-mean"), results)
+    assert verdict.status == "invalid"
+    assert verdict.line.startswith("mha < kv2-mean on docs-valid: invalid for a causal model: kv2-mean's outputs "
+                                   "change by up to 0.12 when only tokens its mask hides change")
+    results["probes"]["mask_leak"]["values"]["kv2-mean"]["1"] = 0.0
+    assert judge(Expectation(source="s", better="mha", than="kv2-mean"), results).status == "no verdict"
+    assert "batchnorm" in load_spec("norms").probes["mask_leak"]["runs"]
