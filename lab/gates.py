@@ -117,9 +117,10 @@ def _cached(lab: Lab, job: Job, key: str, compute) -> float:
     return have[key]
 
 
-def check_runs(lab: Lab, rows: dict) -> dict:
+def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
     """{"label", "min_gain", "runs": {name: {"kind", "source", "seeds": {seed: {loss, unigram, step0,
-    status}}}}} for every job of the lab; conversions carry only their source (they are not trained)."""
+    status}}}}} for every job of the lab; conversions carry only their source (they are not trained), and
+    so does a swept variant (its source is its best run)."""
     from .engine import checkpoint_of, scoring_recipe
 
     label = next(iter(lab.evals))
@@ -143,4 +144,6 @@ def check_runs(lab: Lab, rows: dict) -> dict:
             step0 = rows[job.source]["scores"][label][str(job.seed)]["loss"]
         entry["seeds"][str(job.seed)] = {"loss": loss, "unigram": unigrams[key], "step0": step0,
                                          "status": gate(loss, unigrams[key], step0, job.kind == "train")}
+    for variant, run in sweep.get("best", {}).items():
+        runs[variant] = {"kind": "best", "source": run, "seeds": {}}
     return {"label": label, "min_gain": MIN_GAIN, "runs": runs}

@@ -123,6 +123,11 @@ def render(results: dict) -> str:
               + ", ".join(f"{k} = `{v}`" for k, v in r["evals"].items())
               + f"; {len(r['seeds'])} paired seed(s) ({seeds}); mean ± sd over seeds; Δ = paired difference "
               f"to the reference {r['reference']}.", ""]
+    if r.get("sweep"):
+        sw = r["sweep"]
+        lines += [f"Sweep: {sw['key']} in {{{', '.join(map(str, sw['values']))}}}; each variant's row (kind best) is "
+                  f"its run with the lowest mean {r['metric']} on {next(iter(r['evals']))}, and verdicts compare "
+                  "those: " + ", ".join(f"{v} = {run}" for v, run in sw["best"].items()) + ".", ""]
     scale = scale_lines(r)
     if scale:
         lines += ["What the results rest on (the first seed's runs; an uptraining's tokens are its own, seen after "

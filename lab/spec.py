@@ -18,7 +18,7 @@ import yaml
 from ..errors import ConfigError
 
 TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "variants", "convert",
-            "uptrain", "probes", "expect", "cost", "quick")
+            "uptrain", "probes", "expect", "cost", "quick", "sweep")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
 PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed")
@@ -79,6 +79,7 @@ class LabSpec:
     expect: list[Expectation] = field(default_factory=list)
     cost: dict[str, Any] = field(default_factory=dict)
     quick: list[str] = field(default_factory=list)
+    sweep: dict[str, list] = field(default_factory=dict)  # {SECTION.KEY: [values]}: each variant at its best value
 
     def base_path(self) -> str:
         """The base recipe: a bundled name, or a path relative to the spec file."""
@@ -210,6 +211,7 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
         spec.uptrain = {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
     spec.probes = _mapping(raw.get("probes"), "probes", PROBES, problems)
+    spec.sweep = _sweep(raw.get("sweep"), spec, problems)
     from .plan import derived_names  # the names conversions, uptraining and controls add
 
     names |= set(derived_names(spec))
@@ -233,6 +235,26 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     for i, item in enumerate(expect):
         spec.expect.extend(_expectation(item, f"expect[{i}]", names, problems))
     return spec
+
+
+def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
+    """`sweep: {SECTION.KEY: [values]}`: one recipe key, each variant trained at every value and compared
+    at its best. Rows then stand for a choice among runs, so nothing may name one run: no conversion and
+    no probe but lengths."""
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and len(value) == 1):
+        problems.append(f"sweep: expected one SECTION.KEY: [values] mapping, got {value!r}")
+        return {}
+    ((key, values),) = value.items()
+    if not (isinstance(key, str) and "." in key and isinstance(values, list) and len(values) > 1
+            and all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in values)):
+        problems.append(f"sweep: expected SECTION.KEY: [two or more values], got {key!r}: {values!r}")
+        return {}
+    if spec.convert is not None or set(spec.probes) - {"lengths"}:
+        problems.append("sweep: cannot be combined with convert or with probes other than lengths (they name runs, "
+                        "and a swept variant is the best of several)")
+    return {key: list(values)}
 
 
 EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")
