@@ -257,7 +257,8 @@ def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
     return {key: list(values)}
 
 
-EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")
+EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
+               "source")
 
 
 def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:

@@ -27,7 +27,9 @@ from .stats import Interval, mean_sd, paired_interval
 
 MIN_SEEDS = 3  # below this the t interval is too wide to decide anything (t(0.975, 1) = 12.7)
 LEAK_TOL = 1e-5  # mask_leak above this: the run sees tokens its mask hides (float rounding stays far below)
-DECIDED = ("holds", "reversed", "differs", "inconclusive")  # the verdict words
+# a line without a verdict word says why: status -> how
+UNDECIDED = {"no verdict": "no verdict ({})", "not tested": "not tested: {}",
+             "invalid": "invalid for a causal model: {}"}
 
 
 def _num(x: float) -> str:
@@ -65,10 +67,7 @@ class Verdict:
         if self.status == "missing":
             return f"{self.claim}: no scores to compare — {self.source}"
         where = f" on {self.on}" if self.on else ""
-        word = self.status
-        if self.status in ("no verdict", "not tested", "invalid"):
-            word = {"no verdict": f"no verdict ({self.why})", "not tested": f"not tested: {self.why}",
-                    "invalid": f"invalid for a causal model: {self.why}"}[self.status]
+        word = UNDECIDED[self.status].format(self.why) if self.status in UNDECIDED else self.status
         note = f" [warning: {self.warning}]" if self.warning else ""
         return f"{self.claim}{where}: {word} — {self.numbers} — {self.source}{note}"
 
