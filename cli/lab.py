@@ -35,7 +35,7 @@ def run(
     data: Annotated[Optional[str], typer.Option("--data", help="Training corpus of every run (data.train).")] = None,
     evals: Annotated[Optional[list[str]], typer.Option("--eval", help="A held-out text to score on (repeatable); "
                                                        "default: the spec's, else the base recipe's data.valid.")] = None,
-    seeds: Annotated[int, typer.Option("--seeds", help="Paired seeds per variant.")] = 2,
+    seeds: Annotated[int, typer.Option("--seeds", help="Paired seeds per variant; a verdict needs at least 3.")] = 3,
     steps: Annotated[Optional[int], typer.Option("--steps", help="train.max_steps of every run from scratch.")] = None,
     overrides: Overrides = None,
     jobs: Annotated[int, typer.Option("--jobs", help="Trainings run at the same time (processes).")] = 1,

@@ -31,7 +31,9 @@ from ..progress import console as output_console, progress_bar
 from ..trainer.recipe import Recipe, load_recipe
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .spec import LabSpec
-from .scoring import eval_label, read_curves, score_job
+from .scoring import eval_label, pick_best, read_curves, score_job
+from .gates import check_runs
+from .scale import run_scale
 from . import probes as measure
 
 LAB_FILE = "lab.json"
@@ -272,13 +274,15 @@ def run(lab: Lab) -> dict:
             for label, value in scores.items():
                 row["scores"].setdefault(label, {})[str(job.seed)] = value
             progress.step(f"score {job.key}", started if fresh else None)
+        sweep = pick_best(lab, rows)
         probes = run_probes(lab, rows, progress)
+        gates, scale = check_runs(lab, rows, sweep), run_scale(lab, rows)
     finally:
         progress.close()
     s = lab.spec
     return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
-            "rows": rows, "curves": read_curves(lab), "probes": probes,
+            "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale, "sweep": sweep,
             "timing_s": timing, "cost": s.cost}
 
 

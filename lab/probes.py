@@ -6,8 +6,9 @@
   (MHA/GQA/MQA) on that text says nothing about attention.
 - `flash_max_diff`: the largest |logit| difference between the fused (SDPA) and the naive attention path
   on the same weights and tokens: the two must compute the same function.
-- `mask_leak`: the largest change of the logits at the first half of a sequence when the second half is
-  replaced; the causal mask (GPT) or the padding mask (BERT, second half marked as padding) makes it 0.
+- `mask_leak`: the largest change of the outputs at the first half of a sequence when the second half is
+  replaced, in train mode; the causal mask (GPT) or the padding mask (BERT, second half marked as padding)
+  makes it 0, unless something else mixes positions in training (BatchNorm's batch statistics).
 - `activation_memory`: the bytes one training step keeps for backward at each sequence length, flash
   against naive, counted from the tensors autograd saves (unique storages, parameters excluded). The
   naive path keeps the (B, H, T, T) scores and probabilities, the fused one does not; counting saved
@@ -112,18 +113,28 @@ def activation_memory(checkpoint: Path, seq_lens: list[int]) -> dict:
 @torch.no_grad()
 def mask_leak(checkpoint: Path, batch: dict) -> float:
     """How much the logits at positions < T/2 change when the tokens from T/2 on are replaced: causal
-    masking (GPT) or padding masking (BERT, those tokens marked as padding) must make it 0."""
+    masking (GPT) or padding masking (BERT, those tokens marked as padding) must make it 0. Measured in
+    train mode, as the model computes while it learns: a BatchNorm's training statistics are taken over
+    every position of the batch, so later tokens reach earlier outputs there although eval mode (running
+    statistics) hides it. Both forwards draw the same dropout masks. A BERT is compared on its encoder's
+    output: in training its MLM head only ever sees the masked rows gathered from it, never padding."""
     model, cfg = load_model(checkpoint)
+    model.train()
     ids = batch["input_ids"]  # (B, T)
     half = ids.shape[1] // 2
     other = ids.clone()
     other[:, half:] = torch.randint(0, cfg.vocab_size, other[:, half:].shape, generator=torch.Generator().manual_seed(0))
-    if cfg.arch == "gpt":
-        a, b = model(ids), model(other)
-    else:
-        keep = torch.ones_like(ids, dtype=torch.bool)
+    keep = None
+    if cfg.arch != "gpt":
+        keep = torch.ones_like(ids, dtype=torch.bool)  # (B, T)
         keep[:, half:] = False
-        a, b = model(ids, attention_mask=keep), model(other, attention_mask=keep)
+
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # the same dropout masks for both inputs
+            return model(x) if keep is None else model.encode(x, attention_mask=keep)  # (B, T, V) or (B, T, C)
+
+    a, b = logits(ids), logits(other)
     return float((a[:, :half].float() - b[:, :half].float()).abs().max())
 
 

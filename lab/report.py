@@ -11,11 +11,24 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_atomic
 from ..jsonfile import read_json
+from .scale import scale_lines
 from .spec import LabSpec, load_spec
-from .verdict import coverage_warning, judge, reliance_warning, summary
+from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
 
 RESULTS, MARKDOWN = "results.json", "results.md"
 UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte"}
+
+
+RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seeds (lower is better) and its "
+        "95% paired t interval, mean ± t(0.975, n-1) · sd / √n; the verdict is read from that interval. `A < "
+        "B` holds when the whole interval lies below -margin and is reversed when it lies above +margin; `A "
+        "not worse than B` holds when it lies below +margin; `A = B` (TOST equivalence, two one-sided tests "
+        "at 2.5%) holds when it lies inside ±tol and differs when it lies wholly outside; anything else is "
+        f"inconclusive. Below {MIN_SEEDS} seeds, and in a --quick lab, a line gives the numbers and no "
+        "verdict; a comparison involving a run that did not train (see 'Did every run train?') is not tested."
+        " A comparison involving a run whose outputs change with tokens its mask hides while it trains (the "
+        "mask_leak probe, train mode) is invalid for a causal model. A probe claim holds when its value is "
+        "within the bound in every seed.")
 
 
 def _cell(stats: dict | None) -> str:
@@ -42,6 +55,33 @@ def table(results: dict, stats: dict) -> list[str]:
     return lines
 
 
+def gate_lines(results: dict) -> list[str]:
+    """The gates (gates.py) as a table: every trained run's loss, unigram and step-0 figures, seed means."""
+    g = results.get("gates")
+    if not g:
+        return []
+    out = [f"Loss on {g['label']} of every training against the unigram model of its training text and the "
+           f"weights it started from (step 0), means over seeds. A run learned when its loss is at least "
+           f"{g['min_gain']:g} nats below the unigram figure; it diverged when its loss is not finite or, trained "
+           f"from scratch, more than {g['min_gain']:g} above step 0. A comparison involving a run that did not "
+           "train is not tested.", "",
+           "| run | kind | loss | unigram | step 0 | trained |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, run in g["runs"].items():
+        seeds = run["seeds"]
+        if not seeds:
+            continue
+        mean = {k: sum(v[k] for v in seeds.values()) / len(seeds) for k in ("loss", "unigram", "step0")}
+        failed = {}
+        for seed, v in seeds.items():
+            if v["status"] != "trained":
+                failed.setdefault(v["status"], []).append(seed)
+        problems = "; ".join(f"{status}: seed {', '.join(which)}" for status, which in failed.items())
+        trained = f"{len(seeds) - sum(map(len, failed.values()))}/{len(seeds)}" + (f" ({problems})" if problems else "")
+        out.append(f"| {name} | {run['kind']} | {mean['loss']:.3f} | {mean['unigram']:.3f} | {mean['step0']:.3f} | "
+                   f"{trained} |")
+    return out
+
+
 def probe_lines(results: dict) -> list[str]:
     probes, out = results.get("probes", {}), []
     if "attention_reliance" in probes:
@@ -51,7 +91,8 @@ def probe_lines(results: dict) -> list[str]:
             out.append(f"- attention reliance of {p['run']} on {label}: removing attention costs {values} nats "
                        f"(seeds {', '.join(seeds)}; threshold {p['threshold']:g})")
     for key, what in (("flash_max_diff", "flash vs naive attention: max |logit difference|"),
-                      ("mask_leak", "mask leak: max |logit change| at positions the mask hides changes from")):
+                      ("mask_leak", "mask leak (train mode): max |output change| at positions the mask hides "
+                                    "changes from")):
         for run, seeds in probes.get(key, {}).get("values", {}).items():
             out.append(f"- {what}, {run}: " + ", ".join(f"{v:.2e}" for v in seeds.values()))
     if "memory" in probes:
@@ -83,10 +124,23 @@ def render(results: dict) -> str:
               + ", ".join(f"{k} = `{v}`" for k, v in r["evals"].items())
               + f"; {len(r['seeds'])} paired seed(s) ({seeds}); mean ± sd over seeds; Δ = paired difference "
               f"to the reference {r['reference']}.", ""]
+    if r.get("sweep"):
+        sw = r["sweep"]
+        lines += [f"Sweep: {sw['key']} in {{{', '.join(map(str, sw['values']))}}}; each variant's row (kind best) is "
+                  f"its run with the lowest mean {r['metric']} on {next(iter(r['evals']))}, and verdicts compare "
+                  "those: " + ", ".join(f"{v} = {run}" for v, run in sw["best"].items()) + ".", ""]
+    scale = scale_lines(r)
+    if scale:
+        lines += ["What the results rest on (the first seed's runs; an uptraining's tokens are its own, seen after "
+                  "those of the run it continues):", ""] + scale + [""]
+    lines += [RULE, ""]
     lines += table(r, r["summary"]) + ["", "## Verdicts", ""]
     lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
     if r["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
+    gates = gate_lines(r)
+    if gates:
+        lines += ["", "## Did every run train?", ""] + gates
     probes = probe_lines(r)
     if probes:
         lines += ["", "## Probes", ""] + probes

@@ -86,3 +86,25 @@ def read_curves(lab: Lab) -> dict:
             rows = [[r["step"], r["val_loss"]] for r in read_metrics(path) if "val_loss" in r]
             out.setdefault(job.name, {})[str(job.seed)] = rows
     return out
+
+
+def pick_best(lab: Lab, rows: dict) -> dict:
+    """Under `sweep`: add each variant's row as a copy of its best run's (lowest mean of the lab's metric
+    over seeds on the first eval text), so verdicts compare each variant at its best setting; returns
+    {"key", "values", "best": {variant: run}} ({} without a sweep). Every variant is chosen on the same
+    text the same way, so the choice favours none of them."""
+    from .plan import sweep_runs
+
+    if not lab.spec.sweep:
+        return {}
+    label, metric = next(iter(lab.evals)), lab.spec.metric
+
+    def mean_score(run: str) -> float:
+        values = [s[metric] for s in rows[run]["scores"][label].values()]
+        return sum(values) / len(values)
+
+    best = {variant: min(runs, key=mean_score) for variant, runs in sweep_runs(lab.spec).items()}
+    for variant, run in best.items():
+        rows[variant] = {"kind": "best", "best_of": run, "scores": rows[run]["scores"]}
+    ((key, values),) = lab.spec.sweep.items()
+    return {"key": key, "values": values, "best": best}

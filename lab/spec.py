@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..trainer.recipe import AliasBomb, safe_load
 
 TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "variants", "convert",
-            "uptrain", "probes", "expect", "cost", "quick")
+            "uptrain", "probes", "expect", "cost", "quick", "sweep")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
 PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed")
@@ -40,10 +40,12 @@ DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this 
 @dataclass
 class Expectation:
     """One ordering the literature predicts. Exactly one form is set:
-    better/than (A's metric lower than B's), same (A and B within `tol`), probe (a probe value of `run`
-    below or above a threshold)."""
+    better/than (A's metric lower than B's by more than `margin`), not_worse/than (A's metric at most
+    `margin` above B's), same (A and B within `tol`), probe (a probe value of `run` below or above a
+    threshold). verdict.py says how each is decided."""
     source: str
     better: str | None = None
+    not_worse: str | None = None
     than: str | None = None
     same: tuple[str, str] | None = None
     tol: float = DEFAULT_MARGIN
@@ -54,9 +56,16 @@ class Expectation:
     on: str | None = None  # eval label; None = the first eval set
     margin: float = DEFAULT_MARGIN
 
+    @property
+    def pair(self) -> tuple[str, str]:
+        """(A, B) of a comparison: its verdict is read from the differences A - B."""
+        return self.same or (self.better or self.not_worse, self.than)
+
     def describe(self) -> str:
         if self.better:
             return f"{self.better} < {self.than}"
+        if self.not_worse:
+            return f"{self.not_worse} not worse than {self.than} (by more than {self.margin:g})"
         if self.same:
             return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
         bound = f"< {self.below:g}" if self.below is not None else f"> {self.above:g}"
@@ -81,6 +90,7 @@ class LabSpec:
     expect: list[Expectation] = field(default_factory=list)
     cost: dict[str, Any] = field(default_factory=dict)
     quick: list[str] = field(default_factory=list)
+    sweep: dict[str, list] = field(default_factory=dict)  # {SECTION.KEY: [values]}: each variant at its best value
 
     def base_path(self) -> str:
         """The base recipe: a bundled name, or a path relative to the spec file."""
@@ -214,6 +224,7 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
         spec.uptrain = {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
     spec.probes = _mapping(raw.get("probes"), "probes", PROBES, problems)
+    spec.sweep = _sweep(raw.get("sweep"), spec, problems)
     from .plan import derived_names  # the names conversions, uptraining and controls add
 
     names |= set(derived_names(spec))
@@ -268,18 +279,40 @@ def _probe_settings(key: str, probe: dict, problems: list[str]) -> bool:
     return len(problems) == found
 
 
-EXPECT_KEYS = ("better", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin", "source")
+def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
+    """`sweep: {SECTION.KEY: [values]}`: one recipe key, each variant trained at every value and compared
+    at its best. Rows then stand for a choice among runs, so nothing may name one run: no conversion and
+    no probe but lengths."""
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and len(value) == 1):
+        problems.append(f"sweep: expected one SECTION.KEY: [values] mapping, got {value!r}")
+        return {}
+    ((key, values),) = value.items()
+    if not (isinstance(key, str) and "." in key and isinstance(values, list) and len(values) > 1
+            and all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in values)):
+        problems.append(f"sweep: expected SECTION.KEY: [two or more values], got {key!r}: {values!r}")
+        return {}
+    if spec.convert is not None or set(spec.probes) - {"lengths"}:
+        problems.append("sweep: cannot be combined with convert or with probes other than lengths (they name runs, "
+                        "and a swept variant is the best of several)")
+    return {key: list(values)}
+
+
+EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
+               "source")
 
 
 def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
     item = _mapping(item, key, EXPECT_KEYS, problems)
     if not item:
-        problems.append(f"{key}: expected a mapping with better/than, same or probe, and source")
+        problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same or probe, and source")
         return []
     exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
-    forms = [f for f in ("better", "same", "probe") if f in item]
+    forms = [f for f in ("better", "not_worse", "same", "probe") if f in item]
     if len(forms) != 1:
-        problems.append(f"{key}: expected exactly one of better (with than), same or probe, got {forms or 'none'}")
+        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same or probe, "
+                        f"got {forms or 'none'}")
         return []
     if not exp.source:
         problems.append(f"{key}.source: every expectation names its source (paper, section)")
@@ -289,9 +322,10 @@ def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> l
             return []
     exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
     referenced = []
-    if forms == ["better"]:
-        exp.better, exp.than = item.get("better"), item.get("than")
-        referenced = [("better", exp.better), ("than", exp.than)]
+    if forms[0] in ("better", "not_worse"):
+        setattr(exp, forms[0], item.get(forms[0]))
+        exp.than = item.get("than")
+        referenced = [(forms[0], item.get(forms[0])), ("than", exp.than)]
     elif forms == ["same"]:
         pair = item["same"]
         if not (isinstance(pair, list) and len(pair) == 2):

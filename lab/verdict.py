@@ -1,73 +1,99 @@
-"""From paired scores to verdicts: does the literature's ordering hold here, and how surely?
+"""From paired scores to verdicts a researcher can quote: the mean difference, its 95% interval, one word.
 
-Seeds are paired (seed i of every variant saw the same batches), so a claim "A beats B" is judged on the
-per-seed differences d_i = metric(A, seed i) - metric(B, seed i), not on two independent means:
-- holds: the mean difference favours A by more than the noise, `max(margin, 2 * sd / sqrt(n))`;
-- reversed: it favours B by more than the noise;
-- within noise: otherwise.
-Each verdict also says in how many seeds the difference alone went each way ("holds in 2/3 seeds").
-A `same` claim holds in the seeds where |d_i| <= tol; a probe claim where the probe value is below (above)
-its threshold. The attention-reliance probe adds a warning to every comparison on a text where removing
-attention costs less than its threshold: there, head layouts cannot matter much."""
+Seeds are paired (seed i of every variant saw the same batches), so a claim about A and B is judged on the
+per-seed differences d_i = metric(A, seed i) - metric(B, seed i), lower is better, through their paired t
+interval (stats.py: mean ± t(0.975, n-1) · sd / √n). Every verdict is read off that one interval, which
+every line prints:
+- `better: A, than: B` holds when the whole interval lies below -margin (A better by more than the
+  margin), is reversed when it lies above +margin, and is inconclusive otherwise;
+- `not_worse: A, than: B` holds when the whole interval lies below +margin (A at most `margin` worse),
+  is reversed when it lies above +margin;
+- `same: [A, B]` is a TOST equivalence test: it holds when the whole interval lies inside (-tol, +tol)
+  (two one-sided t tests at 2.5% each), differs when it lies wholly outside, is inconclusive otherwise.
+With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers and no verdict word; a
+comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train", and
+one involving a run whose outputs change with tokens its mask hides in training (the mask_leak probe, e.g.
+BatchNorm's batch statistics in a GPT) reads "invalid for a causal model", --quick or not.
+A probe claim holds where the probe value is below (above) its threshold in every seed. The
+attention-reliance probe adds a warning to every comparison on a text where removing attention costs less
+than its threshold: there, head layouts cannot matter much."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from .spec import Expectation
+from .stats import Interval, mean_sd, paired_interval
+
+MIN_SEEDS = 3  # below this the t interval is too wide to decide anything (t(0.975, 1) = 12.7)
+LEAK_TOL = 1e-5  # mask_leak above this: the run sees tokens its mask hides (float rounding stays far below)
+# a line without a verdict word says why: status -> how
+UNDECIDED = {"no verdict": "no verdict ({})", "not tested": "not tested: {}",
+             "invalid": "invalid for a causal model: {}"}
+
+
+def _num(x: float) -> str:
+    return f"{x:+.3g}"
 
 
 @dataclass
 class Verdict:
     claim: str  # what the literature expects, e.g. "kv2-mean < kv2-first"
     on: str  # the eval label it was judged on ("" for a probe without one)
-    status: str  # holds | reversed | within noise | differs | mixed | missing
-    holding: int  # seeds where the expectation held on its own
+    status: str  # holds | reversed | differs | inconclusive | mixed (probes) | no verdict | not tested | invalid
+    #              | missing
     n: int  # seeds compared
     mean: float | None  # mean paired difference (or probe value)
-    sd: float | None
+    lo: float | None  # the 95% interval of `mean` (None below 2 seeds, and for probes)
+    hi: float | None
     source: str
     warning: str = ""
+    why: str = ""  # why there is no verdict word ("2 seeds; a verdict needs 3", "--quick", a run's gate)
     probe: bool = False  # the numbers are probe values, not differences
+    holding: int = 0  # probes: seeds where the threshold held
+    sd: float | None = None
 
+    @property
+    def numbers(self) -> str:
+        if self.probe:
+            spread = f" ± {self.sd:.3g}" if self.sd else ""
+            return f"value {self.mean:.3g}{spread}, {self.holding}/{self.n} seeds within the bound"
+        if self.lo is None:
+            return f"Δ {_num(self.mean)}, n = {self.n} (no interval from one seed)"
+        return f"Δ {_num(self.mean)}, 95% CI [{_num(self.lo)}, {_num(self.hi)}], n = {self.n}"
 
     @property
     def line(self) -> str:
         if self.status == "missing":
             return f"{self.claim}: no scores to compare — {self.source}"
-        verdict = {"holds": f"holds in {self.holding}/{self.n} seeds", "within noise": "within noise",
-                   "reversed": f"reversed in {self.n - self.holding}/{self.n} seeds",
-                   "differs": f"differs in {self.n - self.holding}/{self.n} seeds",
-                   "mixed": f"mixed: holds in {self.holding}/{self.n} seeds"}[self.status]
         where = f" on {self.on}" if self.on else ""
-        spread = f" ± {self.sd:.3g}" if self.sd else ""
-        what = f"value {self.mean:.3g}" if self.probe else f"Δ {self.mean:+.3g}"
-        value = f" ({what}{spread})" if self.mean is not None else ""
+        word = UNDECIDED[self.status].format(self.why) if self.status in UNDECIDED else self.status
         note = f" [warning: {self.warning}]" if self.warning else ""
-        return f"{self.claim}{where}: {verdict}{value} — {self.source}{note}"
+        return f"{self.claim}{where}: {word} — {self.numbers} — {self.source}{note}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "line": self.line}
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, sd
+def decide(exp: Expectation, iv: Interval) -> str:
+    """The verdict word for a comparison claim from the 95% interval of d = A - B (module doc)."""
+    if exp.same:
+        if -exp.tol < iv.lo and iv.hi < exp.tol:
+            return "holds"
+        return "differs" if iv.lo > exp.tol or iv.hi < -exp.tol else "inconclusive"
+    below = exp.margin if exp.not_worse else -exp.margin  # where the whole interval must lie under
+    if iv.hi < below:
+        return "holds"
+    return "reversed" if iv.lo > exp.margin else "inconclusive"
 
 
-def judge_better(deltas: list[float], margin: float) -> tuple[str, int]:
-    """(status, seeds where A was better by more than margin) for d_i = A - B, lower is better."""
-    mean, sd = mean_sd(deltas)
-    noise = max(margin, 2 * sd / math.sqrt(len(deltas))) if len(deltas) > 1 else margin
-    holding = sum(d < -margin for d in deltas)
-    if mean < -noise:
-        return "holds", holding
-    if mean > noise:
-        return "reversed", holding
-    return "within noise", holding
+def undecided(n: int, quick: bool) -> str:
+    """Why a comparison of n seeds gets no verdict word, or "" when it gets one."""
+    if quick:
+        return "--quick: a tiny size checks the lab runs, not the claim"
+    if n < MIN_SEEDS:
+        return f"{n} seed{'s' if n != 1 else ''}; a verdict needs {MIN_SEEDS}"
+    return ""
 
 
 def judge_count(holding: int, n: int, failed: str) -> str:
@@ -122,30 +148,70 @@ def probe_values(results: dict, exp: Expectation, label: str) -> list[float]:
     return list(values.values())
 
 
+def judge_probe(exp: Expectation, results: dict, label: str) -> Verdict:
+    """A probe claim: holds where the value is within its bound in every seed (no verdict in --quick)."""
+    values = probe_values(results, exp, label)
+    on = label if exp.probe == "attention_reliance" else ""
+    if not values:
+        return Verdict(exp.describe(), on, "missing", 0, None, None, None, exp.source)
+    holding = sum((v < exp.below) if exp.below is not None else (v > exp.above) for v in values)
+    mean, sd = mean_sd(values)
+    why = undecided(MIN_SEEDS, _quick(results))
+    status = "no verdict" if why else judge_count(holding, len(values), "reversed")
+    return Verdict(exp.describe(), on, status, len(values), mean, None, None, exp.source, why=why, probe=True,
+                   holding=holding, sd=sd)
+
+
+def _quick(results: dict) -> bool:
+    return bool(results.get("options", {}).get("quick"))
+
+
+def untrained(results: dict, name: str) -> str:
+    """"NAME did not train (figures)" when a seed of run `name`, or of the run it was converted or
+    uptrained from, failed its gate (gates.py); "" otherwise."""
+    runs = results.get("gates", {}).get("runs", {})
+    while name in runs:
+        failed = {seed: g for seed, g in runs[name]["seeds"].items() if g["status"] != "trained"}
+        if failed:
+            figures = "; ".join(f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} "
+                                f"and step 0 {g['step0']:.3f}" for seed, g in failed.items())
+            return f"{name} did not train ({figures})"
+        name = runs[name].get("source")
+    return ""
+
+
+def leaking(results: dict, name: str) -> str:
+    """Why run `name` is invalid for a causal model: the mask_leak probe (train mode) saw its outputs
+    change with tokens its mask hides (BatchNorm's batch statistics); "" when not measured or exact."""
+    seeds = results.get("probes", {}).get("mask_leak", {}).get("values", {}).get(name, {})
+    worst = max(seeds.values(), default=0.0)
+    if worst <= LEAK_TOL:
+        return ""
+    return (f"{name}'s outputs change by up to {worst:.3g} when only tokens its mask hides change "
+            "(mask_leak, train mode): it sees later tokens while it trains")
+
+
 def judge(exp: Expectation, results: dict) -> Verdict:
-    rows, metric = results["rows"], results["metric"]
+    """The verdict on one expectation from the lab's results (module doc for the rule)."""
     label = exp.on or next(iter(results["evals"]))
     if exp.probe:
-        values = probe_values(results, exp, label)
-        on = label if exp.probe == "attention_reliance" else ""
-        if not values:
-            return Verdict(exp.describe(), on, "missing", 0, 0, None, None, exp.source)
-        holding = sum((v < exp.below) if exp.below is not None else (v > exp.above) for v in values)
-        mean, sd = mean_sd(values)
-        return Verdict(exp.describe(), on, judge_count(holding, len(values), "reversed"), holding, len(values),
-                       mean, sd, exp.source, probe=True)
-    a, b = (exp.better, exp.than) if exp.better else exp.same
-    deltas = paired(rows, a, b, label, metric)
+        return judge_probe(exp, results, label)
+    a, b = exp.pair
+    deltas = paired(results["rows"], a, b, label, results["metric"])
     if not deltas:
-        return Verdict(exp.describe(), label, "missing", 0, 0, None, None, exp.source)
-    mean, sd = mean_sd(deltas)
-    if exp.same:
-        holding = sum(abs(d) <= exp.tol for d in deltas)
-        status = judge_count(holding, len(deltas), "differs")
+        return Verdict(exp.describe(), label, "missing", 0, None, None, None, exp.source)
+    iv = paired_interval(deltas)
+    failed = list(dict.fromkeys(x for x in (untrained(results, a), untrained(results, b)) if x))
+    leaks = [x for x in (leaking(results, a), leaking(results, b)) if x]
+    if leaks:  # a property of the architecture, at any size: --quick shows it too
+        status, why = "invalid", "; ".join(leaks)
+    elif failed and not _quick(results):  # in --quick nothing trains far: the gates say so in their table
+        status, why = "not tested", "; ".join(failed)
     else:
-        status, holding = judge_better(deltas, exp.margin)
-    return Verdict(exp.describe(), label, status, holding, len(deltas), mean, sd, exp.source,
-                   reliance_warning(results, label))
+        why = undecided(iv.n, _quick(results))
+        status = "no verdict" if why else decide(exp, iv)
+    return Verdict(exp.describe(), label, status, iv.n, iv.mean, iv.lo, iv.hi, exp.source,
+                   reliance_warning(results, label), why=why, sd=iv.sd)
 
 
 def summary(results: dict) -> dict:

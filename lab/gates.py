@@ -1,0 +1,149 @@
+"""Did each run train? The gates a comparison must pass before its verdict says anything about a design.
+
+A run that ends at the loss of a unigram model of its training text has learned token frequencies and
+nothing else: post-norm with and without warmup and sinusoidal positions once all ended at 6.795 nats on
+docs-valid where the unigram model scores 6.790, and their differences were reported as findings. So every
+training (from scratch, or uptraining) of every seed is checked, on the tokens its score was taken on
+(the first eval text, the batches `evaluate` scores) against two figures:
+- unigram: the cross-entropy of those tokens under the unigram distribution of the run's training tokens
+  (add-one smoothed over the tokenizer's vocabulary);
+- step 0: the loss of the weights the run started from: a training from scratch, its seed's initial
+  weights rebuilt as the trainer builds them; an uptraining, the checkpoint it continued (its source row).
+A run did not learn when its loss is not below the unigram figure by MIN_GAIN; it diverged when its loss
+is not finite or, trained from scratch, above its step-0 loss by more than MIN_GAIN (a run whose weights
+never moved, lr 0, ends at its step-0 loss: it did not learn). A comparison involving such a run, or
+a conversion or uptraining of one, reads "not tested: <variant> did not train" with the figures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..files import write_atomic
+from ..layout import TOKENIZER_FILES
+from ..tokenization.batches import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from ..trainer.recipe import Recipe
+    from .engine import Lab
+    from .plan import Job
+
+MIN_GAIN = 0.05  # nats per token below the unigram figure a run must reach to count as having learned
+
+
+def gate(loss: float, unigram: float, step0: float | None, from_scratch: bool) -> str:
+    """trained | did not learn | diverged, for one run and seed (module doc)."""
+    if not math.isfinite(loss) or (from_scratch and step0 is not None and loss > step0 + MIN_GAIN):
+        return "diverged"
+    return "did not learn" if loss > unigram - MIN_GAIN else "trained"
+
+
+def unigram_loss(train_tokens: np.ndarray, labels: np.ndarray, vocab_size: int) -> float:
+    """Mean -log p(label) under the add-one smoothed unigram distribution of `train_tokens`, in nats."""
+    size = max(vocab_size, int(labels.max()) + 1, int(train_tokens.max()) + 1 if len(train_tokens) else 0)
+    counts = np.bincount(train_tokens.astype(np.int64), minlength=size) + 1.0
+    log_p = np.log(counts) - math.log(counts.sum())
+    return float(-log_p[labels].mean())
+
+
+def scored_labels(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> np.ndarray:
+    """The target ids `scoring.score_checkpoint` scores for `checkpoint` on `text`: the same batches, in
+    the same order, as many as it takes."""
+    from ..evaluation.evaluate import eval_batches
+    from ..models import read_config
+    from ..tokenization.train import load_tokenizer
+
+    objective = read_config(checkpoint).get("objective", "clm")
+    batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
+                              batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
+                              cache_dir=cache_dir, show_progress=False)
+    out = []
+    for n, batch in enumerate(batches):
+        if recipe.eval.batches is not None and n >= recipe.eval.batches:
+            break
+        labels = batch["labels"]  # (B, T), IGNORE_INDEX where nothing is scored
+        out.append(labels[labels != IGNORE_INDEX].numpy())
+    return np.concatenate(out)
+
+
+def unigram_figure(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> float:
+    """The unigram cross-entropy of the tokens `checkpoint` is scored on, from its training text."""
+    from ..tokenization.shards import prepare_tokens
+    from ..tokenization.train import load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint)
+    train = prepare_tokens(recipe.data.train, tokenizer, cache_dir, text_field=recipe.data.text_field,
+                           show_progress=False)
+    return unigram_loss(np.asarray(train.tokens), scored_labels(checkpoint, text, recipe, cache_dir),
+                        tokenizer.vocab_size)
+
+
+def initial_loss(checkpoint: Path, seed: int, text: str, recipe: Recipe, cache_dir: Path) -> float:
+    """The loss of the initial weights of a run from scratch (the trainer seeds `train.seed`, then builds
+    the model), scored exactly as its final checkpoint is: written to a scratch folder, then evaluated."""
+    from ..models import build_model, read_config, save_model
+    from ..models.config import ModelConfig
+    from .scoring import score_checkpoint
+
+    config = read_config(checkpoint)
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig.from_dict(config["model"]))
+    extra = {k: v for k, v in config.items() if k not in ("tfkit_version", "model")}
+    with tempfile.TemporaryDirectory(prefix="step-0-", dir=cache_dir.parent) as tmp:  # the lab folder
+        save_model(model, Path(tmp), extra=extra)
+        for name in TOKENIZER_FILES:
+            if (checkpoint / name).is_file():
+                (Path(tmp) / name).write_bytes((checkpoint / name).read_bytes())
+        return score_checkpoint(Path(tmp), text, recipe, 1, cache_dir)["loss"]
+
+
+def _cached(lab: Lab, job: Job, key: str, compute) -> float:
+    """One figure of one job, kept in gates/NAME-seed-S.json so a continued lab does not redo it."""
+    safe = re.sub(r"[^\w.+%-]", "_", job.name)
+    path = lab.folder / "gates" / f"{safe}-seed-{job.seed}.json"
+    have = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if key not in have:
+        have[key] = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(have, indent=2) + "\n")
+    return have[key]
+
+
+def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
+    """{"label", "min_gain", "runs": {name: {"kind", "source", "seeds": {seed: {loss, unigram, step0,
+    status}}}}} for every job of the lab; conversions carry only their source (they are not trained), and
+    so does a swept variant (its source is its best run)."""
+    from .engine import checkpoint_of, scoring_recipe
+
+    label = next(iter(lab.evals))
+    text, unigrams, runs = lab.evals[label], {}, {}
+    for job in lab.jobs:
+        entry = runs.setdefault(job.name, {"kind": job.kind, "source": job.source, "seeds": {}})
+        if job.kind == "convert":
+            continue
+        checkpoint, recipe = checkpoint_of(lab, job), scoring_recipe(lab, job)
+        material = (checkpoint / "tokenizer.json").read_bytes() if (checkpoint / "tokenizer.json").is_file() else b""
+        key = json.dumps([hashlib.sha256(material).hexdigest(), recipe.data.train, recipe.data.seq_len,
+                          recipe.eval.batches, recipe.eval.batch_size or recipe.train.batch_size])
+        if key not in unigrams:
+            unigrams[key] = _cached(lab, job, "unigram", lambda: unigram_figure(checkpoint, text, recipe,
+                                                                                lab.folder / "data"))
+        loss = rows[job.name]["scores"][label][str(job.seed)]["loss"]
+        if job.kind == "train":
+            step0 = _cached(lab, job, "step0", lambda: initial_loss(checkpoint, job.seed, text, recipe,
+                                                                    lab.folder / "data"))
+        else:
+            step0 = rows[job.source]["scores"][label][str(job.seed)]["loss"]
+        entry["seeds"][str(job.seed)] = {"loss": loss, "unigram": unigrams[key], "step0": step0,
+                                         "status": gate(loss, unigrams[key], step0, job.kind == "train")}
+    for variant, run in sweep.get("best", {}).items():
+        runs[variant] = {"kind": "best", "source": run, "seeds": {}}
+    return {"label": label, "min_gain": MIN_GAIN, "runs": runs}

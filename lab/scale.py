@@ -1,0 +1,67 @@
+"""How big the evidence is: parameters, tokens seen, tokens per parameter, epochs and precision of each run.
+
+A verdict at 0.9M parameters and 0.6 tokens per parameter says what happens at that scale, not at the
+scale of the paper it quotes; results.md opens with these figures so no reader has to guess them. They
+come from what each training left: its final checkpoint's config (precision as the run resolved it),
+its metrics.jsonl (input tokens consumed, the trainer's own count) and its training text's token cache
+(epochs = tokens seen / tokens of the training text)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import Lab
+
+
+def tokens_seen(metrics_path) -> int | None:
+    """The trainer's count of input tokens consumed, from the last metrics row that has one."""
+    from ..trainer.metrics import read_metrics
+
+    if not metrics_path.is_file():
+        return None
+    counts = [row["tokens"] for row in read_metrics(metrics_path) if "tokens" in row]
+    return int(counts[-1]) if counts else None
+
+
+def run_scale(lab: Lab, rows: dict) -> dict:
+    """{name: {kind, params, tokens, train_tokens, precision, steps}} for every training of the first seed
+    (seeds of one variant differ only in their seed)."""
+    from ..models import read_config
+    from ..tokenization.shards import prepare_tokens
+    from ..tokenization.train import load_tokenizer
+    from .engine import checkpoint_of
+
+    label, seed, out = next(iter(lab.evals)), lab.seeds[0], {}
+    for job in (j for j in lab.jobs if j.seed == seed and j.kind != "convert"):
+        checkpoint, recipe = checkpoint_of(lab, job), lab.recipes[job.key]
+        train = prepare_tokens(recipe.data.train, load_tokenizer(checkpoint), lab.folder / "data",
+                               text_field=recipe.data.text_field, show_progress=False)
+        out[job.name] = {"kind": job.kind, "params": rows[job.name]["scores"][label][str(seed)]["params"],
+                         "tokens": tokens_seen(lab.folder / job.folder / "metrics.jsonl"),
+                         "train_tokens": train.num_tokens, "precision": read_config(checkpoint).get("precision"),
+                         "steps": recipe.train.max_steps}
+    return out
+
+
+def _count(n: float) -> str:
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"
+
+
+def scale_lines(results: dict) -> list[str]:
+    """The scale table of results.md (empty for a lab written before it was recorded)."""
+    scale = results.get("scale")
+    if not scale:
+        return []
+    out = ["| run | kind | parameters | steps | tokens seen | tokens / parameter | epochs | precision |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, s in scale.items():
+        tokens = s["tokens"]
+        per_param = f"{tokens / s['params']:.3g}" if tokens else "-"
+        epochs = f"{tokens / s['train_tokens']:.3g}" if tokens and s["train_tokens"] else "-"
+        out.append(f"| {name} | {s['kind']} | {_count(s['params'])} | {s['steps']:,} | "
+                   f"{_count(tokens) if tokens else '-'} | {per_param} | {epochs} | {s['precision'] or '-'} |")
+    return out
