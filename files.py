@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import CheckpointError
-from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES,
+from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES,
                      TRAINER_STATE, WEIGHTS)
 
 
@@ -211,7 +211,7 @@ def staged_folder(out: Path, *, keep_existing: bool = False, durable: bool = Fal
 # only its own earlier output, never a training checkpoint, a user's HuggingFace model or other files.
 TFKIT_MODEL = "a tfkit model folder (what convert-mqa-to-gqa and import-hf write)"
 TFKIT_EXPORT = "a HuggingFace folder written by tfkit export-hf"
-EXPORT_FILES = {CONFIG, WEIGHTS, *TOKENIZER_FILES}
+EXPORT_FILES = {CONFIG, WEIGHTS, MODEL_CARD, *TOKENIZER_FILES}
 
 
 def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: tuple[str, ...]) -> None:

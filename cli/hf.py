@@ -17,6 +17,8 @@ from rich.console import Console
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 Force = Annotated[bool, typer.Option("--force", help="Replace an earlier output of this command (nothing else).")]
+License = Annotated[str | None, typer.Option(
+    "--license", help="License id for the model card (mit, apache-2.0, ...); the card names none without it.")]
 
 
 def import_hf(
@@ -46,15 +48,17 @@ def export_hf(
     ckpt: Annotated[Path, typer.Argument(help="tfkit checkpoint folder, or a run folder (its latest checkpoint).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HuggingFace folder to write.")],
     force: Force = False,
+    license: License = None,
 ) -> None:
     """Export a tfkit checkpoint as a HuggingFace folder that transformers' Auto classes load.
 
     bert -> BertForMaskedLM; gpt with learned positions -> GPT2LMHeadModel; gpt with rope + rmsnorm +
     swiglu -> LlamaForCausalLM (any n_kv_heads). Other configurations are refused, naming the field.
+    The folder's README.md is a model card written from what the run recorded.
     """
-    from ..models.hf_export import export_hf as convert
+    from ..trainer.model_card import export_hf_with_card
 
-    path = convert(ckpt, out, force=force)
+    path = export_hf_with_card(ckpt, out, force=force, license=license)
     architecture = json.loads((path / "config.json").read_text())["architectures"][0]
     err.print(f"exported {ckpt} as {architecture}")
     typer.echo(str(path))
