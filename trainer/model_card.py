@@ -165,3 +165,13 @@ def export_hf_with_card(ckpt: str | Path, out: str | Path, *, force: bool = Fals
     family = export_family(read_run_record(ckpt).cfg)  # a model without an HF equivalent fails first
     return export_hf(ckpt, out, force=force, card=model_card(ckpt, family, "hf", license))
 
+
+def export_gguf_with_card(ckpt: str | Path, out: str | Path, *, dtype: str = "f16", force: bool = False,
+                          license: str | None = None) -> Path:
+    """`models.gguf_export.export_gguf` with the model card of the checkpoint's run as README.md beside the file."""
+    from ..models.gguf_export import export_gguf
+
+    record = read_run_record(ckpt)
+    layout = "llama" if record.cfg.positions == "rope" else "gpt2"  # export_gguf refuses what llama.cpp cannot run
+    card = model_card(ckpt, layout, "gguf", license, gguf_name=Path(out).name)
+    return export_gguf(ckpt, out, dtype=dtype, force=force, name=record.name, license=license, card=card)
