@@ -53,10 +53,13 @@ def mfu(flops_per_token: float, tokens_per_sec: float, peak: float | None, world
 class MetricsWriter:
     """Appends rows to metrics.jsonl and mirrors scalars to TensorBoard. Only rank 0 gets an enabled one."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None = None,
+                 tracker=None) -> None:
+        """`tracker` (trainer/trackers.py: W&B) receives every row written and is closed with the file."""
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._tb = None
+        self._tracker = tracker
         if not enabled:
             return
         if resume_step is not None:
@@ -82,6 +85,8 @@ class MetricsWriter:
                 numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
                 if key != "step" and numeric and math.isfinite(value):
                     self._tb.add_scalar(key, value, row["step"])
+        if self._tracker is not None:
+            self._tracker.log(row)
 
     def close(self) -> None:
         if not self.enabled:
@@ -89,6 +94,8 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
