@@ -169,7 +169,7 @@ def check_new_file(out: Path, source: Path, force: bool) -> None:
 def _written_here(path: Path) -> bool:
     try:
         return _gguf().GGUFReader(path).get_field(MARK_KEY) is not None
-    except (ValueError, OSError, IndexError):  # not a GGUF file at all
+    except (ValueError, OSError, IndexError, OverflowError):  # not a GGUF file, or a truncated one
         return False
 
 

@@ -98,3 +98,14 @@ def test_a_converted_checkpoint_says_what_it_went_through(run_dir, tmp_path):
     assert "Regrouped from 2 to 1 key/value heads (method `mean`)" in text and "(MQA)" in text
     assert "## Training (of the model it was converted from)" in text and "Steps: 6\n" in text
     assert "seed 7" in text and "## Evaluation" not in text  # the source's validation is not this model's
+
+
+def test_an_uptrained_run_says_where_its_weights_started_and_their_steps(run_dir, tmp_path):
+    source = run_dir / "checkpoints" / "step-6"
+    recipe = json.loads((run_dir.parent / "r.yaml").read_text())
+    recipe["train"] = {**recipe["train"], "max_steps": 2, "eval_every": 2, "init_from": str(source)}
+    (tmp_path / "up.yaml").write_text(json.dumps(recipe))
+    pretrain(load_recipe(str(tmp_path / "up.yaml")), run_dir=tmp_path / "up")
+    text = export(tmp_path / "up", tmp_path / "hf")
+    assert "Steps: 2 (after 6 steps of the weights it started from)" in text
+    assert f"Trained on (uptrained) from the weights of `{source}`" in text

@@ -94,3 +94,13 @@ def test_without_the_package_the_recipe_is_refused_naming_the_extra(english_text
 def test_a_recipe_without_wandb_never_imports_it(english_text, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     assert load_recipe(str(recipe_file(tmp_path, english_text))).log.wandb is False
+
+
+def test_a_resumed_run_continues_the_w_and_b_run_of_its_folder(english_text, tmp_path, offline):
+    path = recipe_file(tmp_path, english_text, wandb=True)
+    pretrain(load_recipe(str(path), ["train.max_steps=2", "train.save_every=2"]), run_dir=tmp_path / "run")
+    pretrain(load_recipe(str(path), ["train.max_steps=4", "train.save_every=2"]), run_dir=tmp_path / "run",
+             resume="auto")
+    runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    ids = {next(r.run.run_id for r in wandb_records(f) if r.WhichOneof("record_type") == "run") for f in runs}
+    assert len(runs) == 2 and len(ids) == 1
