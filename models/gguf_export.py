@@ -116,8 +116,8 @@ def tensor_type(name: str, array: np.ndarray, dtype: str):
     """The GGMLQuantizationType a tensor is stored as: F32 for 1-D tensors, norms, biases and the position
     table (as the converter keeps them), `dtype` for the other matrices."""
     gguf = _gguf()
-    keep = array.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name.startswith(
-        "position_embd")
+    keep = (array.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+            or name.startswith("position_embd"))
     return gguf.GGMLQuantizationType.F32 if keep else gguf.GGMLQuantizationType[DTYPES[dtype][0]]
 
 
@@ -134,6 +134,9 @@ def gguf_vocab(tok: TfkitTokenizer, vocab_size: int, source: Path) -> tuple[list
         raise DataError(f"{source / 'tokenizer.json'}: GGUF export writes byte-level BPE tokenizers (llama.cpp's "
                         f"gpt2 kind, the GPT-2 pre-tokenizer, no normalizer); this one is {what}, which llama.cpp "
                         "would split text differently with")
+    if tok.vocab_size > vocab_size:
+        raise ConfigError(f"the checkpoint's tokenizer has {tok.vocab_size} tokens but model.vocab_size is "
+                          f"{vocab_size}; the exported model could not embed every id")
     by_id = {i: t for t, i in tok.tokenizer.get_vocab(with_added_tokens=True).items()}
     added = tok.tokenizer.get_added_tokens_decoder()
     tokens, types = [], []

@@ -271,3 +271,13 @@ def test_without_the_gguf_package_the_line_names_the_extra(bpe, tmp_path, monkey
     result = CliRunner().invoke(app, ["export-gguf", str(folder), "--out", str(tmp_path / "m.gguf")])
     assert result.exit_code == 2 and 'pip install "tfkit[export]"' in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
+
+
+def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path):
+    folder = tmp_path / "wordpiece"
+    train_tokenizer(TokenizerSpec(kind="wordpiece", vocab_size=120, min_frequency=1), TEXT, folder, show_progress=False)
+    _, ckpt = checkpoint(tmp_path / "ckpt", folder, **LLAMA)
+    result = CliRunner().invoke(app, ["export-gguf", str(ckpt), "--out", str(tmp_path / "m.gguf")])
+    assert result.exit_code == 2 and "GGUF export writes byte-level BPE tokenizers" in result.output
+    assert "WordPiece" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "m.gguf").exists()
