@@ -257,7 +257,9 @@ def test_the_model_card_goes_beside_the_file_and_a_users_readme_is_kept(bpe, tmp
     runner = CliRunner()
     assert runner.invoke(app, ["export-gguf", str(folder), "--out", str(tmp_path / "a" / "m.gguf")]).exit_code == 0
     card = (tmp_path / "a" / "README.md").read_text()
-    assert card.startswith("---\n") and "llama-cli -m m.gguf" in card
+    data = pytest.importorskip("huggingface_hub").ModelCard(card).data.to_dict()
+    assert data["library_name"] == "gguf" and {"tfkit", "llama", "gguf"} <= set(data["tags"])
+    assert "llama.cpp's `llama` architecture" in card and "llama-cli -m m.gguf" in card
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "README.md").write_text("my notes\n")
     result = runner.invoke(app, ["export-gguf", str(folder), "--out", str(tmp_path / "b" / "m.gguf")])
