@@ -98,6 +98,7 @@ def test_a_converted_checkpoint_says_what_it_went_through(run_dir, tmp_path):
     assert "Regrouped from 2 to 1 key/value heads (method `mean`)" in text and "(MQA)" in text
     assert "## Training (of the model it was converted from)" in text and "Steps: 6\n" in text
     assert "seed 7" in text and "## Evaluation" not in text  # the source's validation is not this model's
+    assert huggingface_hub.ModelCard(text).data.to_dict()["datasets"] == [str(run_dir.parent / "train.txt")]
 
 
 def test_an_uptrained_run_says_where_its_weights_started_and_their_steps(run_dir, tmp_path):

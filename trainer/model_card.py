@@ -20,7 +20,6 @@ from ..models.io import parameters_on_meta, resolve_checkpoint
 from ..tokenization.tokenizer import load_tokenizer
 from .run_record import RunRecord, read_run_record
 
-EXPORTS = ("hf", "gguf")
 TASK = {"clm": ("text-generation", "Causal language modeling"), "mlm": ("fill-mask", "Masked language modeling")}
 TOKENIZER_KIND = {"bpe": "byte-level BPE", "wordpiece": "WordPiece", "unigram": "Unigram (SentencePiece-style)"}
 
@@ -32,16 +31,16 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
     record = read_run_record(path)
     folder = resolve_checkpoint(path)
     tokenizer = load_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
-    front = _front_matter(record, family, export, license)
+    trained = record if record.run_dir is not None or record.source is None else record.source
+    front = _front_matter(record, family, export, license, trained.train_corpus)
     body = [f"# {record.name}", "",
-            f"A {_model_kind(record.cfg)} trained with [tfkit](https://pypi.org/project/tfkit/) and exported "
+            f"A {_model_kind(record.cfg)} trained with tfkit and exported "
             f"{'as a HuggingFace transformers folder' if export == 'hf' else 'as GGUF for llama.cpp'}.", "",
             "## Model", "", *_model_lines(record, family, export), ""]
     if tokenizer is not None:
         specials = ", ".join(f"`{t}`" for t in sorted({v for v in tokenizer.roles.values() if isinstance(v, str)}))
         body += ["## Tokenizer", "", f"- {TOKENIZER_KIND.get(tokenizer.kind, tokenizer.kind)}, "
                  f"{tokenizer.vocab_size:,} tokens" + (f"; special tokens {specials}" if specials else ""), ""]
-    trained = record if record.run_dir is not None or record.source is None else record.source
     training = "Training" if trained is record else "Training (of the model it was converted from)"
     for title, lines in ((training, _training_lines(trained)), ("Evaluation", _evaluation_lines(record)),
                          ("Provenance", _provenance_lines(record))):
@@ -56,16 +55,16 @@ def _model_kind(cfg: ModelConfig) -> str:
             "transformer": "encoder-decoder Transformer"}[cfg.arch]
 
 
-def _front_matter(record: RunRecord, family: str, export: str, license: str | None) -> dict:
+def _front_matter(record: RunRecord, family: str, export: str, license: str | None, corpus: str | None) -> dict:
+    """HF's card metadata; `corpus` is the training corpus (a converted model's is its source's)."""
     task = TASK.get(record.config.get("objective"), TASK["mlm" if record.cfg.arch == "bert" else "clm"])
     front: dict = {"library_name": "transformers" if export == "hf" else "gguf"}
     if license:
         front["license"] = license
     front["tags"] = ["tfkit", family, *(["gguf"] if export == "gguf" else [])]
     front["pipeline_tag"] = task[0]
-    datasets = [c for c in (record.train_corpus,) if c]
-    if datasets:
-        front["datasets"] = datasets
+    if corpus:
+        front["datasets"] = [corpus]
     v = record.validation
     if v is not None:
         metrics = [{"type": "loss", "value": round(v.loss, 4), "name": "validation loss (nats / token)"}]
@@ -93,7 +92,7 @@ def _model_lines(record: RunRecord, family: str, export: str) -> list[str]:
     positions = f"RoPE (theta {cfg.rope_theta:g})" if cfg.positions == "rope" else f"{cfg.positions} positions"
     target = f"transformers' `{EXPORT_ARCHITECTURES[family]}`" if export == "hf" else f"llama.cpp's `{family}` architecture"
     return [f"- Architecture: tfkit `{cfg.arch}`, exported as {target}: "
-            f"{cfg.n_layers} layers, d_model {cfg.d_model}, {_attention(cfg)}",
+            f"{cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, d_model {cfg.d_model}, {_attention(cfg)}",
             f"- Feed-forward: {cfg.activation}, hidden size {cfg.ffn_dim}; {cfg.norm} ({cfg.norm_placement}-norm); "
             f"{positions}; context {cfg.max_seq_len} tokens; "
             f"{'tied' if cfg.tie_embeddings else 'untied'} input and output embeddings",
