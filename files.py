@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import CheckpointError
-from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES,
-                     TRAINER_STATE, WEIGHTS)
+from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER,
+                     TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
 
 
 def share_like_mkdir(root: Path) -> None:

@@ -44,11 +44,11 @@ from .data import build_datasets, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, micro_batch_size, run_loop
 from .metrics import MetricsWriter, peak_flops, plot_loss
-from .trackers import open_tracker
 from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
+from .trackers import open_tracker
 from . import validation
 from .validation import ValidationResult
 
@@ -132,9 +132,9 @@ class Trainer:
         recipe = self.recipe  # data.train and train.precision resolved against the source checkpoint and device
         self._build_model()
         self._restore()
+        tracker = open_tracker(recipe, self.run_dir, bool(self.resume_from)) if info.is_main else None  # log.wandb
         self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
-                                     self.state.step if self.resume_from else None,
-                                     tracker=open_tracker(recipe, self.run_dir, bool(self.resume_from)) if info.is_main else None)
+                                     self.state.step if self.resume_from else None, tracker=tracker)
         per_token = self.model.flops_per_token(recipe.data.seq_len)
         if recipe.objective.name == "seq2seq":
             per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens
