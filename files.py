@@ -41,8 +41,8 @@ from pathlib import Path
 
 from .errors import CheckpointError
 from .jsonfile import read_json
-from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES,
-                     TRAINER_STATE, WEIGHTS)
+from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER,
+                     TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
 
 
 def share_like_mkdir(root: Path) -> None:
@@ -371,7 +371,7 @@ def _publish(tmp: Path, out: Path, keep_existing: bool) -> None:
 # only its own earlier output, never a training checkpoint, a user's HuggingFace model or other files.
 TFKIT_MODEL = "a tfkit model folder (what convert-mqa-to-gqa and import-hf write)"
 TFKIT_EXPORT = "a HuggingFace folder written by tfkit export-hf"
-EXPORT_FILES = {CONFIG, WEIGHTS, *TOKENIZER_FILES}
+EXPORT_FILES = {CONFIG, WEIGHTS, MODEL_CARD, *TOKENIZER_FILES}
 
 
 def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: tuple[str, ...]) -> None:

@@ -13,6 +13,8 @@ import re
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TRAINER_STATE = "trainer_state.pt"
+MODEL_CARD = "README.md"  # in an exported model: its HuggingFace-style model card (trainer/model_card.py)
+CARD_MARK = "<!-- model card written by tfkit -->"  # its last line: a README.md the next export may replace
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 RECIPE_FILE = "recipe.yaml"
 BEST = "best"  # in a run folder: the weights with the best validation loss (train.keep_best)

@@ -9,6 +9,7 @@ stdout carries only the output folder, so the commands pipe.
 from __future__ import annotations
 
 import shlex
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,17 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 Force = Annotated[bool, typer.Option("--force", help="Replace an earlier output of this command (nothing else).")]
 PRETRAIN_RECIPE = {"gpt": "gpt-tiny", "bert": "bert-tiny"}  # the recipe the follow-up command continues with
+
+License = Annotated[str | None, typer.Option(
+    "--license", help="License id for the model card (mit, apache-2.0, ...); the card names none without it.")]
+
+
+class GGUFDtype(str, Enum):
+    """`--dtype` of export-gguf: models.gguf_export.DTYPES, named here so the help needs no import of it."""
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    q8_0 = "q8_0"
 
 
 def import_hf(
@@ -63,15 +75,38 @@ def export_hf(
     ckpt: Annotated[Path, typer.Argument(help="tfkit checkpoint folder, or a run folder (its latest checkpoint).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HuggingFace folder to write.")],
     force: Force = False,
+    license: License = None,
 ) -> None:
     """Export a tfkit checkpoint as a HuggingFace folder that transformers' Auto classes load.
 
     bert -> BertForMaskedLM; gpt with learned positions -> GPT2LMHeadModel; gpt with rope + rmsnorm +
     swiglu -> LlamaForCausalLM (any n_kv_heads). Other configurations are refused, naming the field.
+    The folder's README.md is a model card written from what the run recorded.
     """
-    from ..models.hf_export import export_hf as convert
+    from ..trainer.model_card import export_hf_with_card
 
-    path = convert(ckpt, out, force=force)
+    path = export_hf_with_card(ckpt, out, force=force, license=license)
     architecture = read_json(path / "config.json")["architectures"][0]  # what export_hf has just written
     err.print(f"exported {ckpt} as {architecture}")
+    typer.echo(str(path))
+
+
+def export_gguf(
+    ckpt: Annotated[Path, typer.Argument(help="tfkit checkpoint folder, or a run folder (its latest checkpoint).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="GGUF file to write (its model card goes beside it, as README.md).")],
+    dtype: Annotated[GGUFDtype, typer.Option(
+        "--dtype", help="Type of the weight matrices (norms, biases and positions stay f32).")] = GGUFDtype.f16,
+    force: Force = False,
+    license: License = None,
+) -> None:
+    """Export a tfkit decoder as one GGUF file for llama.cpp (needs the gguf package, tfkit's export extra).
+
+    gpt with rope + rmsnorm + swiglu -> llama.cpp's Llama layout (any n_kv_heads, tied or untied head);
+    gpt with learned positions + layernorm + gelu -> GPT-2's. The byte-level BPE tokenizer goes into the
+    file. What llama.cpp cannot run (ALiBi, post-norm, BatchNorm, sinusoidal positions) is refused, saying why.
+    """
+    from ..trainer.model_card import export_gguf_with_card
+
+    path = export_gguf_with_card(ckpt, out, dtype=dtype.value, force=force, license=license)
+    err.print(f"exported {ckpt} as GGUF ({dtype.value})")
     typer.echo(str(path))

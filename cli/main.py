@@ -173,6 +173,7 @@ app.command("generate")(generate.generate)
 app.command("convert-mqa-to-gqa")(convert.convert_mqa_to_gqa)
 app.command("import-hf")(hf.import_hf)
 app.command("export-hf")(hf.export_hf)
+app.command("export-gguf")(hf.export_gguf)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(lab.app, name="lab")
 

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..files import TFKIT_EXPORT, check_new_folder, staged_folder
+from ..layout import MODEL_CARD
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
 from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
@@ -218,9 +219,10 @@ def _framing_tokenizer(ckpt: Path, tok, family: str) -> str:
     return tokenizer.to_str(pretty=True)
 
 
-def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:
-    """Write the HF folder (config.json, model.safetensors, tokenizer files) of a tfkit checkpoint or run
-    folder into `out_dir`; returns `out_dir`. An existing non-empty `out_dir` needs force=True."""
+def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False, card: str | None = None) -> Path:
+    """Write the HF folder (config.json, model.safetensors, tokenizer files, and `card` as README.md when
+    given: `trainer.model_card`) of a tfkit checkpoint or run folder into `out_dir`; returns `out_dir`.
+    An existing non-empty `out_dir` needs force=True."""
     folder, out = resolve_checkpoint(ckpt), Path(out_dir)
     check_new_folder(out, [folder], force, replaces=(TFKIT_EXPORT,))
     model, cfg = load_model(folder)
@@ -235,4 +237,6 @@ def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False) -> 
         with safetensors_writes(out / "model.safetensors"):
             save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        if card is not None:
+            (tmp / MODEL_CARD).write_text(card, encoding="utf-8")
     return out

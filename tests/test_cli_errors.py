@@ -154,11 +154,13 @@ def test_file_system_errors_are_one_line_naming_the_path(tmp_path, monkeypatch):
     """An OSError no check caught (here export-hf writing under a regular file) still gets the boundary's
     one line, with the path, the OS reason and which component is in the way; --debug re-raises it."""
     import tfkit.models.hf_export as hf_export
+    from tfkit.models import ModelConfig, build_model, save_model
 
-    def write_under(ckpt, out, force=False):
+    def write_under(ckpt, out, force=False, card=None):
         (Path(out) / "config.json").write_text("{}")  # what a converter does once past its own checks
 
     monkeypatch.setattr(hf_export, "export_hf", write_under)
+    save_model(build_model(ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2)), tmp_path)  # its card is read first
     blocked = _file(tmp_path) / "sub"
     result = runner.invoke(app, ["export-hf", str(tmp_path), "--out", str(blocked)])
     assert result.exit_code == 2 and "Traceback" not in result.output

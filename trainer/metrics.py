@@ -1,4 +1,5 @@
-"""Where training numbers go: `metrics.jsonl` (always), TensorBoard (when installed), `loss.png` at the end.
+"""Where training numbers go: `metrics.jsonl` (always), TensorBoard (when installed), W&B (`log.wandb`,
+`trackers.py`), `loss.png` at the end.
 
 `metrics.jsonl` is the record of truth: one JSON object per line, flushed as written, readable by
 anything. Training rows carry `step, loss, accuracy, lr, grad_norm, tokens, tokens_per_sec` (+ `mfu` on
@@ -16,6 +17,7 @@ from typing import Any
 from ..errors import DataError
 from ..files import write_atomic
 from ..jsonfile import parse_json
+from .trackers import WandbTracker
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity), matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names come first.
@@ -53,12 +55,15 @@ def mfu(flops_per_token: float, tokens_per_sec: float, peak: float | None, world
 
 
 class MetricsWriter:
-    """Appends rows to metrics.jsonl and mirrors scalars to TensorBoard. Only rank 0 gets an enabled one."""
+    """Appends rows to metrics.jsonl and mirrors them to TensorBoard and a tracker. Only rank 0 gets an enabled one."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None = None,
+                 tracker: WandbTracker | None = None) -> None:
+        """`tracker` (trainer/trackers.py: W&B) receives every row written and is closed with the file."""
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._tb = None
+        self._tracker = tracker
         if not enabled:
             return
         if resume_step is not None:
@@ -84,6 +89,8 @@ class MetricsWriter:
                 numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
                 if key != "step" and numeric and math.isfinite(value):
                     self._tb.add_scalar(key, value, row["step"])
+        if self._tracker is not None:
+            self._tracker.log(row)
 
     def close(self) -> None:
         if not self.enabled:
@@ -91,6 +98,8 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ from .recipe import Recipe
 from .checkpointer import Checkpointer
 from .run_folder import prior_steps
 from .report import RunResult, describe, report, sample
+from .trackers import open_tracker
 from . import validation
 from .validation import ValidationResult
 
@@ -140,8 +141,9 @@ class Trainer(contextlib.AbstractContextManager):
         self.checkpoints = Checkpointer(recipe, info, self.parallel, self.run_dir, self.model, self.cfg, self.optimizer,
                                         self.scaler, self.prior_steps, self.resume_from)
         self.state, self.saved = self.checkpoints.restore()
+        tracker = open_tracker(recipe, self.run_dir, bool(self.resume_from)) if info.is_main else None  # log.wandb
         self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
-                                     self.state.step if self.resume_from else None)
+                                     self.state.step if self.resume_from else None, tracker=tracker)
         per_token = self.model.flops_per_token(recipe.data.seq_len)
         if recipe.objective.name == "seq2seq":
             per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens

@@ -36,7 +36,7 @@ MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
 AUTO_SUFFIX = r"-\d{8}-\d{6}(-\d+)?"  # what choose_run_dir appends to the recipe name: -YYYYmmdd-HHMMSS[-N]
 RUN_ENTRIES = {RECIPE_FILE, START_LOG, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard",
-               LOCK_FILE}
+               "wandb", LOCK_FILE}
 
 
 def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Path:

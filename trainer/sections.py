@@ -237,6 +237,13 @@ class LogSection:
     tensorboard: bool = True  # write event files when tensorboard is installed
     plot: bool = True  # write loss.png at the end when matplotlib is installed
     progress: bool = True  # progress bars
+    # log metrics.jsonl's rows, the resolved recipe and the final validation to Weights & Biases (the trackers
+    # extra; WANDB_MODE=offline needs no account and writes <run>/wandb/)
+    wandb: bool = False
+    wandb_project: str | None = None  # W&B project of log.wandb; null = tfkit (the run is named after its folder)
 
     def problems(self, prefix: str = "log") -> list[str]:
-        return []  # every value is valid: any path, any booleans
+        from .trackers import wandb_problem  # any path and any booleans are valid; W&B needs its package
+
+        problem = wandb_problem() if self.wandb else None
+        return [problem] if problem else []
