@@ -83,7 +83,7 @@ def grouped_kv_problem(family: str, cfg: ModelConfig, regrouped_exports: bool) -
                                        if getattr(cfg, name) not in allowed)]
     return (f"model.n_kv_heads={cfg.n_kv_heads} has no HuggingFace equivalent for {FAMILY_NAME[family]}, which "
             f"has multi-head attention only{to_mha}; a Llama exports with grouped K/V: train one with "
-            f"{' '.join('--set ' + item for item in llama)} (the llama-tiny recipe)")
+            f"{' '.join(llama)} (the llama-tiny recipe)")
 
 
 def _yaml(value) -> str:
