@@ -128,8 +128,8 @@ def convert_mqa_to_gqa(
                   "(copy the run's tokenizer files in)")
 
 
-# the library's names for --kv-heads and --eval-data, for its errors to name the flags
-convert_mqa_to_gqa.library_params = {"new_kv_heads": "kv_heads", "data_spec": "eval_data"}
+# the library's name for --kv-heads, for its errors to name the flag
+convert_mqa_to_gqa.library_params = {"new_kv_heads": "kv_heads"}
 
 
 def uptrain_command(out: Path, cfg, source_steps: int | None = None) -> str:

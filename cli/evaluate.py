@@ -170,7 +170,3 @@ def evaluate(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(json_out, json.dumps([json_safe(r) for r in rows], indent=2) + "\n")  # all or nothing
         err.print(f"wrote {json_out}")
-
-
-# the library's name for --data, for its errors to name the flag
-evaluate.library_params = {"data_spec": "data"}

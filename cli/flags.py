@@ -2,8 +2,8 @@
 
 The library names its own parameters (`top_k must be >= 1`), since it is called from Python too; a command
 knows its options from Typer (the parameter `top_k` is the option `--top-k`), and a command that passes a
-library parameter under another name says so in its function's `library_params` (eval's `--data` is
-`evaluate`'s `data_spec`: `{"data_spec": "data"}`).
+library parameter under another name says so in its function's `library_params` (convert-mqa-to-gqa's
+`--kv-heads` is `regroup_kv_heads`'s `new_kv_heads`: `{"new_kv_heads": "kv_heads"}`).
 """
 
 from __future__ import annotations

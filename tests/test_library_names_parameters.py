@@ -127,6 +127,8 @@ def test_only_the_parameters_an_error_names_are_rewritten_and_only_as_words():
     (["recipes", "validate", "gpt-tiny", "--set", "trian.max_steps=5"],
      "error: --set trian.max_steps=5: unknown section 'trian' (did you mean 'train'?)"),
     (["lab", "run", "gqa-uptrain", "--seeds", "0"], "error: --seeds: got 0, expected a positive integer"),
+    (["generate", "{tmp}", "-p", "x", "--dtype", "int8"],
+     "error: --dtype: got 'int8', expected one of fp32, bf16, fp16"),
 ])
 def test_commands_still_name_their_flags(args, line, tmp_path):
     result = CliRunner().invoke(app, [a.format(tmp=tmp_path) for a in args])
