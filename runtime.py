@@ -4,9 +4,9 @@ memory a process may use.
 A device is `auto` (CUDA when there is a GPU, else the CPU), `cpu`, `cuda` or `cuda:N`; asking for CUDA
 where there is none is an error rather than a silent CPU run. A precision is `fp32`, `bf16` or `fp16`, and
 where a command allows it `auto`, which that command resolves from what it knows (eval: the precision the
-checkpoint trained in). Errors name the option the value came from (`--device`, `train.device`), so
-every command reads the same. torch is imported inside the functions: the CLI's `--help` must not pay
-for it.
+checkpoint trained in). Errors name the parameter or recipe key the value came from (`device`, which a
+command spells `--device`; `train.device`), so every command reads the same. torch is imported inside
+the functions: the CLI's `--help` must not pay for it.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ AUTO = "auto"
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def check_device(name: str, option: str = "--device") -> str:
+def check_device(name: str, option: str = "device") -> str:
     """`name` when it is a device name (auto, cpu, cuda, cuda:N), else an error naming `option`. Needs no
     torch, so a recipe is checked as quickly as `tfkit recipes validate` must be."""
     if not (name in (AUTO, "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
-        raise ConfigError(f"{option}: got {name!r}, expected auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"{option}: got {name!r}, expected auto, cpu, cuda or cuda:N", params=(option,))
     return name
 
 
-def pick_device(name: str, option: str = "--device") -> torch.device:
+def pick_device(name: str, option: str = "device") -> torch.device:
     """The torch device `name` means on this machine (module doc); `option` is where it came from."""
     import torch
 
@@ -40,15 +40,15 @@ def pick_device(name: str, option: str = "--device") -> torch.device:
     if name == AUTO:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"{option}: {name!r} requested but CUDA is not available (use auto or cpu)")
+        raise ConfigError(f"{option}: {name!r} requested but CUDA is not available (use auto or cpu)", params=(option,))
     return torch.device(name)
 
 
-def check_precision(name: str, option: str = "--dtype", allow_auto: bool = False) -> str:
+def check_precision(name: str, option: str = "dtype", allow_auto: bool = False) -> str:
     """`name` when it is a precision this command takes (`auto` only where `allow_auto`), else an error."""
     allowed = ((AUTO,) if allow_auto else ()) + PRECISIONS
     if name not in allowed:
-        raise ConfigError(f"{option}: got {name!r}, expected one of {', '.join(allowed)}")
+        raise ConfigError(f"{option}: got {name!r}, expected one of {', '.join(allowed)}", params=(option,))
     return name
 
 

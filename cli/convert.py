@@ -128,6 +128,10 @@ def convert_mqa_to_gqa(
                   "(copy the run's tokenizer files in)")
 
 
+# the library's name for --kv-heads, for its errors to name the flag
+convert_mqa_to_gqa.library_params = {"new_kv_heads": "kv_heads"}
+
+
 def uptrain_command(out: Path, cfg, source_steps: int | None = None) -> str:
     """`tfkit pretrain gqa-uptrain --set train.init_from=OUT` plus a `--set model.KEY=VALUE` for every model
     key where the bundled recipe (gpt-tiny with 2 K/V heads) differs from this checkpoint (the trainer

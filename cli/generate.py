@@ -127,6 +127,11 @@ def generate(
             compile=compile_step))
 
 
+# the library's names for what the user gave as --prompt and --fill-mask, for its errors to name the flags
+generate.library_params = {"prompt_ids": "prompt", "source_ids": "prompt", "text": "prompt",
+                           "text_with_mask": "fill_mask_text", "fill_mask": "fill_mask_text"}
+
+
 def print_fill_mask(model, tokenizer, text: str, top_k: int) -> None:
     """One `mask<TAB>prob<TAB>token` line per guess, under a header printed once the guesses exist (a GPT
     checkpoint or a text without a mask is one error line, not a header and then an error)."""

@@ -6,6 +6,8 @@ raised below is caught here and printed as one red line with exit code 2 (the tr
 unknown option, a missing argument), without its usage block and framed box. So is every `OSError` that got this far
 (an `--out` under a regular file, a `--run-dir` that is a file, no permission, a full disk): those are
 ordinary file-system mistakes, and the line names the path and the operating system's reason.
+A library error names its function's parameters (`top_k must be >= 1`); the line spells them as the running
+command's flags (`--top-k must be >= 1`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .. import __version__
 from ..errors import TfkitError, disk_full, shorten
 from ..files import is_disk_full
 from . import convert, evaluate, generate, hf, lab, pretrain, recipes, tokenizer
+from .flags import with_flags
 
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -66,6 +69,22 @@ def usage_line(exc: TyperException) -> str:
     return one_line(exc.format_message().rstrip(".")) + hint
 
 
+class _CommandContext(typer.Context):
+    """Keeps the innermost command being run in the shared `meta`, so the boundary, which sees the error
+    only after that command's context has closed, knows whose flags to name."""
+
+    def __init__(self, command, *args, **kwargs):
+        super().__init__(command, *args, **kwargs)
+        self.meta["tfkit.command"] = command
+
+
+def record_running(command) -> None:
+    """Give `command` and every subcommand below it the `_CommandContext`."""
+    command.context_class = _CommandContext
+    for sub in getattr(command, "commands", {}).values():
+        record_running(sub)
+
+
 def _print_error(message: str) -> None:
     err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)
 
@@ -96,6 +115,7 @@ class _Group(TyperGroup):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         unwrap_help(self)  # Typer builds the subcommands first, so the whole tree is here
+        record_running(self)
 
     def make_context(self, info_name, args, parent=None, **extra):
         """The top level's own options (`tfkit --bogus`) are parsed here, before `invoke`."""
@@ -119,7 +139,8 @@ class _Group(TyperGroup):
         except (TfkitError, OSError) as exc:
             if ctx.meta.get("tfkit.debug"):
                 raise
-            _print_error(one_line(os_error_line(exc) if isinstance(exc, OSError) else str(exc)))
+            command = ctx.meta.get("tfkit.command")
+            _print_error(one_line(os_error_line(exc) if isinstance(exc, OSError) else with_flags(exc, command)))
             raise typer.Exit(2) from None
 
 

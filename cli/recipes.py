@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from ..progress import console as output_console
+from .flags import with_flags
 from .options import Overrides
 
 app = typer.Typer(help="List, show and validate pretraining recipes.", no_args_is_help=True)
@@ -81,7 +82,7 @@ def validate(
             if ctx.meta.get("tfkit.debug"):
                 raise
             failed = True
-            message = str(exc)
+            message = with_flags(exc, ctx.command)
             if len(files) > 1 and message.startswith("--set"):  # else nothing says which file it was
                 message = f"{item}: {message}"
             err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False)

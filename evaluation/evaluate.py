@@ -115,7 +115,7 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
         dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, source_field=pair_fields[0],
                                            target_field=pair_fields[1], max_src_len=seq_len, max_tgt_len=seq_len)
         if any(dataset.truncated.values()):
-            warnings.warn(f"{data_spec}: --seq-len {seq_len} cuts {truncation_note(dataset)}; the cut tokens "
+            warnings.warn(f"{data_spec}: seq_len {seq_len} cuts {truncation_note(dataset)}; the cut tokens "
                           "are not scored", CorpusWarning, stacklevel=2)
         return _all_batches(dataset, batch_size, data_spec, seq_len)
     shards = prepare_tokens(data_spec, tokenizer, cache_dir, text_field=text_field, show_progress=show_progress)
@@ -132,10 +132,10 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
 
 class TooLittleText(DataError):
     """The corpus gives nothing to score at this context length. Its own type, so a command without
-    eval's --seq-len (convert-mqa-to-gqa --eval-data) can say what helps there."""
+    eval's seq_len (convert-mqa-to-gqa's eval_data) can say what helps there."""
 
-    def __init__(self, message: str, seq_len: int):
-        super().__init__(message)
+    def __init__(self, message: str, seq_len: int, params: tuple[str, ...] = ()):
+        super().__init__(message, params=params)
         self.seq_len = seq_len
 
 
@@ -143,8 +143,8 @@ def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> tupl
     """Every example of the dataset in order, the last batch partial, and the number of batches; no
     example names what helps."""
     if dataset.num_examples == 0:
-        raise TooLittleText(f"{data_spec}: the text gives no {dataset.name} at --seq-len {seq_len}; "
-                            "use a smaller --seq-len, or more text", seq_len)
+        raise TooLittleText(f"{data_spec}: the text gives no {dataset.name} at seq_len {seq_len}; "
+                            "use a smaller seq_len, or more text", seq_len, params=("seq_len",))
     return dataset.every_example(batch_size), -(-dataset.num_examples // batch_size)
 
 
@@ -160,13 +160,15 @@ def trained_seq_len(config: dict) -> int:
 
 def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective: str, batch_size: int) -> None:
     if batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}", params=("batch_size",))
     if not 1 <= seq_len <= max_seq_len:
-        raise ConfigError(f"--seq-len must be in 1..{max_seq_len} (the model's max_seq_len), got {seq_len}")
+        raise ConfigError(f"seq_len must be in 1..{max_seq_len} (the model's max_seq_len), got {seq_len}",
+                          params=("seq_len",))
     if stride is not None and objective != "clm":
-        raise ConfigError(f"--stride (sliding-window perplexity) needs a causal (GPT) checkpoint, not {objective}")
+        raise ConfigError(f"stride (sliding-window perplexity) needs a causal (GPT) checkpoint, not {objective}",
+                          params=("stride",))
     if stride is not None and not 1 <= stride <= seq_len:
-        raise ConfigError(f"--stride must be in 1..seq_len={seq_len}, got {stride}")
+        raise ConfigError(f"stride must be in 1..seq_len={seq_len}, got {stride}", params=("stride",))
 
 
 @dataclass
@@ -269,8 +271,8 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,
                device, progress, max_batches, max_tokens)
     if t.scored == 0:
-        raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller --seq-len, "
-                            "or more data)", seq_len)
+        raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller seq_len, "
+                            "or more data)", seq_len, params=("seq_len",))
     loss = t.nll / t.scored
     return {
         "checkpoint": str(folder),

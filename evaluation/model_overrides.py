@@ -24,16 +24,18 @@ from ..models.io import assign_weights, parameters_on_meta
 
 def parse_model_overrides(items: list[str]) -> list[tuple[str, object]]:
     """`model.KEY=VALUE` strings -> [(KEY, value)], each value read as YAML (`0.125` a number, `none` text).
-    Only model keys: the evaluation's own settings are eval's options (--seq-len, --batch-size)."""
+    Only model keys: the evaluation's own settings are evaluate's parameters (seq_len, batch_size)."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     out: list[tuple[str, object]] = []
     for item in items:
         key, sep, text = item.partition("=")
         section, _, name = key.strip().partition(".")
         if not sep or section != "model" or not name:
-            raise ConfigError(f"--set {item!r}: expected model.KEY=VALUE, e.g. --set model.attention=naive")
+            raise ConfigError(f"overrides {item!r}: expected model.KEY=VALUE, e.g. overrides model.attention=naive",
+                              params=("overrides",))
         if name not in fields:
-            raise ConfigError(f"--set {item}: model.{name} is not a model key (see `tfkit recipes keys model`)")
+            raise ConfigError(f"overrides {item}: model.{name} is not a model key (see `tfkit recipes keys model`)",
+                              params=("overrides",))
         try:
             out.append((name, yaml.safe_load(text)))
         except yaml.YAMLError:
@@ -69,26 +71,27 @@ def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -
     have, base = _shapes(model), cfg.to_dict()
     for item, (name, value) in zip(items, values):
         _check_one(item, name, value, base, have)
-    given = " ".join(f"--set {i}" for i in items)
+    given = " ".join(f"overrides {i}" for i in items)
     new_cfg = _config({**base, **dict(values)}, given)  # the last value of a key given twice
     new_model, difference = _build_on_meta(new_cfg, have)
     if difference:
         raise ConfigError(f"{given}: together they change the model's weights ({difference}); only settings "
-                          "that keep every weight can be evaluated")
+                          "that keep every weight can be evaluated", params=("overrides",))
     device = next(model.parameters()).device
-    assign_weights(new_model, model.state_dict(), "the checkpoint", f"the {new_cfg.arch} model with --set")
+    assign_weights(new_model, model.state_dict(), "the checkpoint", f"the {new_cfg.arch} model with the overrides")
     return new_model.to(device).train(model.training), new_cfg
 
 
 def _check_one(item: str, name: str, value: object, base: dict, have: dict[str, tuple[int, ...]]) -> None:
     try:
-        config = _config({**base, name: value}, f"--set {item}")
+        config = _config({**base, name: value}, f"overrides {item}")
     except ConfigError:
         return  # valid only with another key (model.rope_factor with model.rope_scaling): checked together
     _, difference = _build_on_meta(config, have)
     if difference:
-        raise ConfigError(f"--set {item}: model.{name}={value} changes the model's weights ({difference}); only "
-                          "keys that keep every weight (e.g. model.attention, model.attn_scale) can be evaluated")
+        raise ConfigError(f"overrides {item}: model.{name}={value} changes the model's weights ({difference}); only "
+                          "keys that keep every weight (e.g. model.attention, model.attn_scale) can be evaluated",
+                          params=("overrides",))
 
 
 def _build_on_meta(cfg: ModelConfig, have: dict[str, tuple[int, ...]]) -> tuple[nn.Module, str | None]:
@@ -100,4 +103,9 @@ def _build_on_meta(cfg: ModelConfig, have: dict[str, tuple[int, ...]]) -> tuple[
 
 
 def _config(values: dict, source: str) -> ModelConfig:
-    return ModelConfig.from_dict(values, source=source)  # every invalid value, named, as one ConfigError
+    """`ModelConfig.from_dict`'s one ConfigError naming every invalid value, which `source` (the overrides
+    given) begins."""
+    try:
+        return ModelConfig.from_dict(values, source=source)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), params=("overrides",)) from None

@@ -59,19 +59,20 @@ def default_folder(claim: str) -> Path:
 def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
     """Check everything (spec, every recipe, the options, the folder) before any compute; one error."""
     if options.seeds < 1:
-        raise ConfigError(f"--seeds: got {options.seeds}, expected a positive integer")
+        raise ConfigError(f"seeds: got {options.seeds}, expected a positive integer", params=("seeds",))
     if options.jobs < 1:
-        raise ConfigError(f"--jobs: got {options.jobs}, expected a positive integer")
+        raise ConfigError(f"jobs: got {options.jobs}, expected a positive integer", params=("jobs",))
     try:
         base = load_recipe(spec.base_path(), base_overrides(spec, options))
     except ConfigError as exc:
-        raise ConfigError(f"{spec.path}: base {spec.base}: {exc}") from None
+        raise ConfigError(f"{spec.path}: base {spec.base}: {exc}", params=exc.params) from None
     seeds = seed_values(base.train.seed, options.seeds)
     jobs = plan_jobs(spec, seeds)
     recipes = resolve_recipes(spec, options, jobs)
     texts = options.evals or spec.eval or ([base.data.valid] if base.data.valid else [])
     if not texts:
-        raise ConfigError(f"{spec.path}: no held-out text to score on: pass --eval FILE (data.valid is null)")
+        raise ConfigError(f"{spec.path}: no held-out text to score on: pass evals FILE (data.valid is null)",
+                          params=("evals",))
     evals: dict[str, str] = {}
     for text in texts:
         label, n = eval_label(text), 2
@@ -112,10 +113,12 @@ def _claim_folder(folder: Path, spec: LabSpec, options: LabOptions) -> None:
                               "restore it, or run the lab into another --out")
         if found != record:
             raise ConfigError(f"{folder}: holds a lab of {found.get('claim')!r} with options {found.get('options')}, "
-                              f"not {record['options']}; continue it with the same options or choose another --out")
+                              f"not {record['options']}; continue it with the same options or choose another out",
+                              params=("out",))
         return
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ConfigError(f"--out {folder}: exists and is not a lab folder (no {LAB_FILE}); choose another --out")
+        raise ConfigError(f"out {folder}: exists and is not a lab folder (no {LAB_FILE}); choose another out",
+                          params=("out",))
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / SPEC_COPY, spec.path.read_text(encoding="utf-8"))
     write_atomic(marker, json.dumps(record, indent=2) + "\n")

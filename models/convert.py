@@ -47,24 +47,23 @@ def is_kv_key(key: str) -> bool:
 
 
 def check_regrouping(cfg: ModelConfig, new_kv_heads: int, method: str = "mean") -> None:
-    """Raise ConfigError (naming --kv-heads / --method and the counts) unless the regrouping is possible."""
+    """Raise ConfigError (naming new_kv_heads / method and the counts) unless the regrouping is possible."""
     if method not in METHODS:
-        raise ConfigError(f"--method: got {method!r}, expected one of {', '.join(METHODS)}")
+        raise ConfigError(f"method: got {method!r}, expected one of {', '.join(METHODS)}", params=("method",))
     old, heads = cfg.kv_heads, cfg.n_heads
     if isinstance(new_kv_heads, bool) or not isinstance(new_kv_heads, int) or new_kv_heads < 1:
-        raise ConfigError(f"--kv-heads: got {new_kv_heads!r}, expected a positive integer")
+        raise ConfigError(f"new_kv_heads: got {new_kv_heads!r}, expected a positive integer", params=("new_kv_heads",))
     if heads % new_kv_heads:
         divisors = [g for g in range(1, heads + 1) if heads % g == 0]
         raise ConfigError(
-            f"--kv-heads {new_kv_heads}: the model's {heads} query heads cannot be split into {new_kv_heads} "
-            f"key/value groups (n_heads % kv_heads must be 0; choose one of {', '.join(map(str, divisors))})"
-        )
+            f"new_kv_heads {new_kv_heads}: the model's {heads} query heads cannot be split into {new_kv_heads} "
+            f"key/value groups (n_heads % kv_heads must be 0; choose one of {', '.join(map(str, divisors))})",
+            params=("new_kv_heads",))
     if old % new_kv_heads and new_kv_heads % old:
         raise ConfigError(
-            f"--kv-heads {new_kv_heads}: cannot regroup {old} key/value heads into {new_kv_heads}: each new head "
+            f"new_kv_heads {new_kv_heads}: cannot regroup {old} key/value heads into {new_kv_heads}: each new head "
             f"must pool a whole group of old heads ({old} % kv_heads == 0) or copy one old head "
-            f"(kv_heads % {old} == 0)"
-        )
+            f"(kv_heads % {old} == 0)", params=("new_kv_heads",))
 
 
 def pool_heads(w: Tensor, old: int, new: int, method: str) -> Tensor:

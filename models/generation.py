@@ -163,15 +163,15 @@ def next_token(logits: Tensor, temperature: float, top_k: int | None, top_p: flo
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int) -> None:
-    """Reject impossible sampling settings, naming the option they came from."""
+    """Reject impossible sampling settings, naming the parameter at fault."""
     if not math.isfinite(temperature) or temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}", params=("temperature",))
     if top_k is not None and top_k < 1:
-        raise ConfigError(f"--top-k must be >= 1, got {top_k}")
+        raise ConfigError(f"top_k must be >= 1, got {top_k}", params=("top_k",))
     if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}", params=("top_p",))
     if max_new_tokens < 0:
-        raise ConfigError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+        raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}", params=("max_new_tokens",))
 
 
 def frame_prompt(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | None]:
@@ -188,7 +188,8 @@ def frame_prompt(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] 
         return tokenizer.document_prefix() + tokenizer.encode(text), None
     bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
     if bos is None or sep is None:
-        raise ConfigError("--prompt: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source")
+        raise ConfigError("text: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source",
+                          params=("text",))
     return [bos], tokenizer.encode(text) + [sep]
 
 
@@ -223,23 +224,26 @@ def encode_source(model: nn.Module, source_ids: list[list[int]], pad_id: int) ->
 
 def check_generate(cfg, prompt_ids: list[list[int]], max_new_tokens: int, min_new_tokens: int,
                    source_ids: list[list[int]] | None) -> None:
-    """Reject prompts and lengths `generate` cannot serve, naming the option they came from."""
+    """Reject prompts and lengths `generate` cannot serve, naming the parameter at fault."""
     if cfg.arch == "bert":
-        raise ConfigError("--prompt: BERT does not generate left to right; use --fill-mask \"... [MASK] ...\"")
+        raise ConfigError("prompt_ids: BERT does not generate left to right; use fill_mask \"... [MASK] ...\"",
+                          params=("prompt_ids", "fill_mask"))
     if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
-        raise ConfigError("--prompt: every prompt needs at least one token")
+        raise ConfigError("prompt_ids: every prompt needs at least one token", params=("prompt_ids",))
     longest = max(len(p) for p in prompt_ids)
     if longest > cfg.max_seq_len:
-        raise ConfigError(f"--prompt: a prompt has {longest} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+        raise ConfigError(f"prompt_ids: a prompt has {longest} tokens but the model's max_seq_len is {cfg.max_seq_len}",
+                          params=("prompt_ids",))
     if (source_ids is not None) != (cfg.arch == "transformer"):
         raise ConfigError(f"source_ids must be given exactly when the model is an encoder-decoder (arch={cfg.arch})")
     if source_ids is not None and len(source_ids) != len(prompt_ids):
         raise ConfigError(f"{len(source_ids)} sources for {len(prompt_ids)} decoder prompts; give one per row")
     if source_ids is not None and max(map(len, source_ids)) > cfg.max_seq_len:
-        raise ConfigError(f"--prompt: a source has {max(map(len, source_ids))} tokens but the model's max_seq_len "
-                          f"is {cfg.max_seq_len}")
+        raise ConfigError(f"source_ids: a source has {max(map(len, source_ids))} tokens but the model's max_seq_len "
+                          f"is {cfg.max_seq_len}", params=("source_ids",))
     if not 0 <= min_new_tokens <= max_new_tokens:
-        raise ConfigError(f"--min-new-tokens: got {min_new_tokens}, expected 0 to --max-new-tokens ({max_new_tokens})")
+        raise ConfigError(f"min_new_tokens: got {min_new_tokens}, expected 0 to max_new_tokens ({max_new_tokens})",
+                          params=("min_new_tokens", "max_new_tokens"))
 
 
 def _prompt_grid(prompt_ids: list[list[int]], total: int, device: torch.device) -> Tensor:
@@ -349,18 +353,21 @@ def fill_mask(model: nn.Module, tokenizer, text_with_mask: str, top_k: int = 5) 
     """
     cfg = model.config
     if cfg.arch != "bert":
-        raise ConfigError(f"--fill-mask needs a BERT (masked LM) checkpoint; this one is arch={cfg.arch}")
+        raise ConfigError(f"text_with_mask needs a BERT (masked LM) checkpoint; this one is arch={cfg.arch}",
+                          params=("text_with_mask",))
     if tokenizer.mask_id is None:
-        raise ConfigError("--fill-mask: the checkpoint's tokenizer has no mask token")
+        raise ConfigError("text_with_mask: the checkpoint's tokenizer has no mask token", params=("text_with_mask",))
     if top_k < 1:
-        raise ConfigError(f"--top-k must be >= 1, got {top_k}")
+        raise ConfigError(f"top_k must be >= 1, got {top_k}", params=("top_k",))
     mask_token = tokenizer.id_to_token(tokenizer.mask_id)
     ids = tokenizer.encode(text_with_mask.replace("[MASK]", mask_token), add_special_tokens=True)
     positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
     if not positions:
-        raise ConfigError(f"--fill-mask: the text has no {mask_token} to fill, e.g. \"The {mask_token} sat.\"")
+        raise ConfigError(f"text_with_mask: the text has no {mask_token} to fill, e.g. \"The {mask_token} sat.\"",
+                          params=("text_with_mask",))
     if len(ids) > cfg.max_seq_len:
-        raise ConfigError(f"--fill-mask: the text has {len(ids)} tokens but the model's max_seq_len is {cfg.max_seq_len}")
+        raise ConfigError(f"text_with_mask: the text has {len(ids)} tokens but the model's max_seq_len is "
+                          f"{cfg.max_seq_len}", params=("text_with_mask",))
     was_training = model.training
     model.eval()
     input_ids = torch.tensor([ids], device=model_device(model))  # (1, T)

@@ -93,7 +93,7 @@ def _rope_family(cfg: ModelConfig) -> str:
 def grouped_kv_problem(family: str, cfg: ModelConfig, regrouped_exports: bool) -> str:
     """Why grouped K/V does not export as BERT or GPT-2, and what does: the same checkpoint regrouped to
     MHA (copying each K/V head to its group computes the same function), when nothing else stands in the
-    way, or, for a decoder, a model trained with the `--set` keys that make it a Llama, the one HF family
+    way, or, for a decoder, a model trained with the recipe keys that make it a Llama, the one HF family
     with grouped K/V (the llama-tiny recipe)."""
     to_mha = (f"; `tfkit convert-mqa-to-gqa CHECKPOINT --kv-heads {cfg.n_heads} --out DIR` regroups it to MHA, "
               "the same function, which exports" if regrouped_exports else "")
@@ -104,11 +104,11 @@ def grouped_kv_problem(family: str, cfg: ModelConfig, regrouped_exports: bool) -
                                        if getattr(cfg, name) not in allowed)]
     return (f"model.n_kv_heads={cfg.n_kv_heads} has no HuggingFace equivalent for {FAMILY_NAME[family]}, which "
             f"has multi-head attention only{to_mha}; a Llama exports with grouped K/V: train one with "
-            f"{' '.join('--set ' + item for item in llama)} (the llama-tiny recipe)")
+            f"{' '.join(llama)} (the llama-tiny recipe)")
 
 
 def _yaml(value) -> str:
-    """A recipe value as `--set` takes it (YAML: false, not False)."""
+    """A recipe value as an override (SECTION.KEY=VALUE) takes it (YAML: false, not False)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

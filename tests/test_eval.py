@@ -206,7 +206,7 @@ def test_seq2seq_pairs_score_every_target_token_and_eos(tokenizers, tmp_path: Pa
 
 def test_seq2seq_pairs_are_read_with_the_checkpoints_fields_and_cuts_are_reported(tokenizers, tmp_path: Path) -> None:
     """A model trained on {"en": ..., "fr": ...} records is scored on the same keys (recorded in its
-    config.json), and pairs longer than --seq-len are cut with a warning, not silently."""
+    config.json), and pairs longer than seq_len are cut with a warning, not silently."""
     pairs = [("hear me speak", "speak, speak"), ("first citizen", "all of us"), ("to be", "or not to be"),
              ("the question", "that is it")] * 2
     tsv, enfr = tmp_path / "pairs.tsv", tmp_path / "pairs.jsonl"
@@ -218,21 +218,22 @@ def test_seq2seq_pairs_are_read_with_the_checkpoints_fields_and_cuts_are_reporte
     expected = score(ckpt, tsv, tmp_path, batch_size=4, seq_len=16)
     got = score(ckpt, enfr, tmp_path, batch_size=4, seq_len=16)
     assert (got["tokens"], got["loss"]) == (expected["tokens"], pytest.approx(expected["loss"], rel=1e-6))
-    with pytest.warns(CorpusWarning, match=r"pairs.tsv: --seq-len 4 cuts 8 sources and 8 targets \(of 8 pairs\)"):
+    with pytest.warns(CorpusWarning, match=r"pairs.tsv: seq_len 4 cuts 8 sources and 8 targets \(of 8 pairs\)"):
         score(ckpt, tsv, tmp_path, batch_size=4, seq_len=4)
 
 
-def test_bad_options_name_the_flag(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+def test_bad_options_name_the_parameter(tokenizers, valid_file: Path, tmp_path: Path) -> None:
+    """The library names its parameters; `tfkit eval` spells them as flags (the CLI tests below)."""
     bert = make_checkpoint(tmp_path / "bert", tokenizers["wordpiece"], arch="bert")
-    with pytest.raises(ConfigError, match="--stride"):
+    with pytest.raises(ConfigError, match="^stride "):
         score(bert, valid_file, tmp_path, stride=8)
-    with pytest.raises(ConfigError, match="--seq-len"):
+    with pytest.raises(ConfigError, match="^seq_len must be in 1..64"):
         score(bert, valid_file, tmp_path, seq_len=65)
-    with pytest.raises(ConfigError, match="--dtype"):
+    with pytest.raises(ConfigError, match="^dtype: got 'int8'"):
         score(bert, valid_file, tmp_path, dtype="int8")
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("The quick brown fox jumps over the lazy dog.\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"tiny.txt: the text gives no rows at --seq-len 64; use a smaller --seq-len"):
+    with pytest.raises(DataError, match=r"tiny.txt: the text gives no rows at seq_len 64; use a smaller seq_len"):
         score(bert, tiny, tmp_path, batch_size=8)
     assert score(bert, tiny, tmp_path, batch_size=8, seq_len=8)["tokens"] > 0  # what the message suggests works
 
@@ -307,7 +308,7 @@ def test_json_out_is_checked_before_anything_is_scored(tokenizers, valid_file: P
 
 def test_seq_len_zero_is_an_error_not_the_default(tokenizers, valid_file: Path, tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "gpt", tokenizers["bpe"])
-    with pytest.raises(ConfigError, match=r"--seq-len must be in 1\.\.64"):
+    with pytest.raises(ConfigError, match=r"^seq_len must be in 1\.\.64"):
         score(ckpt, valid_file, tmp_path, seq_len=0)
     app, prefix = cli_app()
     for bad in ("0", "-3", "65"):

@@ -122,19 +122,20 @@ def test_generation_stops_at_max_seq_len() -> None:
     assert generate(model, [list(range(16))], 5, temperature=0) == [[]]
 
 
-def test_bad_inputs_name_the_option() -> None:
+def test_bad_inputs_name_the_parameter() -> None:
+    """The library names its own parameters; `tfkit generate` spells them as flags (test_generation_cli)."""
     model = tiny(max_seq_len=16)
-    with pytest.raises(ConfigError, match="--prompt"):
+    with pytest.raises(ConfigError, match="^prompt_ids: "):
         generate(model, [list(range(17))], 3)
-    with pytest.raises(ConfigError, match="--prompt"):
+    with pytest.raises(ConfigError, match="^prompt_ids: "):
         generate(model, [[]], 3)
-    with pytest.raises(ConfigError, match="--temperature"):
+    with pytest.raises(ConfigError, match="^temperature must be >= 0"):
         generate(model, [[1]], 3, temperature=-1)
-    with pytest.raises(ConfigError, match="--top-p"):
+    with pytest.raises(ConfigError, match=r"^top_p must be in \(0, 1\]"):
         generate(model, [[1]], 3, top_p=0)
-    with pytest.raises(ConfigError, match="--top-k"):
+    with pytest.raises(ConfigError, match="^top_k must be >= 1"):
         generate(model, [[1]], 3, top_k=0)
-    with pytest.raises(ConfigError, match="--fill-mask"):
+    with pytest.raises(ConfigError, match="use fill_mask"):
         generate(tiny("bert"), [[1]], 3)
 
 

@@ -150,7 +150,7 @@ def test_fill_mask_rejects_gpt_models(gpt_ckpt: Path) -> None:
     from tfkit.models import load_model
 
     model, _ = load_model(gpt_ckpt)
-    with pytest.raises(ConfigError, match="--fill-mask"):
+    with pytest.raises(ConfigError, match="^text_with_mask needs a BERT"):
         fill_mask(model, load_tokenizer(gpt_ckpt), "The [MASK] sat.", top_k=3)
 
 

@@ -108,14 +108,14 @@ def test_problems_caused_by_set_name_the_override_and_the_rest_name_the_file(tmp
     path = _write(tmp_path, "train:\n  max_step: 10\n")
     message = str(pytest.raises(ConfigError, load_recipe, path, ["optim.lr=-1", "model.n_layers=2"]).value)
     assert message == (f"{path}: train.max_step: unknown key (did you mean 'max_steps'?); "
-                       "--set optim.lr=-1: optim.lr: got -1.0, expected a positive finite number")
+                       "overrides optim.lr=-1: optim.lr: got -1.0, expected a positive finite number")
     only_set = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny", ["optim.lr=-1"]).value)
-    assert only_set == "--set optim.lr=-1: optim.lr: got -1.0, expected a positive finite number"
-    # a combination problem is blamed on the override that created it, and the last --set of a key counts
+    assert only_set == "overrides optim.lr=-1: optim.lr: got -1.0, expected a positive finite number"
+    # a combination problem is blamed on the override that created it, and the last override of a key counts
     across = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny",
                                ["model.max_seq_len=100", "model.max_seq_len=64"]).value)
-    assert across.startswith("--set model.max_seq_len=64: data.seq_len: 128 exceeds model.max_seq_len=64")
-    with pytest.raises(ConfigError, match=r"^--set optm\.lr=1: unknown section 'optm' \(did you mean 'optim'\?\)$"):
+    assert across.startswith("overrides model.max_seq_len=64: data.seq_len: 128 exceeds model.max_seq_len=64")
+    with pytest.raises(ConfigError, match=r"^overrides optm\.lr=1: unknown section 'optm' \(did you mean 'optim'\?\)$"):
         load_recipe("gpt-tiny", ["optm.lr=1"])
 
 
@@ -186,7 +186,7 @@ def test_show_writes_a_recipe_that_loads_and_the_lr_curve_to_stderr(tmp_path):
 
 def test_a_bad_arch_is_reported_once():
     message = str(pytest.raises(ConfigError, load_recipe, "gpt-tiny", ["model.arch=xyz"]).value)
-    assert message == "--set model.arch=xyz: model.arch: got 'xyz', expected one of bert, gpt, transformer"
+    assert message == "overrides model.arch=xyz: model.arch: got 'xyz', expected one of bert, gpt, transformer"
 
 
 def test_an_unreadable_empty_or_folder_recipe_is_one_error_naming_it(tmp_path):

@@ -188,7 +188,7 @@ def test_never_overwrites_a_different_tokenizer_without_force(tmp_path):
     (out / "notes.txt").write_text("mine")
     train_tokenizer(TokenizerSpec(vocab_size=300), TINY, out, show_progress=False)  # same tokenizer: fine
     assert (out / "notes.txt").exists() and (out / "tokenizer.json").read_bytes() == before
-    with pytest.raises(DataError, match=r"holds a different tokenizer; use --force"):
+    with pytest.raises(DataError, match=r"holds a different tokenizer; use force"):
         train_tokenizer(TokenizerSpec(vocab_size=280), TINY, out, show_progress=False)
     assert (out / "tokenizer.json").read_bytes() == before
     train_tokenizer(TokenizerSpec(vocab_size=280), TINY, out, show_progress=False, force=True)

@@ -141,7 +141,7 @@ def test_keep_last_prunes_the_oldest(tmp_path):
 def test_resume_path_must_hold_a_trainer_state(tmp_path):
     with pytest.raises(CheckpointError, match="not a training checkpoint"):
         ckpt.resolve_resume(tmp_path)
-    with pytest.raises(CheckpointError, match=r"--resume .*nonexist: no such file or folder"):
+    with pytest.raises(CheckpointError, match=r"^resume .*nonexist: no such file or folder"):
         ckpt.resolve_resume(tmp_path / "nonexist")
 
 

@@ -190,7 +190,7 @@ def test_resume_after_sigkill_is_exact(reference, tmp_path):
 
 def test_fresh_start_into_a_run_folder_with_checkpoints_is_refused(reference):
     recipe, ref_dir, _ = reference
-    with pytest.raises(CheckpointError, match="already holds checkpoints; pass --resume auto"):
+    with pytest.raises(CheckpointError, match="already holds checkpoints; pass resume auto"):
         pretrain(load_recipe(str(recipe)), run_dir=ref_dir)
 
 
@@ -216,7 +216,7 @@ def test_resuming_an_older_step_into_its_own_run_folder_is_refused(reference, tm
     """Resuming step-12 of a run that reached step-24 would overwrite step-24: branch into a new folder."""
     recipe, run_dir = _copy_run(reference, tmp_path)
     before = weights(run_dir / f"checkpoints/step-{MAX_STEPS}")
-    with pytest.raises(CheckpointError, match=r"holds later checkpoints \(step-16, step-20, step-24\).*--run-dir"):
+    with pytest.raises(CheckpointError, match=r"holds later checkpoints \(step-16, step-20, step-24\).*run_dir"):
         pretrain(load_recipe(str(recipe)), resume=str(run_dir / "checkpoints" / "step-12"))
     with pytest.raises(CheckpointError, match="checkpoints of another run"):
         pretrain(load_recipe(str(recipe)), run_dir=run_dir, resume=str(reference[1] / "checkpoints" / "step-24"))

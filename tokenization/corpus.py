@@ -130,14 +130,15 @@ def listing(files: list[str], limit: int = 20) -> str:
     return f"{len(files):,} file{'s' if len(files) != 1 else ''}: {', '.join(files[:limit])}{more}"
 
 
-def check_text_field(spec: str, text_field: str, option: str = "--text-field") -> None:
+def check_text_field(spec: str, text_field: str) -> None:
     """Refuse a non-default `text_field` for a corpus with no JSON/JSONL/Parquet/Arrow files: only those have fields,
     so the option would be ignored, and the user who named a key expects it to pick the text."""
     if text_field == "text":
         return
     if spec.startswith("stdlib:") or not any(suffix(p) in FIELD_SUFFIXES for p in resolve_files(spec)):
-        raise ConfigError(f"{option} {text_field!r}: corpus {spec} has no .json/.jsonl files, the only ones with "
-                          "fields along with .parquet/.arrow and compressed .jsonl (leave it out for plain text)")
+        raise ConfigError(f"text_field {text_field!r}: corpus {spec} has no .json/.jsonl files, the only ones with "
+                          "fields along with .parquet/.arrow and compressed .jsonl (leave it out for plain text)",
+                          params=("text_field",))
 
 
 def _folder_files(folder: Path) -> list[Path]:
@@ -209,8 +210,8 @@ def _json_text(value: object, field_name: str, where: str) -> str:
             return text
         raise DataError(f"{where}: field {field_name!r} is {type(text).__name__}, expected a string")
     if isinstance(value, dict):
-        raise DataError(f"{where}: no {field_name!r} field (name the key holding the text with --text-field, "
-                        "or data.text_field in a recipe)")
+        raise DataError(f"{where}: no {field_name!r} field (name the key holding the text with text_field, "
+                        "or data.text_field in a recipe)", params=("text_field",))
     raise DataError(f"{where}: {kind_of(value)}, expected a text or an object with a {field_name!r} field")
 
 

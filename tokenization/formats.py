@@ -175,7 +175,7 @@ def _text_column(path: Path, schema, text_field: str) -> int:
     if text_field not in names:
         shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
         raise DataError(f"{path}: no column {text_field!r} (columns: {shown}); name the one holding the text "
-                        "with --text-field, or data.text_field in a recipe")
+                        "with text_field, or data.text_field in a recipe", params=("text_field",))
     kind = schema.field(text_field).type
     if pa.types.is_dictionary(kind):
         kind = kind.value_type

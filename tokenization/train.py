@@ -136,7 +136,8 @@ def _check_out_dir(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"tokenizer output {out}: exists and is not a folder")
     if not force and out.is_dir() and any(out.iterdir()) and not (out / "tokenizer.json").exists():
-        raise DataError(f"tokenizer output {out}: folder is not empty and holds no tokenizer (use --force)")
+        raise DataError(f"tokenizer output {out}: folder is not empty and holds no tokenizer (use force)",
+                        params=("force",))
 
 
 def _publish(files: dict[str, bytes], out: Path, force: bool) -> None:
@@ -148,7 +149,8 @@ def _publish(files: dict[str, bytes], out: Path, force: bool) -> None:
     replaced only with `force`; the same one is refreshed."""
     old = out / "tokenizer.json"
     if old.exists() and old.read_bytes() != files["tokenizer.json"] and not force:
-        raise DataError(f"tokenizer output {out}: holds a different tokenizer; use --force to replace it")
+        raise DataError(f"tokenizer output {out}: holds a different tokenizer; use force to replace it",
+                        params=("force",))
     if holds_working_folder(out):  # `--out .`: the folder itself is never renamed
         write_files_into(out, files)
         return

@@ -179,14 +179,14 @@ def resolve_resume(path: str | Path) -> Path:
     """A checkpoint folder, or a run folder's latest checkpoint, that holds a trainer state."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise CheckpointError(f"--resume {path}: no such file or folder (give a run folder, one of its "
-                              "checkpoints/step-<N>/, or auto)")
+        raise CheckpointError(f"resume {path}: no such file or folder (give a run folder, one of its "
+                              "checkpoints/step-<N>/, or auto)", params=("resume",))
     if (path / TRAINER_STATE).is_file():
         return path
     latest = latest_checkpoint(path) if path.is_dir() else None
     if latest is None:
-        raise CheckpointError(f"--resume {path}: not a training checkpoint (no {TRAINER_STATE}) "
-                              "nor a run folder with checkpoints/step-<N>/")
+        raise CheckpointError(f"resume {path}: not a training checkpoint (no {TRAINER_STATE}) "
+                              "nor a run folder with checkpoints/step-<N>/", params=("resume",))
     return latest
 
 

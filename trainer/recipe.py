@@ -212,7 +212,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     problems: list[str] = []
     recipe = recipe_from_dict(raw, default_name=path.stem, problems=problems)
     if problems or set_problems:  # each problem a readable length, though it quotes a 2 MB value
-        raise ConfigError(_blame(path, [shorten(p, 300) for p in problems], set_by, set_problems))
+        raise ConfigError(_blame(path, [shorten(p, 300) for p in problems], set_by, set_problems), params=("overrides",))
     validate_on_own_corpus(recipe.data, valid_given="data.valid" in set_by)
     recipe.overrides = tuple(set_by)
     return recipe
@@ -239,7 +239,7 @@ def _blame(path: Path, problems: list[str], set_by: dict[str, str], set_problems
         items = [item for key, item in set_by.items()
                  if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", problem)]
         if items:
-            caused.append(" ".join(f"--set {item}" for item in items) + f": {problem}")
+            caused.append(" ".join(f"overrides {item}" for item in items) + f": {problem}")
         else:
             own.append(problem)
     return "; ".join(([f"{path}: " + "; ".join(own)] if own else []) + caused)
@@ -329,11 +329,11 @@ def _apply_override(raw: dict, item: str, problems: list[str]) -> str | None:
     key, sep, text = item.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        problems.append(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=20")
+        problems.append(f"overrides {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=20")
         return None
     section, name = parts
     if section not in SECTIONS:
-        problems.append(f"--set {item}: unknown section {section!r}{_suggest(section, SECTIONS)}")
+        problems.append(f"overrides {item}: unknown section {section!r}{_suggest(section, SECTIONS)}")
         return None
     hint = _hints(_hints(Recipe)[section]).get(name)
     if raw.get(section) is None:

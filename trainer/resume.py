@@ -37,14 +37,14 @@ def recipe_for_run(name_or_path: str, overrides: list[str] | None, run_dir: str 
     before, kept = load_recipe(str(saved)), load_recipe(str(saved), overrides)
     changes = data_changes(before, given) or data_changes(before, kept)
     if changes:
-        raise ConfigError(f"--resume: would change the training data of {folder} ({'; '.join(changes)}); continue it "
-                          f"on its own data with `{resume_command(folder)}` (add --set KEY=VALUE for what should "
-                          "change), or pass --force to resume on the new data")
+        raise ConfigError(f"resume: would change the training data of {folder} ({'; '.join(changes)}); continue it "
+                          f"on its own data with `{resume_command(folder)}` (add overrides KEY=VALUE for what should "
+                          "change), or pass force to train on the new data", params=("resume", "overrides", "force"))
     unused = [change.split(":")[0] for change in recipe_changes(kept.to_dict(), given.to_dict())]
     if unused:  # said in the start block, once the run has its folder
         kept.notes = (f"resuming with {saved}; {name_or_path} differs from it in {len(unused)} key(s) that are not "
-                      f"used ({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''}): pass --set KEY=VALUE "
-                      "to change a key of the run",)
+                      f"used ({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''}): an override "
+                      "(SECTION.KEY=VALUE) changes a key of the run",)
     return kept
 
 

@@ -69,18 +69,19 @@ def check_run_dir(run_dir: Path, fresh: bool) -> None:
     or, for a fresh start (which replaces metrics.jsonl, tokenizer/, ...), any folder holding files
     that a run does not make. A run that crashed before its first checkpoint can be started again."""
     if run_dir.exists() and not run_dir.is_dir():
-        raise CheckpointError(f"run folder {run_dir}: exists and is not a folder; choose another --run-dir")
+        raise CheckpointError(f"run folder {run_dir}: exists and is not a folder; choose another run_dir",
+                              params=("run_dir",))
     if not run_dir.is_dir():
         return
     recipe = run_dir / RECIPE_FILE
     if recipe.is_file() and not recipe.read_text(encoding="utf-8", errors="replace").startswith(RECIPE_HEADER):
         raise CheckpointError(f"run folder {run_dir}: its {RECIPE_FILE} was not written by tfkit pretrain and "
-                              "would be overwritten; choose another --run-dir")
+                              "would be overwritten; choose another run_dir", params=("run_dir",))
     foreign = sorted(p.name for p in run_dir.iterdir()
                      if p.name not in RUN_ENTRIES and not p.name.startswith("recipe-before-step-"))
     if fresh and foreign:
         raise CheckpointError(f"run folder {run_dir}: holds files a tfkit run does not make ({', '.join(foreign[:3])}"
-                              f"{', ...' if len(foreign) > 3 else ''}); choose another --run-dir")
+                              f"{', ...' if len(foreign) > 3 else ''}); choose another run_dir", params=("run_dir",))
 
 
 class FolderClaim:
@@ -147,13 +148,14 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
     run, or later checkpoints of this one (resuming step-10 of a run that reached step-20 would replace
     step-20). Branching from an older step goes to a new --run-dir."""
     if resume is not None and not resume.strip():
-        raise CheckpointError("--resume '': empty, expected auto, a run folder or one of its checkpoints/step-<N>/")
+        raise CheckpointError("resume '': empty, expected auto, a run folder or one of its checkpoints/step-<N>/",
+                              params=("resume",))
     if resume == "auto":
         return latest_checkpoint(run_dir)
     if not resume:
         if latest_checkpoint(run_dir):
-            raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume auto to continue "
-                                  "it, or choose another --run-dir")
+            raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass resume auto to continue "
+                                  "it, or choose another run_dir", params=("resume", "run_dir"))
         return None
     source = resolve_resume(resume)
     same_run = source.parent.parent.resolve() == run_dir.resolve()
@@ -162,8 +164,9 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
     clash = [path.name for step, path in list_checkpoints(run_dir) if not same_run or step > source_step]
     if clash:
         whose = "later checkpoints" if same_run else "checkpoints of another run"
-        raise CheckpointError(f"--resume {resume}: run folder {run_dir} holds {whose} ({', '.join(clash)}) that "
-                              "this run would overwrite or mix with; resume into a new folder with --run-dir")
+        raise CheckpointError(f"resume {resume}: run folder {run_dir} holds {whose} ({', '.join(clash)}) that "
+                              "this run would overwrite or mix with; choose a new folder with run_dir",
+                              params=("resume", "run_dir"))
     return source
 
 
@@ -269,10 +272,10 @@ def _read_run_recipe(path: Path, data: bytes) -> dict:
     except (UnicodeDecodeError, yaml.YAMLError, AliasBomb) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"{path}: damaged, not the recipe tfkit pretrain wrote ({reason}); restore it, or "
-                              "resume into a new folder with --run-dir") from None
+                              "resume into a new folder with run_dir", params=("run_dir",)) from None
     if not isinstance(earlier, dict):
         raise CheckpointError(f"{path}: damaged, expected a mapping of recipe sections, got {type(earlier).__name__}; "
-                              "restore it, or resume into a new folder with --run-dir")
+                              "restore it, or resume into a new folder with run_dir", params=("run_dir",))
     return earlier
 
 
@@ -297,10 +300,11 @@ def check_run_files(run_dir: Path) -> None:
             if number == len(lines):
                 continue  # the torn last row of a killed run
             raise CheckpointError(f"{metrics}:{number}: damaged, not a JSON row; remove the line or resume into "
-                                  "a new folder with --run-dir") from None
+                                  "a new folder with run_dir", params=("run_dir",)) from None
         if not isinstance(row, dict) or not isinstance(row.get("step", 0), int) or isinstance(row.get("step"), bool):
             raise CheckpointError(f"{metrics}:{number}: damaged, expected a JSON object with an integer 'step', got "
-                                  f"{line[:60]!r}; remove the line or resume into a new folder with --run-dir")
+                                  f"{line[:60]!r}; remove the line or resume into a new folder with run_dir",
+                                  params=("run_dir",))
 
 
 def has_validation_row(run_dir: Path, step: int) -> bool:
