@@ -110,7 +110,7 @@ def _claim_folder(folder: Path, spec: LabSpec, options: LabOptions) -> None:
         found = read_json(marker, ConfigError)
         if not isinstance(found.get("options"), dict):
             raise ConfigError(f"{marker}: damaged, expected the claim and options of a lab (no options object); "
-                              "restore it, or run the lab into another --out")
+                              "restore it, or run the lab into another out folder", params=("out",))
         if found != record:
             raise ConfigError(f"{folder}: holds a lab of {found.get('claim')!r} with options {found.get('options')}, "
                               f"not {record['options']}; continue it with the same options or choose another out",

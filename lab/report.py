@@ -24,7 +24,7 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         "B` holds when the whole interval lies below -margin and is reversed when it lies above +margin; `A "
         "not worse than B` holds when it lies below +margin; `A = B` (TOST equivalence, two one-sided tests "
         "at 2.5%) holds when it lies inside ±tol and differs when it lies wholly outside; anything else is "
-        f"inconclusive. Below {MIN_SEEDS} seeds, and in a --quick lab, a line gives the numbers and no "
+        f"inconclusive. Below {MIN_SEEDS} seeds, and in a quick lab, a line gives the numbers and no "
         "verdict; a comparison involving a run that did not train (see 'Did every run train?') is not tested."
         " A comparison involving a run whose outputs change with tokens its mask hides while it trains (the "
         "mask_leak probe, train mode) is invalid for a causal model. A probe claim holds when its value is "

@@ -90,7 +90,7 @@ def decide(exp: Expectation, iv: Interval) -> str:
 def undecided(n: int, quick: bool) -> str:
     """Why a comparison of n seeds gets no verdict word, or "" when it gets one."""
     if quick:
-        return "--quick: a tiny size checks the lab runs, not the claim"
+        return "quick run: a tiny size checks the lab runs, not the claim"
     if n < MIN_SEEDS:
         return f"{n} seed{'s' if n != 1 else ''}; a verdict needs {MIN_SEEDS}"
     return ""

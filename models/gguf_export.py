@@ -155,18 +155,19 @@ def check_new_file(out: Path, source: Path, force: bool) -> None:
     file this exporter wrote, never another file or a folder."""
     target = out.resolve()
     if source.resolve() in target.parents:
-        raise CheckpointError(f"--out {out}: lies inside the input {source}; the input is never modified, "
-                              "choose another path")
+        raise CheckpointError(f"out {out}: lies inside the input {source}; the input is never modified, "
+                              "choose another path", params=("out", "force"))
     problem = write_problem(out)
     if problem:
-        raise CheckpointError(f"--out {out}: {problem}")
+        raise CheckpointError(f"out {out}: {problem}", params=("out", "force"))
     if target.is_dir():
-        raise CheckpointError(f"--out {out}: is a folder; --out names the .gguf file to write")
+        raise CheckpointError(f"out {out}: is a folder; out names the .gguf file to write", params=("out", "force"))
     if target.exists() and not force:
-        raise CheckpointError(f"--out {out}: already exists; use --force to replace it")
+        raise CheckpointError(f"out {out}: already exists; use force to replace it", params=("out", "force"))
     if target.exists() and not _written_here(target):
-        raise CheckpointError(f"--out {out}: exists and is not a GGUF file tfkit export-gguf wrote; --force "
-                              "replaces only that, so it is kept: remove it yourself or choose another path")
+        raise CheckpointError(f"out {out}: exists and is not a GGUF file tfkit export-gguf wrote; force "
+                              "replaces only that, so it is kept: remove it yourself or choose another path",
+                              params=("out", "force"))
 
 
 def _written_here(path: Path) -> bool:

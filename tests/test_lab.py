@@ -176,7 +176,7 @@ def test_the_lab_adds_controls_and_writes_table_json_and_verdicts(tiny_lab):
     scores = {name: row["scores"]["valid"]["1337"] for name, row in results["rows"].items()}
     assert len({s["data_fingerprint"] for s in scores.values()}) == 1  # every checkpoint on the same tokens
     assert len(results["verdicts"]) == 2  # --quick and one seed: numbers, no verdict word
-    assert all(v["status"] == "no verdict" and "--quick" in v["line"] for v in results["verdicts"])
+    assert all(v["status"] == "no verdict" and "quick run" in v["line"] for v in results["verdicts"])
     assert results["probes"]["attention_reliance"]["values"]["valid"]["1337"] == pytest.approx(
         scores["mha-no-attn"]["loss"] - scores["mha"]["loss"])
     markdown = (out / "results.md").read_text()
