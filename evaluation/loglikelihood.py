@@ -7,10 +7,11 @@ context's own tokens. Both start with the tokenizer's document prefix (the separ
 the ids a prompt is framed with (`models.generation.frame_prompt`) and the ids `tfkit export-hf`'s
 tokenizer adds to a text, so lm-eval's HF backend on an exported checkpoint scores the same tokens.
 
-Sharing: a multiple-choice item's choices follow one context. The contexts of up to `batch_size` items are
-run as one right-padded batch into a KV cache (right padding leaves every real position as it was); each
-item's cache rows are then repeated once per choice and the choices run together from the end of the
-context, so the context's tokens are computed once instead of once per choice. A choice of one token
+Sharing: a multiple-choice item's choices follow one context. The contexts of up to `batch_size` items
+(taken in order of length) are run as one right-padded batch into a KV cache (right padding leaves every
+real position as it was); each context's cache rows are then copied once per choice, and the choices of
+contexts of one length (one start position) run together, up to `batch_size` rows, from the end of
+their contexts: a context's tokens are computed once instead of once per choice. A choice of one token
 needs no second forward at all: its distribution is the context's last. An item whose context and
 longest choice do not fit the model's max_seq_len is scored choice by choice, each sequence cut from the
 left to max_seq_len + 1 tokens, as lm-eval cuts it.
@@ -69,8 +70,8 @@ class ContinuationScorer:
     def score(self, groups: Sequence[Group]) -> list[list[tuple[float, bool]]]:
         """Per group, per continuation: (log-likelihood in nats, greedy), in the order given."""
         results: list[list[tuple[float, bool]] | None] = [None] * len(groups)
-        shared = [i for i, g in enumerate(groups) if self._fits(g)]
-        for start in range(0, len(shared), self.batch_size):
+        shared = sorted((i for i, g in enumerate(groups) if self._fits(g)), key=lambda i: len(groups[i].context))
+        for start in range(0, len(shared), self.batch_size):  # by length: little padding, equal lengths together
             chunk = shared[start:start + self.batch_size]
             for i, scores in zip(chunk, self._score_shared([groups[i] for i in chunk])):
                 results[i] = scores
@@ -85,40 +86,47 @@ class ContinuationScorer:
 
     @torch.inference_mode()
     def _score_shared(self, groups: list[Group]) -> list[list[tuple[float, bool]]]:
-        """Contexts in one forward, then each group's choices in one forward from its cached context."""
+        """Contexts in one forward, then the choices of contexts of one length together from the cache."""
         lengths = [len(g.context) for g in groups]
         cache = self.model.new_kv_cache(len(groups), max(lengths), device=self.device, dtype=self._cache_dtype())
-        with self.autocast():
-            logits = self.model(self._padded([g.context for g in groups]), kv_cache=cache)  # (G, L, V)
-        out = []
-        for row, group in enumerate(groups):
-            length = lengths[row]
-            last = logits[row, length - 1].float().log_softmax(-1)  # (V,): the first choice token's distribution
-            rest = self._choice_logprobs(cache, row, length, group.continuations)  # (N, W, V) or None
-            scores = []
+        with self.autocast():  # the head only where a choice's first token is predicted: each context's end
+            hidden = self.model(self._padded([g.context for g in groups]), kv_cache=cache, head=False)  # (G, L, C)
+            ends = torch.tensor(lengths, device=self.device) - 1  # (G,)
+            firsts = self.model.lm_head(hidden[torch.arange(len(groups), device=self.device), ends])  # (G, V)
+        firsts = firsts.float().log_softmax(-1)  # (G, V): each context's next-token distribution
+        out: list[list] = [[None] * len(g.continuations) for g in groups]
+        by_length: dict[int, list[tuple[int, int]]] = {}  # context length -> (group, choice) still to run
+        for g, group in enumerate(groups):
             for n, ids in enumerate(group.continuations):
-                dists = last[None] if rest is None else torch.cat([last[None], rest[n, :len(ids) - 1]])  # (len, V)
-                scores.append(_sum_and_greedy(dists, ids))
-            out.append(scores)
+                if len(ids) == 1:  # the context's last distribution is all a one-token choice needs
+                    out[g][n] = _sum_and_greedy(firsts[g][None], ids)
+                else:
+                    by_length.setdefault(lengths[g], []).append((g, n))
+        for length, pending in by_length.items():
+            for start in range(0, len(pending), self.batch_size):
+                rows = pending[start:start + self.batch_size]
+                choices = [groups[g].continuations[n] for g, n in rows]
+                for (g, n), ids, after in zip(rows, choices, self._after_choices(cache, length, rows, choices)):
+                    out[g][n] = _sum_and_greedy(torch.cat([firsts[g][None], after]), ids)
         return out
 
-    def _choice_logprobs(self, cache, row: int, length: int, continuations: list[list[int]]) -> Tensor | None:
-        """Log-probabilities (N, W, V) after each choice's tokens but its last, from the row's cached
-        context; None when every choice is one token (the context's last distribution is all they need)."""
-        width = max(len(c) for c in continuations) - 1
-        if width == 0:
-            return None
-        parts = []
-        for start in range(0, len(continuations), self.batch_size):
-            chunk = continuations[start:start + self.batch_size]
-            rows = self.model.new_kv_cache(len(chunk), length + width, device=self.device, dtype=self._cache_dtype())
-            for mine, shared in zip(rows.layers, cache.layers):  # the context's keys/values, once per choice
-                mine.k[:, :, :length] = shared.k[row:row + 1, :, :length]  # (N, H_kv, L, D)
-                mine.v[:, :, :length] = shared.v[row:row + 1, :, :length]
-            with self.autocast():
-                logits = self.model(self._padded([c[:-1] for c in chunk], width), kv_cache=rows, start_pos=length)
-            parts.append(logits.float().log_softmax(-1))  # (n, W, V)
-        return torch.cat(parts)
+    def _after_choices(self, cache, length: int, rows: list[tuple[int, int]], choices: list[list[int]]) -> list[Tensor]:
+        """Per choice, the log-probabilities (len - 1, V) after each of its tokens but the last, from its
+        context's rows of the cache (every context here is `length` long); the head runs on real tokens only."""
+        width = max(len(c) for c in choices) - 1
+        mine = self.model.new_kv_cache(len(rows), length + width, device=self.device, dtype=self._cache_dtype())
+        for to, source in zip(mine.layers, cache.layers):  # each context's keys/values, once per choice
+            for r, (g, _) in enumerate(rows):
+                to.k[r, :, :length] = source.k[g, :, :length]  # (H_kv, L, D)
+                to.v[r, :, :length] = source.v[g, :, :length]
+        real = torch.zeros(len(rows), width, dtype=torch.bool)  # (R, W)
+        for r, ids in enumerate(choices):
+            real[r, :len(ids) - 1] = True
+        with self.autocast():
+            hidden = self.model(self._padded([c[:-1] for c in choices], width), kv_cache=mine, start_pos=length,
+                                head=False)  # (R, W, C)
+            logits = self.model.lm_head(hidden[real.to(self.device)])  # (sum of len - 1, V)
+        return list(logits.float().log_softmax(-1).split([len(c) - 1 for c in choices]))
 
     @torch.inference_mode()
     def _score_apart(self, group: Group) -> list[tuple[float, bool]]:

@@ -20,11 +20,14 @@ from tfkit.evaluation.task_scores import load_scorer, mean_and_stderr, task_metr
 from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
-ITEMS = [  # choices of one token and of many; a context longer than a 48-token model sees (scored cut)
+ITEMS = [  # choices of one token and of many, contexts of one length; a context longer than a 48-token model
+    # sees (scored cut)
     {"context": "The module that writes files is", "choices": ["a", "files.py", "the one that renames a folder whole"],
      "gold": 1},
     {"context": "Return the number of ", "choices": ["items", "bytes in the buffer", "x"], "gold": 0},
     {"context": "A", "choices": ["b", "c"], "gold": 1},
+    {"context": "B", "choices": ["two words", "and three more"], "gold": 1},  # as long as "A": run together
+    {"context": "A", "choices": ["a longer answer", "x"], "gold": 0},
     {"context": " ".join(["This sentence goes on and on."] * 8), "choices": ["and on", "then it stops here"], "gold": 0},
 ]
 
