@@ -115,10 +115,10 @@ class ContinuationScorer:
         context's rows of the cache (every context here is `length` long); the head runs on real tokens only."""
         width = max(len(c) for c in choices) - 1
         mine = self.model.new_kv_cache(len(rows), length + width, device=self.device, dtype=self._cache_dtype())
+        contexts = torch.tensor([g for g, _ in rows], device=self.device)  # (R,): each choice's context row
         for to, source in zip(mine.layers, cache.layers):  # each context's keys/values, once per choice
-            for r, (g, _) in enumerate(rows):
-                to.k[r, :, :length] = source.k[g, :, :length]  # (H_kv, L, D)
-                to.v[r, :, :length] = source.v[g, :, :length]
+            to.k[:, :, :length] = source.k[contexts, :, :length]  # (R, H_kv, L, D)
+            to.v[:, :, :length] = source.v[contexts, :, :length]
         real = torch.zeros(len(rows), width, dtype=torch.bool)  # (R, W)
         for r, ids in enumerate(choices):
             real[r, :len(ids) - 1] = True
