@@ -15,15 +15,18 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from tfkit.evaluation.loglikelihood import ContinuationScorer, Group
 from tfkit.models import ModelConfig, build_model, save_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.stdlib_corpus import stdlib_documents
 
 from .common import Context, Goal, Row, median, paired_ratio, time_interleaved
+
+if TYPE_CHECKING:  # imported where used: `benchmarks.run` starts without the evaluation package
+    from tfkit.evaluation.loglikelihood import ContinuationScorer
 
 GOAL = Goal(">= 2x lm-eval HF", 2.0)
 SHAPES = {"HellaSwag-shaped": (60, 18), "ARC-shaped": (20, 4)}  # words of context, words per choice
@@ -72,6 +75,7 @@ def run(ctx: Context) -> list[Row]:
     except ImportError:
         ctx.skip("tasks: the lm-eval baseline needs `pip install 'lm-eval[hf]'`")
         return []
+    from tfkit.evaluation.loglikelihood import ContinuationScorer
     from tfkit.models import load_model
     from tfkit.models.hf_export import export_hf
 
@@ -99,6 +103,8 @@ def run(ctx: Context) -> list[Row]:
 def compare(ctx: Context, name: str, items: list[tuple], scorer: ContinuationScorer, hf, Instance,
             batch_size: int) -> Row:
     """Items per second of both scorers on `items`, interleaved, and whether their accuracies agree."""
+    from tfkit.evaluation.loglikelihood import Group
+
     requests = [Instance("loglikelihood", {}, (context, " " + choice), k)
                 for k, (context, choices, _) in enumerate(items) for choice in choices]
 
