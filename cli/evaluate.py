@@ -25,6 +25,7 @@ from ..progress import console as output_console
 from ..runtime import check_precision, pick_device
 from ..threads import set_threads
 from .options import Device
+from .task_eval import evaluate_task, refuse_corpus_options
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -78,12 +79,14 @@ def json_safe(row: dict) -> dict:
 
 
 def holds_results(path: Path) -> bool:
-    """Whether `path` is what `--json` writes: a JSON list of rows, each with a checkpoint and a loss."""
+    """Whether `path` is what `--json` writes: a JSON list of rows, each with a checkpoint and a loss (or an
+    accuracy: `--task`)."""
     try:
         rows = read_json(path, expect=list)
     except DataError:
         return False
-    return isinstance(rows, list) and all(isinstance(r, dict) and {"checkpoint", "loss"} <= r.keys() for r in rows)
+    return isinstance(rows, list) and all(isinstance(r, dict) and "checkpoint" in r and ("loss" in r or "acc" in r)
+                                          for r in rows)
 
 
 def choose_seq_len(configs: list[dict], seq_len: int | None, overrides: list[str] | None = None) -> int:
@@ -115,7 +118,8 @@ def check_limits(max_tokens: int | None, max_batches: int | None) -> None:
 
 def evaluate(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint folders or run folders (latest checkpoint each).")],
-    data: Annotated[str, typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")],
+    data: Annotated[Optional[str], typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")] = None,
+    task: Annotated[Optional[Path], typer.Option("--task", help="Instead of --data: a JSONL task file scored by log-likelihood, multiple choice ({\"context\", \"choices\", \"gold\"}) or cloze ({\"text\"}), GPT checkpoints.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (speed only: every example is scored, with the same masks).")] = 8,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored: predicted tokens, so masked ones for BERT (default: all).")] = None,
@@ -136,16 +140,27 @@ def evaluate(
     checkpoint), encoder-decoders on their seq2seq objective. Bits per byte divides by the text's UTF-8
     bytes rather than tokens, so checkpoints with different tokenizers compare. `--set model.KEY=VALUE`
     scores every checkpoint under another setting that changes no weight (a key that would is refused).
+
+    `--task FILE` scores GPT checkpoints on a downstream task instead, as lm-evaluation-harness does:
+    multiple-choice accuracy by log-likelihood (acc, and acc_norm per byte of the choice) or cloze
+    last-word accuracy (LAMBADA), each with its standard error.
     """
     from ..models import read_config
     from ..models.io import chosen_note, read_checkpoint
     from ..tokenization.corpus import check_text_field
     from ..evaluation import evaluate as evaluation
 
+    if (data is None) == (task is None):
+        raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
     if json_out is not None:
         check_json_out(json_out)
+    if task is not None:
+        refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
+                               "--max-batches": max_batches, "--set": overrides or None})
+        return evaluate_task(checkpoints, task, json_out=json_out, batch_size=batch_size, device=torch_device,
+                             dtype=dtype)
     check_text_field(data, text_field)
     check_limits(max_tokens, max_batches)
     configs = []
