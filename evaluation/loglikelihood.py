@@ -123,7 +123,8 @@ class ContinuationScorer:
         for r, ids in enumerate(choices):
             real[r, :len(ids) - 1] = True
         with self.autocast():
-            hidden = self.model(self._padded([c[:-1] for c in choices], width), kv_cache=mine, start_pos=length,
+            hidden = self.model(self._padded([c[:-1] for c in choices], width), kv_cache=mine,
+                                start_pos=torch.tensor(length, device=self.device),
                                 head=False)  # (R, W, C)
             logits = self.model.lm_head(hidden[real.to(self.device)])  # (sum of len - 1, V)
         return list(logits.float().log_softmax(-1).split([len(c) - 1 for c in choices]))

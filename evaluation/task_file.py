@@ -57,7 +57,7 @@ def read_task(path: str | Path) -> Task:
     """Every item of the task file at `path`; a DataError naming the file, line and field of the first problem."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"--task {path}: no such file (expected a JSON-lines task file)")
+        raise DataError(f"task {path}: no such file (expected a JSON-lines task file)", params=("task",))
     items, kind = [], None
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
