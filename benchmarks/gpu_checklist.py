@@ -200,7 +200,7 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
                       [*gpt_sets[:2], "data.document_mask=true", reuse_tokenizer], 240, needs="pretrain-gpt"),
         Step("ddp", [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tfkit",
                      "pretrain", gpt, "--run-dir", str(work / "ddp"), *pretrain_sets(quick, 50),
-                     "--set", "train.batch_size=32", "--set", reuse_tokenizer],
+                     "--set", "train.batch_size=32", "--set", "train.grad_accum=1", "--set", reuse_tokenizer],
              300, "pretrain.log", falling_loss(work / "ddp"), needs="pretrain-gpt",
              skip=None if gpus >= 2 else f"a two-process torchrun needs two GPUs; this machine has {gpus}"),
     ]
