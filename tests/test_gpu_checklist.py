@@ -178,3 +178,17 @@ def test_quick_checklist_runs_every_step_on_the_cpu(tmp_path):
     assert all(steps[f"bench-{s}"]["figures"]["rows"] for s in ("train", "attention", "decode"))
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and f.stat().st_size < 16 * 2**20 for f in files)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_pretrain_step_is_a_valid_recipe(tmp_path, quick):
+    """The GPU-sized runs never run in CI: their recipe and --set keys are checked here instead."""
+    from tfkit.trainer.recipe import load_recipe
+
+    for step in gc.plan(tmp_path, quick=quick, gpus=2):
+        if "pretrain" in step.argv:
+            args = step.argv[step.argv.index("pretrain") + 1:]
+            sets = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
+            recipe = load_recipe(args[0], sets)
+            assert recipe.train.max_steps >= 10, step.name
+            assert recipe.train.batch_size % (recipe.train.grad_accum * (2 if step.name == "ddp" else 1)) == 0
