@@ -184,9 +184,6 @@ def _dataset(recipe: Recipe, tokenizer: TfkitTokenizer, shards):
 def _chat_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, console: Console | Transcript, report: bool):
     """(train, valid) packed chat rows; validation from data.valid, or conversations sampled out of data.train."""
     d, seed = recipe.data, recipe.train.seed
-    if recipe.model.arch != "gpt":
-        raise ConfigError(f"model.arch: {recipe.model.arch} (from {recipe.train.init_from or 'the recipe'}); "
-                          "data.format: chat fine-tunes a GPT, expected a gpt checkpoint")
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.separator_id or 0
     train = [encode_chat(tokenizer, turns, where=where) for where, turns in read_conversations(d.train)]
     if d.valid:
