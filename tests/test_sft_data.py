@@ -153,3 +153,19 @@ def test_packing_is_a_pure_function_of_the_seed(chat_tokenizer):
     a = SftDataset(_examples(tok, 30), 32, 7, tok.pad_id).rows
     b = SftDataset(_examples(tok, 30), 32, 7, tok.pad_id).rows
     assert np.array_equal(a, b)
+
+
+def test_a_packed_row_gives_each_conversation_the_logits_it_has_alone(chat_tokenizer):
+    tok, _ = chat_tokenizer
+    examples = _examples(tok, 12)
+    batch = SftDataset(examples, seq_len=32, seed=1, pad_id=tok.pad_id).batch(0, 2)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="gpt", vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                                    max_seq_len=32)).eval()
+    with torch.no_grad():
+        packed = model(batch["input_ids"], doc_ids=batch["doc_ids"], position_ids=batch["position_ids"])  # (B, T, V)
+        for r in range(2):
+            for d in batch["doc_ids"][r].unique().tolist():
+                span = (batch["doc_ids"][r] == d).nonzero().flatten()
+                alone = model(batch["input_ids"][r, span][None])  # (1, L, V): at positions 0..L-1, nothing else
+                torch.testing.assert_close(packed[r, span], alone[0], atol=1e-5, rtol=1e-5)
