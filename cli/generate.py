@@ -160,7 +160,8 @@ def print_answer(model, tokenizer, message: str, system: str | None, max_new_tok
     stream = TextStream(tokenizer, prompt)
     (answer,) = generate_ids(model, [prompt], max_new_tokens, eos_id=end, on_token=stream, **sampling)
     stream.finish()
-    err.print(f"stopped: {stop_reason(len(prompt), len(answer), max_new_tokens, model.config.max_seq_len)}")
+    reason = stop_reason(len(prompt), len(answer), max_new_tokens, model.config.max_seq_len)
+    err.print(f"stopped: {reason.replace('end of text', 'end of turn', 1)}")
 
 
 def print_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, sampling: dict) -> None:

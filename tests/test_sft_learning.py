@@ -74,3 +74,8 @@ def test_a_tiny_gpt_learns_to_reverse_words_from_chat_fine_tuning(english_file, 
     before = exact_match(grown, tokenizer, held_out)
     assert after >= 0.9 and before <= 0.05, (before, after)
     torch.testing.assert_close(grown.lm_head.weight, grown.embed.tok.weight)
+    prompt, answer = held_out[0] if after == 1.0 else next(
+        (p, a) for p, a in held_out if exact_match(model, tokenizer, [(p, a)]) == 1.0)
+    said = CliRunner().invoke(app, ["generate", str(run), "--chat", prompt, "--temperature", "0"])
+    assert said.exit_code == 0 and said.stdout.strip() == answer, said.output
+    assert "stopped: end of turn after" in said.stderr
