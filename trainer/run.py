@@ -197,8 +197,10 @@ class Trainer(contextlib.AbstractContextManager):
         barrier(info)
         self.tokenizer = load_tokenizer(self.run_dir / "tokenizer")
         self.cfg = run_folder.model_config(recipe, self.tokenizer, self.source)
-        if recipe.data.format == "chat" and self.tokenizer.vocab_size > self.cfg.vocab_size:
-            self.cfg = dataclasses.replace(self.cfg, vocab_size=self.tokenizer.vocab_size)  # the chat tokens'
+        if recipe.data.format == "chat" and self.tokenizer.vocab_size > self.cfg.vocab_size:  # the chat tokens'
+            self.cfg = dataclasses.replace(self.cfg, vocab_size=self.tokenizer.vocab_size)
+            model = dataclasses.replace(recipe.model, vocab_size=self.cfg.vocab_size)  # recipe.yaml: what a resume builds
+            self.recipe = recipe = dataclasses.replace(recipe, model=model)
         check_vocab_fits(self.tokenizer, self.cfg.vocab_size)
         self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info, self.start_block)
 
