@@ -77,6 +77,11 @@ def generate(
         Optional[list[str]],
         typer.Option("--prompt", "-p", help="Text to continue (GPT) or translate (encoder-decoder); repeat for a batch."),
     ] = None,
+    chat: Annotated[
+        Optional[str], typer.Option("--chat", help="A chat fine-tuned GPT (data.format: chat): the user's message, "
+                                                   "framed by its chat template; the answer ends at the end of the turn."),
+    ] = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="With --chat: a system message before it.")] = None,
     fill_mask_text: Annotated[
         Optional[str], typer.Option("--fill-mask", help="BERT checkpoints: text with [MASK] to fill, e.g. \"The [MASK] sat.\""),
     ] = None,
@@ -106,10 +111,13 @@ def generate(
     """
     from ..models.io import check_finite, chosen_note, load_with_tokenizer, read_checkpoint
 
-    if fill_mask_text is not None and prompt:
-        raise ConfigError("--fill-mask and --prompt cannot be combined: fill masks (BERT) or continue prompts")
-    if fill_mask_text is None and not prompt:
-        raise ConfigError("--prompt is required (or --fill-mask for a BERT checkpoint)")
+    if sum(x is not None and x != [] for x in (prompt, fill_mask_text, chat)) > 1:
+        raise ConfigError("--prompt, --chat and --fill-mask cannot be combined: continue text, answer a chat "
+                          "message or fill masks (BERT)")
+    if fill_mask_text is None and not prompt and chat is None:
+        raise ConfigError("--prompt is required (or --chat for a chat model, --fill-mask for a BERT checkpoint)")
+    if system is not None and chat is None:
+        raise ConfigError("--system: a system message for --chat, which is missing")
     torch_device, precision = pick_device(device), check_precision(dtype)
     set_threads()  # the cores the machine's load leaves free
     folder, (model, cfg, tokenizer) = read_checkpoint(
@@ -119,12 +127,14 @@ def generate(
     check_finite(model, folder)
     model = model.to(dtype=torch_dtype(precision))
     err.print(f"loaded {folder} ({cfg.arch}, {model.num_params():,} params) on {torch_device}")
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_new_tokens=min_new_tokens,
+                    compile=compile_step)
     if fill_mask_text is not None:
         print_fill_mask(model, tokenizer, fill_mask_text, 5 if top_k is None else top_k)
+    elif chat is not None:
+        print_answer(model, tokenizer, chat, system, max_new_tokens, sampling)
     else:
-        print_continuations(model, tokenizer, prompt, max_new_tokens, dict(
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_new_tokens=min_new_tokens,
-            compile=compile_step))
+        print_continuations(model, tokenizer, prompt, max_new_tokens, sampling)
 
 
 # the library's names for what the user gave as --prompt and --fill-mask, for its errors to name the flags
@@ -142,6 +152,21 @@ def print_fill_mask(model, tokenizer, text: str, top_k: int) -> None:
     for i, row in enumerate(guesses, start=1):
         for token, prob in row:
             typer.echo(f"{i}\t{prob:.4f}\t{token}")
+
+
+def print_answer(model, tokenizer, message: str, system: str | None, max_new_tokens: int, sampling: dict) -> None:
+    """A chat model's answer to one message, streamed, ending at the end-of-turn token."""
+    from ..models.generation import frame_chat, generate as generate_ids
+
+    if model.config.arch != "gpt":
+        raise ConfigError(f"--chat: a {model.config.arch} checkpoint; chat answers come from a GPT fine-tuned "
+                          "with data.format: chat")
+    prompt, end = frame_chat(tokenizer, message, system)
+    stream = TextStream(tokenizer, prompt)
+    (answer,) = generate_ids(model, [prompt], max_new_tokens, eos_id=end, on_token=stream, **sampling)
+    stream.finish()
+    reason = stop_reason(len(prompt), len(answer), max_new_tokens, model.config.max_seq_len)
+    err.print(f"stopped: {reason.replace('end of text', 'end of turn', 1)}")
 
 
 def print_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, sampling: dict) -> None:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..tokenization.chat import END, chat_ids, encode_chat
 from .streaming_decode import streaming
 
 class CompileWarning(UserWarning):
@@ -191,6 +192,15 @@ def frame_prompt(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] 
         raise ConfigError("text: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source",
                           params=("text",))
     return [bos], tokenizer.encode(text) + [sep]
+
+
+def frame_chat(tokenizer, message: str, system: str | None = None) -> tuple[list[int], int]:
+    """(prompt ids, end-of-turn id) of a one-message chat (a `system` turn first when given), framed by the
+    template the model was fine-tuned with (tokenization/chat.py) and opening the assistant's turn; the
+    answer ends at the end-of-turn token."""
+    turns = ([("system", system)] if system is not None else []) + [("user", message)]
+    ids, _ = encode_chat(tokenizer, turns, generation_prompt=True, where="--chat")
+    return ids, chat_ids(tokenizer)[END]
 
 
 def continuation(tokenizer, prompt: list[int], new: list[int], head: str | None = None) -> str:

@@ -50,12 +50,16 @@ def roles_for(kind: str, extra_specials: Iterable[str] = ()) -> dict[str, str]:
 
 
 def tokenizer_files(
-    tok: Tokenizer | bytes, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None
+    tok: Tokenizer | bytes, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None,
+    chat_template: str | None = None,
 ) -> dict[str, bytes]:
-    """`tokenizer.json` + the two small files transformers' AutoTokenizer reads to find its specials, by name."""
+    """`tokenizer.json` + the two small files transformers' AutoTokenizer reads to find its specials, by name
+    (and its `chat_template`, tokenization/chat.py, when the tokenizer has one)."""
     special_map = {**roles, "additional_special_tokens": [t for t in extra if t not in roles.values()]}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_map, "clean_up_tokenization_spaces": False,
               "tfkit_kind": kind, "tfkit_spec": spec}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     return {
         "tokenizer.json": tok if isinstance(tok, bytes) else tok.to_str(pretty=True).encode(),
         "special_tokens_map.json": (json.dumps(special_map, indent=2, ensure_ascii=False) + "\n").encode(),
@@ -64,11 +68,12 @@ def tokenizer_files(
 
 
 def write_tokenizer_files(
-    tok: Tokenizer | bytes, folder: Path, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None
+    tok: Tokenizer | bytes, folder: Path, kind: str, roles: dict[str, str], extra: Iterable[str], spec: dict | None,
+    chat_template: str | None = None,
 ) -> None:
     """Write `tokenizer_files` into `folder` (created if needed), each file replaced atomically."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name, data in tokenizer_files(tok, kind, roles, extra, spec).items():
+    for name, data in tokenizer_files(tok, kind, roles, extra, spec, chat_template).items():
         write_atomic(folder / name, data)
 
 
@@ -80,9 +85,11 @@ class TfkitTokenizer:
     tokens themselves; pass True to get the post-processor's `[CLS] ... [SEP]` / `<s> ... </s>`.
     """
 
-    def __init__(self, tokenizer: Tokenizer, json_bytes: bytes, path: Path, kind: str, roles: dict, extra: list, spec):
+    def __init__(self, tokenizer: Tokenizer, json_bytes: bytes, path: Path, kind: str, roles: dict, extra: list, spec,
+                 chat_template: str | None = None):
         self.tokenizer, self.path, self.kind = tokenizer, path, kind
         self.roles, self.extra_specials, self.spec = roles, extra, spec
+        self.chat_template = chat_template  # HF's Jinja chat template, for a chat fine-tuned model
         self._json_bytes = json_bytes
 
     @property
@@ -150,7 +157,8 @@ class TfkitTokenizer:
 
     def save(self, folder: str | Path) -> None:
         """Write the tokenizer files (byte-identical tokenizer.json) into e.g. a checkpoint folder."""
-        write_tokenizer_files(self._json_bytes, Path(folder), self.kind, self.roles, self.extra_specials, self.spec)
+        write_tokenizer_files(self._json_bytes, Path(folder), self.kind, self.roles, self.extra_specials, self.spec,
+                              self.chat_template)
 
     def __repr__(self) -> str:
         return f"TfkitTokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, path={str(self.path)!r})"
@@ -195,7 +203,9 @@ def parse_tokenizer(raw: bytes, config_raw: bytes | None, file: Path) -> TfkitTo
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         roles = {k: v for k, v in roles_for(kind).items() if v in vocab}
     extra = [t for t in config.get("additional_special_tokens", []) if isinstance(t, str)]
-    return TfkitTokenizer(tokenizer, raw, file, kind, roles, extra, config.get("tfkit_spec"))
+    template = config.get("chat_template")
+    return TfkitTokenizer(tokenizer, raw, file, kind, roles, extra, config.get("tfkit_spec"),
+                          template if isinstance(template, str) else None)
 
 
 def _read_config(raw: bytes, file: Path) -> dict:

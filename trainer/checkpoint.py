@@ -36,7 +36,10 @@ from ..errors import CheckpointError
 from ..files import set_aside, staged_folder
 from ..jsonfile import read_json
 from ..layout import BEST, CHECKPOINTS, CONFIG, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS
-from ..models.io import load_plain_pickle, load_weights_into, pickle_refusal, save_model
+from ..models import build_model
+from ..models.config import ModelConfig
+from ..models.io import load_plain_pickle, load_weights_into, pickle_refusal, read_config, save_model
+from ..models.resize import grow_vocab
 
 
 class NonFiniteWeights(CheckpointError):
@@ -257,6 +260,18 @@ def set_aside_diverged(run_dir: Path, step: int) -> Path | None:
         if found_step >= step:
             set_aside(folder, DIVERGED_PREFIX + folder.name)
     return latest_checkpoint(run_dir)
+
+
+def load_source_weights(model: nn.Module, folder: Path) -> None:
+    """Fill `model` from the checkpoint a run starts from; a model whose vocabulary grew past the checkpoint's
+    (chat tokens, `data.format: chat`) gets the checkpoint's rows and new rows as models/resize.py makes them."""
+    saved = ModelConfig.from_dict(read_config(folder)["model"])
+    if saved.vocab_size == model.config.vocab_size:
+        load_weights(model, folder)
+        return
+    old = build_model(saved)
+    load_weights(old, folder)
+    model.load_state_dict(grow_vocab(old.state_dict(), model.config.vocab_size))
 
 
 def load_weights(model: nn.Module, folder: Path) -> None:

@@ -23,6 +23,8 @@ from ..files import carry_over, staged_folder
 from ..layout import TOKENIZER_FILES
 from ..progress import Transcript
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
+from ..tokenization.chat import encode_chat, grow_tokenizer, read_conversations
+from ..tokenization.sft_batches import SftDataset
 from ..tokenization.pairs import is_pair_data, read_pairs
 from ..tokenization.corpus import corpus_files, iter_documents, listing, text_size
 from ..tokenization.holdout import hold_out_spread, sample_documents
@@ -89,6 +91,20 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                                             for k, v in list(summary.items())[:6]), highlight=False)
 
 
+def prepare_chat_tokenizer(out: Path, console: Console | Transcript) -> None:
+    """`data.format: chat`: the run's tokenizer grown by the chat template's tokens (tokenization/chat.py);
+    one that has them (a resume, a chat model fine-tuned again) is left as it is."""
+    tokenizer = load_tokenizer(out)
+    grown = grow_tokenizer(tokenizer)
+    if grown is tokenizer:
+        return
+    with staged_folder(out) as tmp:
+        carry_over(out, tmp, TOKENIZER_FILES)
+        grown.save(tmp)
+    console.print(f"tokenizer: {grown.vocab_size - tokenizer.vocab_size} chat tokens added, vocab "
+                  f"{grown.vocab_size}", highlight=False)
+
+
 def _first_chars(texts: Iterable[str], limit: int | None) -> Iterator[str]:
     """The stream cut after `limit` characters (the last text truncated), all of it when None."""
     seen = 0
@@ -116,6 +132,8 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
     `bars`: progress bars while tokenizing (log.progress)."""
     d, seed, name = recipe.data, recipe.train.seed, recipe.objective.name
     where = d.valid if d.valid else f"{d.valid_fraction:.0%} of {d.train}, held out in chunks spread through it"
+    if d.format == "chat":
+        return _chat_datasets(recipe, tokenizer, console, report)
     if name == "seq2seq" and is_pair_data(d.train, d.source_field):
         lengths = dict(max_src_len=d.seq_len, max_tgt_len=d.seq_len)
         pairs = read_pairs(d.train, d.source_field, d.target_field)
@@ -163,6 +181,27 @@ def _dataset(recipe: Recipe, tokenizer: TfkitTokenizer, shards):
     return Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=d.seq_len, max_tgt_len=d.seq_len)
 
 
+def _chat_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, console: Console | Transcript, report: bool):
+    """(train, valid) packed chat rows; validation from data.valid, or conversations sampled out of data.train."""
+    d, seed = recipe.data, recipe.train.seed
+    pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.separator_id or 0
+    train = [encode_chat(tokenizer, turns, where=where) for where, turns in read_conversations(d.train)]
+    if d.valid:
+        valid = [encode_chat(tokenizer, turns, where=where) for where, turns in read_conversations(d.valid)]
+    else:
+        train, valid = sample_documents(train, d.valid_fraction)
+    out = SftDataset(train, d.seq_len, seed, pad), SftDataset(valid, d.seq_len, seed, pad)
+    if report:
+        console.print(f"data: {out[0].num_conversations:,} conversations from {d.train} in {out[0].num_examples:,} "
+                      f"rows ({out[0].num_tokens:,} assistant tokens); {out[1].num_conversations:,} for validation "
+                      f"from {d.valid or f'{d.valid_fraction:.0%} of {d.train}'}", highlight=False)
+        for what, dataset in zip(("training", "validation"), out):
+            if dataset.cut:
+                console.print(f"warning: data.seq_len={d.seq_len} cuts {dataset.cut:,} {what} conversations; "
+                              "their tails are never trained on", style="yellow", highlight=False)
+    return out
+
+
 def truncation_note(dataset: Seq2SeqDataset) -> str:
     """'3 sources and 12 targets (of N pairs)': what a length limit cut, which the loss never sees."""
     cut = dataset.truncated
@@ -174,6 +213,8 @@ def tokenizer_texts(recipe: Recipe, spec: str | None = None) -> Iterator[str]:
     seq2seq pairs (whose JSONL records have no `text` field)."""
     d = recipe.data
     spec = d.train if spec is None else spec
+    if d.format == "chat":
+        return (content for _, turns in read_conversations(spec) for _, content in turns)
     if recipe.objective.name == "seq2seq" and is_pair_data(spec, d.source_field):
         return (f"{s}\n{t}" for s, t in read_pairs(spec, d.source_field, d.target_field))
     return iter_documents(spec, text_field=d.text_field)

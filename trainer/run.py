@@ -20,6 +20,7 @@ Where a run starts from:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenize
 from . import checkpoint as ckpt
 from .budget import TimeBudget, parse_duration
 from . import run_folder
-from .data import build_datasets, prepare_tokenizer
+from .data import build_datasets, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, micro_batch_size, run_loop
 from .metrics import MetricsWriter, peak_flops, plot_loss
@@ -46,6 +47,7 @@ from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
+from .checkpoint import load_source_weights
 from .checkpointer import Checkpointer
 from .run_folder import prior_steps
 from .report import RunResult, describe, report, sample
@@ -192,9 +194,15 @@ class Trainer(contextlib.AbstractContextManager):
         if info.is_main:
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
             prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, self.start_block)
+            if recipe.data.format == "chat":
+                prepare_chat_tokenizer(self.run_dir / "tokenizer", self.start_block)
         barrier(info)
         self.tokenizer = load_tokenizer(self.run_dir / "tokenizer")
         self.cfg = run_folder.model_config(recipe, self.tokenizer, self.source)
+        if recipe.data.format == "chat" and self.tokenizer.vocab_size > self.cfg.vocab_size:  # the chat tokens'
+            self.cfg = dataclasses.replace(self.cfg, vocab_size=self.tokenizer.vocab_size)
+            model = dataclasses.replace(recipe.model, vocab_size=self.cfg.vocab_size)  # recipe.yaml: what a resume builds
+            self.recipe = recipe = dataclasses.replace(recipe, model=model)
         check_vocab_fits(self.tokenizer, self.cfg.vocab_size)
         self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info, self.start_block)
 
@@ -205,7 +213,7 @@ class Trainer(contextlib.AbstractContextManager):
         torch.manual_seed(recipe.train.seed)
         self.model = build_model(self.cfg)
         if self.source is not None:
-            ckpt.load_weights(self.model, self.source)
+            load_source_weights(self.model, self.source)
         self.model.to(info.device)
         for param in unreached_parameters(self.model, recipe.objective.name):
             param.requires_grad_(False)

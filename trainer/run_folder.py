@@ -350,6 +350,9 @@ def source_model(recipe, source: Path, out=None):
                 and getattr(wanted, f.name) != getattr(saved, f.name)]
     values = {f.name: getattr(wanted if f.name in kept else saved, f.name) for f in dataclasses.fields(ModelConfig)}
     model = type(recipe.model)(**values, size=None)
+    if recipe.data.format == "chat" and model.arch != "gpt":
+        raise ConfigError(f"{source}: a {model.arch} model; data.format: chat fine-tunes a GPT (expected a gpt "
+                          "checkpoint in train.init_from)")
     expected = OBJECTIVE_FOR_ARCH.get(model.arch)
     if expected and recipe.objective.name != expected:
         raise ConfigError(f"{source}: a {model.arch} model, which objective.name={recipe.objective.name!r} does not "

@@ -65,9 +65,17 @@ class DataSection:
     document_mask: bool = False
     reset_positions: bool = False  # with document_mask: positions restart at 0 at each document in a row
     cache_dir: str | None = None  # token-shard cache; null = <run folder>/data
+    # text: documents to continue (pretraining); chat: instruction / chat fine-tuning of a GPT (objective clm,
+    # usually train.init_from): data.train / data.valid are JSONL (.gz / .zst) or Parquet of {prompt, response}
+    # or {messages: [{role: system|user|assistant, content}]}, framed by the chat template (the tokenizer and
+    # the embeddings grow by its tokens), loss on the assistant's tokens only, conversations packed with
+    # attention inside each one
+    format: str = "text"
 
     def problems(self, prefix: str = "data") -> list[str]:
         out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
+        if self.format not in ("text", "chat"):
+            out.append(f"{prefix}.format: got {self.format!r}, expected text or chat")
         if self.seq_len < 2:
             out.append(f"{prefix}.seq_len: got {self.seq_len}, expected an integer >= 2")
         if self.reset_positions and not self.document_mask:
@@ -78,6 +86,8 @@ class DataSection:
 
 def packing_problems(data: DataSection, objective: ObjectiveSection) -> list[str]:
     """Packing keys the objective cannot honour: seq2seq rows hold one padded pair each, nothing packed."""
+    if data.format == "chat" and objective.name != "clm":
+        return [f"data.format: chat trains a GPT's next tokens (expected objective.name clm, got {objective.name})"]
     if data.document_mask and objective.name == "seq2seq":
         return ["data.document_mask: seq2seq rows are single pairs, not packed documents (expected false, or "
                 "objective clm / mlm)"]
