@@ -169,12 +169,18 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     are built for real."""
     from . import build_model  # late import: models/__init__ imports this module
 
+    from .heads import HeadConfig, SequenceClassifier
+
     folder = resolve_checkpoint(path)
-    cfg = ModelConfig.from_dict(read_config(folder)["model"])  # read_config names the file if it is invalid
+    config = read_config(folder)
+    cfg = ModelConfig.from_dict(config["model"])  # read_config names the file if it is invalid
     check_buildable(cfg, folder / CONFIG)
+    head = None if config.get("head") is None else HeadConfig.from_dict(config["head"], str(folder / CONFIG))
     with parameters_on_meta():
         model = build_model(cfg)
-    what = f"the {cfg.arch} model its config.json describes"
+        if head is not None:  # a fine-tuned checkpoint (tfkit finetune): the body and its head
+            model = SequenceClassifier(model, head)
+    what = f"the {cfg.arch} {'classifier' if head else 'model'} its config.json describes"
     try:
         state = load_file(str(folder / WEIGHTS), device=str(device))
     except (SafetensorError, OSError) as err:

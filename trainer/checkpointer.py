@@ -107,4 +107,7 @@ class Checkpointer:
                           "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
             extra["pair_fields"] = [r.data.source_field, r.data.target_field]
+        head = getattr(self.model, "head_config", None)
+        if head is not None:  # a classifier: its head and labels, as id2label / label2id (models/heads.py)
+            extra["head"] = head.to_dict()
         return extra

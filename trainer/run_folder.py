@@ -347,7 +347,7 @@ def source_model(recipe, source: Path, out=None):
     values = {f.name: getattr(wanted if f.name in kept else saved, f.name) for f in dataclasses.fields(ModelConfig)}
     model = type(recipe.model)(**values, size=None)
     expected = OBJECTIVE_FOR_ARCH.get(model.arch)
-    if expected and recipe.objective.name != expected:
+    if expected and recipe.head_task is None and recipe.objective.name != expected:
         raise ConfigError(f"{source}: a {model.arch} model, which objective.name={recipe.objective.name!r} does not "
                           f"train (expected {expected!r}; set objective.name={expected})")
     if recipe.data.seq_len > model.max_seq_len:
