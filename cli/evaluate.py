@@ -133,6 +133,12 @@ def evaluate(
     bytes rather than tokens, so checkpoints with different tokenizers compare. `--set model.KEY=VALUE`
     scores every checkpoint under another setting that changes no weight (a key that would is refused).
     """
+    from ..evaluation.classify import is_classifier
+
+    if any(is_classifier(path) for path in checkpoints):  # made by `tfkit finetune`: scored on labelled rows
+        from .evaluate_labelled import evaluate_labelled
+
+        return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
     from ..models import read_config
     from ..models.io import chosen_note, read_checkpoint
     from ..tokenization.corpus import check_text_field

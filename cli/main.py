@@ -27,7 +27,7 @@ from typer.exceptions import TyperException
 from .. import __version__
 from ..errors import TfkitError, disk_full, shorten
 from ..files import is_disk_full
-from . import convert, evaluate, finetune, generate, hf, lab, pretrain, recipes, tokenizer
+from . import convert, evaluate, finetune, generate, hf, lab, predict, pretrain, recipes, tokenizer
 
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -171,6 +171,7 @@ app.command("pretrain")(pretrain.pretrain)
 app.command("finetune")(finetune.finetune)
 app.command("eval")(evaluate.evaluate)
 app.command("generate")(generate.generate)
+app.command("predict")(predict.predict)
 app.command("convert-mqa-to-gqa")(convert.convert_mqa_to_gqa)
 app.command("import-hf")(hf.import_hf)
 app.command("export-hf")(hf.export_hf)

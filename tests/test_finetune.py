@@ -177,3 +177,58 @@ def test_recipe_problems_and_the_wrong_command_are_one_line(tmp_path):
     one_line_exit_2(run("finetune", "bert-tiny"), "fine-tuning needs classify or regress")
     one_line_exit_2(run("pretrain", "finetune-classify", "--set", "train.init_from=null",
                         "--set", f"tokenizer.path={tmp_path}"), "tfkit finetune")
+
+
+def test_eval_scores_a_classifier_on_labelled_rows_as_its_validation_did(finetuned, tmp_path):
+    _, run_dir = finetuned
+    result = run("eval", run_dir, "--data", "stdlib:topics:valid", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert "accuracy" in result.stdout and "matthews" in result.stdout
+    row = json.loads((tmp_path / "r.json").read_text())[0]
+    assert row["checkpoint"] == str(run_dir / "best") and row["task"] == "classification"
+    best = json.loads((run_dir / "best" / "config.json").read_text())
+    logged = next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == best["step"] and "val_loss" in r)
+    for key in ("accuracy", "macro_f1", "matthews"):
+        assert math.isclose(row[key], logged[f"val_{key}"], abs_tol=1e-6), key
+    assert row["examples"] == logged["val_examples"]
+
+
+def test_predict_streams_one_row_per_input_and_never_overwrites_without_force(finetuned, tmp_path):
+    _, run_dir = finetuned
+    out = tmp_path / "preds.jsonl"
+    result = run("predict", run_dir, "--data", "stdlib:topics:valid", "--out", out, "--batch-size", "16")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    valid = load_labelled("stdlib:topics:train", "stdlib:topics:valid")
+    assert len(rows) == len(valid.valid)
+    for r in rows:
+        probs = {k[2:]: v for k, v in r.items() if k.startswith("p_")}
+        assert set(probs) == set(valid.labels) and math.isclose(sum(probs.values()), 1.0, rel_tol=1e-5)
+        assert r["label"] == max(probs, key=probs.get)
+    right = sum(r["label"] == valid.labels[t] for r, t in zip(rows, valid.valid.targets))
+    evaluated = run("eval", run_dir, "--data", "stdlib:topics:valid", "--json", tmp_path / "r.json")
+    assert evaluated.exit_code == 0
+    assert math.isclose(right / len(rows), json.loads((tmp_path / "r.json").read_text())[0]["accuracy"])
+    before = out.read_bytes()
+    again = run("predict", run_dir, "--data", "stdlib:topics:valid", "--out", out)
+    one_line_exit_2(again, "--out", "--force")
+    assert out.read_bytes() == before  # nothing the user had is lost
+    csv_out = tmp_path / "preds.csv"
+    assert run("predict", run_dir, "--data", "stdlib:topics:valid", "--out", csv_out).exit_code == 0
+    assert csv_out.read_text().splitlines()[0].startswith("row,label,p_asyncio,")
+    assert run("predict", run_dir, "--data", "stdlib:topics:valid", "--out", out, "--force").exit_code == 0
+
+
+def test_labelled_eval_and_predict_refuse_what_they_cannot_score(finetuned, english_file, tmp_path):
+    _, run_dir = finetuned
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\nimport a module,importlib\nparse a date,datetime\n")
+    one_line_exit_2(run("eval", run_dir, "--data", data), "d.csv:3", "'datetime'", "not a class")
+    one_line_exit_2(run("predict", run_dir, "--data", data, "--out", tmp_path / "p.txt"), ".jsonl or .csv")
+    lm = tmp_path / "lm"
+    sets = ["data.train=" + str(english_file), "data.valid=null", "train.max_steps=1", "train.batch_size=2",
+            "data.seq_len=16", "eval.batches=1", "tokenizer.vocab_size=300", "tokenizer.max_train_mb=0.05",
+            "log.progress=false", "log.plot=false", "log.tensorboard=false", "eval.sample_prompt=null",
+            "model.d_model=16", "model.n_layers=1", "model.n_heads=2"]
+    assert run("pretrain", "gpt-tiny", "--run-dir", lm, *[a for s in sets for a in ("--set", s)]).exit_code == 0
+    one_line_exit_2(run("eval", lm, run_dir, "--data", data), "language model", "not a classifier")

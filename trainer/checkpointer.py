@@ -108,6 +108,8 @@ class Checkpointer:
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
             extra["pair_fields"] = [r.data.source_field, r.data.target_field]
         head = getattr(self.model, "head_config", None)
-        if head is not None:  # a classifier: its head and labels, as id2label / label2id (models/heads.py)
-            extra["head"] = head.to_dict()
+        if head is not None:  # a classifier: its head and labels, as id2label / label2id (models/heads.py), and
+            extra["head"] = head.to_dict()  # how its text was read, which `tfkit eval --data` / `predict` repeat
+            extra["task"] = {k: getattr(r.task, k) for k in ("text", "text_pair", "label", "header", "truncation",
+                                                             "stride")}
         return extra
