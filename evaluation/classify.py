@@ -27,7 +27,7 @@ from ..errors import ConfigError, DataError, TfkitError
 from ..files import atomic_file, write_problem
 from ..progress import progress_bar
 from ..models.heads import HeadConfig, SequenceClassifier, head_loss, pool_windows, predictions
-from ..models.io import load_model, read_checkpoint, read_config
+from ..models.io import load_classifier as load_classifier_model, read_checkpoint, read_config
 from ..tokenization.labelled import Columns, Examples, read_examples, read_texts
 from ..tokenization.task_batches import task_dataset
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
@@ -69,15 +69,10 @@ def is_classifier(path: str | Path) -> bool:
 
 def load_classifier(path: str | Path, device: torch.device) -> Classifier:
     def read(folder: Path) -> Classifier:
-        model, _ = load_model(folder, device)
+        model, _ = load_classifier_model(folder, device)
         return Classifier(folder, model, load_tokenizer(folder), read_config(folder))
 
-    folder, classifier = read_checkpoint(path, read, best=True)
-    if not isinstance(classifier.model, SequenceClassifier):
-        raise ConfigError(f"{folder}: a {classifier.model.config.arch} language model, not a classifier made by "
-                          "`tfkit finetune` (labelled rows are for classifiers; score language models on a corpus "
-                          "in a `tfkit eval` of their own)")
-    return classifier
+    return read_checkpoint(path, read, best=True)[1]
 
 
 @torch.no_grad()

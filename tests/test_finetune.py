@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
-from tfkit.models import load_model
+from tfkit.models.io import load_classifier
 from tfkit.models.heads import SequenceClassifier
 from tfkit.tokenization.labelled import load_labelled
 from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
@@ -85,13 +85,15 @@ def test_the_checkpoint_is_a_classifier_with_its_labels(finetuned):
     config = json.loads((run_dir / "checkpoints" / f"step-{STEPS}" / "config.json").read_text())
     assert config["objective"] == "classify" and config["head"]["id2label"]["4"] == "json"
     assert config["head"]["label2id"]["xml"] == 9 and config["head"]["num_labels"] == 10
-    model, _ = load_model(run_dir)
+    model, _ = load_classifier(run_dir)
     assert isinstance(model, SequenceClassifier) and model.head_config.labels[0] == "asyncio"
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_accuracy" in r and r["step"] > 0]
     best = max(rows, key=lambda r: r["val_accuracy"])
     kept = json.loads((run_dir / "best" / "config.json").read_text())
     assert kept["step"] == best["step"] and math.isclose(-kept["val_loss"], best["val_accuracy"])
     assert "task" in (run_dir / "recipe.yaml").read_text()
+    for command in (["generate", run_dir, "-p", "x"], ["export-hf", run_dir, "--out", run_dir.parent / "hf"]):
+        one_line_exit_2(run(*command), "a classifier made by `tfkit finetune`")
 
 
 def test_a_resumed_fine_tuning_run_is_bit_exact(finetuned, tmp_path):
@@ -126,7 +128,7 @@ def test_it_starts_from_a_pretrained_gpt_run(english_file, tmp_path):
     assert result.exit_code == 0, result.output
     start = (tmp_path / "ft" / "start.log").read_text()
     assert "held out for validation" in start and "stratified by label" in start
-    model, cfg = load_model(tmp_path / "ft")
+    model, cfg = load_classifier(tmp_path / "ft")
     assert isinstance(model, SequenceClassifier) and cfg.arch == "gpt" and model.head_config.labels == ("0", "1")
     body = load_file(str(tmp_path / "ft" / "checkpoints" / "step-2" / "model.safetensors"))
     assert any(k.startswith("body.") for k in body) and "classifier.weight" in body
@@ -232,3 +234,27 @@ def test_labelled_eval_and_predict_refuse_what_they_cannot_score(finetuned, engl
             "model.d_model=16", "model.n_layers=1", "model.n_heads=2"]
     assert run("pretrain", "gpt-tiny", "--run-dir", lm, *[a for s in sets for a in ("--set", s)]).exit_code == 0
     one_line_exit_2(run("eval", lm, run_dir, "--data", data), "language model", "not a classifier")
+
+
+def test_regression_with_sliding_windows_trains_scores_and_predicts(tokenizer, tmp_path):
+    """STS-B-like float targets: Pearson / Spearman in metrics.jsonl, a head of one output, windows pooled."""
+    data = tmp_path / "sts.jsonl"
+    data.write_text("".join(json.dumps({"text": "word " * (5 + i % 40), "score": (i % 40) / 8}) + "\n"
+                            for i in range(80)))
+    recipe = write_recipe(tmp_path, tokenizer, objective={"name": "regress"},
+                          data={"train": str(data), "valid": None, "valid_fraction": 0.25, "seq_len": 16},
+                          task={"label": "score", "metric": "auto", "stride": 7},
+                          train={"max_steps": 4, "batch_size": 8, "eval_every": 2})
+    result = run("finetune", recipe, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
+    assert [r["step"] for r in rows] == [0, 2, 4] and all({"val_pearson", "val_spearman"} <= set(r) for r in rows)
+    assert rows[-1]["val_examples"] == 20  # examples, not windows
+    start = (tmp_path / "run" / "start.log").read_text()
+    assert "a seeded sample" in start and "read as sliding windows" in start
+    config = json.loads((tmp_path / "run" / "checkpoints" / "step-4" / "config.json").read_text())
+    assert config["head"]["task"] == "regression" and config["head"]["num_labels"] == 1
+    out = tmp_path / "p.jsonl"
+    assert run("predict", tmp_path / "run", "--data", data, "--out", out).exit_code == 0
+    preds = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(preds) == 80 and all(isinstance(p["prediction"], float) for p in preds)
