@@ -85,6 +85,7 @@ def test_the_checkpoint_is_a_classifier_with_its_labels(finetuned):
     config = json.loads((run_dir / "checkpoints" / f"step-{STEPS}" / "config.json").read_text())
     assert config["objective"] == "classify" and config["head"]["id2label"]["4"] == "json"
     assert config["head"]["label2id"]["xml"] == 9 and config["head"]["num_labels"] == 10
+    assert config["task"]["metric"] == "accuracy" and config["task"]["truncation"] == "head"
     model, _ = load_classifier(run_dir)
     assert isinstance(model, SequenceClassifier) and model.head_config.labels[0] == "asyncio"
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_accuracy" in r and r["step"] > 0]

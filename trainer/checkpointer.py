@@ -112,4 +112,5 @@ class Checkpointer:
             extra["head"] = head.to_dict()  # how its text was read, which `tfkit eval --data` / `predict` repeat
             extra["task"] = {k: getattr(r.task, k) for k in ("text", "text_pair", "label", "header", "truncation",
                                                              "stride")}
+            extra["task"]["metric"] = r.task.metric_for(r.head_task)  # best/'s val_loss is minus this score
         return extra
