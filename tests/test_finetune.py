@@ -18,6 +18,7 @@ from tfkit.models.heads import SequenceClassifier
 from tfkit.tokenization.labelled import load_labelled
 from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
 from tfkit.trainer.metrics import read_metrics
+from tfkit.trainer.run_folder import resume_command
 
 STEPS = 120
 
@@ -259,3 +260,12 @@ def test_regression_with_sliding_windows_trains_scores_and_predicts(tokenizer, t
     assert run("predict", tmp_path / "run", "--data", data, "--out", out).exit_code == 0
     preds = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(preds) == 80 and all(isinstance(p["prediction"], float) for p in preds)
+
+
+def test_the_resume_hint_of_a_fine_tuning_run_names_finetune(finetuned):
+    """What an interrupted run prints must be a command that continues it: `tfkit pretrain` refuses a
+    fine-tuning recipe."""
+    _, run_dir = finetuned
+    assert resume_command(run_dir).startswith(f"tfkit finetune {run_dir / 'recipe.yaml'} --resume auto")
+    one_line_exit_2(run("pretrain", run_dir / "recipe.yaml", "--resume", "auto", "--run-dir", run_dir),
+                    "tfkit finetune")
