@@ -145,6 +145,12 @@ def evaluate(
     multiple-choice accuracy by log-likelihood (acc, and acc_norm per byte of the choice) or cloze
     last-word accuracy (LAMBADA), each with its standard error.
     """
+    from ..evaluation.classify import is_classifier
+
+    if any(is_classifier(path) for path in checkpoints):  # made by `tfkit finetune`: scored on labelled rows
+        from .evaluate_labelled import evaluate_labelled
+
+        return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
     from ..models import read_config
     from ..models.io import chosen_note, read_checkpoint
     from ..tokenization.corpus import check_text_field

@@ -105,3 +105,8 @@ def classification_scores(predictions: Any, labels: Any) -> dict[str, float]:
 def regression_scores(predictions: Any, targets: Any) -> dict[str, float]:
     """What `tfkit eval --data` reports for a regressor: Pearson and Spearman correlation."""
     return {"pearson": pearson(predictions, targets), "spearman": spearman(predictions, targets)}
+
+
+def task_scores(task: str, predictions: Any, targets: Any) -> dict[str, float]:
+    """The scores of a `classification` or `regression` head (a fine-tuning run's validation)."""
+    return (regression_scores if task == "regression" else classification_scores)(predictions, targets)

@@ -119,6 +119,13 @@ class SequenceClassifier(nn.Module):
     def config(self):
         return self.body.config
 
+    def num_params(self, non_embedding: bool = False) -> int:
+        return self.body.num_params(non_embedding) + sum(p.numel() for p in self.classifier.parameters())
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """The body's count (its output head included, which a classifier skips: an upper bound)."""
+        return self.body.flops_per_token(seq_len)
+
     def pooled(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                token_type_ids: Tensor | None = None) -> Tensor:
         """input_ids (B, T), attention_mask (B, T) bool True = real, token_type_ids (B, T) (bert) -> (B, C)."""

@@ -181,20 +181,48 @@ def read_config(path: str | Path) -> dict:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:
     """Build the model described by config.json and fill it from model.safetensors; returns (model, cfg)
-    with the model in eval mode on `device`.
+    with the model in eval mode on `device`. A classifier made by `tfkit finetune` is refused, naming the
+    commands that take one: generating, converting or exporting it as a language model would read a head
+    that is not there (`load_classifier` loads it).
 
     The weights are allocated once, by reading the file: the model is built with its parameters on the
     meta device (no memory, no random init, which for a 7B checkpoint would be 28 GB of fp32 thrown away)
     and the file's tensors become its parameters. Buffers computed at construction (position tables)
     are built for real."""
-    from . import build_model  # late import: models/__init__ imports this module
+    folder = resolve_checkpoint(path)
+    config = read_config(folder)
+    if config.get("head") is not None:
+        raise CheckpointError(f"{folder}: a classifier made by `tfkit finetune`, not a language model; `tfkit eval "
+                              "--data LABELLED` and `tfkit predict` take it")
+    return _load(folder, config, device, None)
+
+
+def load_classifier(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:
+    """A checkpoint of `tfkit finetune` as a `SequenceClassifier` (its head from config.json's `head`),
+    built and filled as `load_model` builds a language model."""
+    from .heads import HeadConfig
 
     folder = resolve_checkpoint(path)
-    cfg = ModelConfig.from_dict(read_config(folder)["model"])  # read_config names the file if it is invalid
+    config = read_config(folder)
+    if config.get("head") is None:
+        arch = config["model"].get("arch", "gpt")
+        raise CheckpointError(f"{folder}: a {arch} language model, not a classifier made by `tfkit finetune` "
+                              "(labelled rows are for classifiers; score language models on a corpus in a "
+                              "`tfkit eval` of their own)")
+    return _load(folder, config, device, HeadConfig.from_dict(config["head"], str(folder / CONFIG)))
+
+
+def _load(folder: Path, config: dict, device: str | torch.device, head) -> tuple[nn.Module, ModelConfig]:
+    from . import build_model  # late import: models/__init__ imports this module
+    from .heads import SequenceClassifier
+
+    cfg = ModelConfig.from_dict(config["model"])  # read_config names the file if it is invalid
     check_buildable(cfg, folder / CONFIG)
     with parameters_on_meta():
         model = build_model(cfg)
-    what = f"the {cfg.arch} model its config.json describes"
+        if head is not None:  # a fine-tuned checkpoint: the body and its head
+            model = SequenceClassifier(model, head)
+    what = f"the {cfg.arch} {'classifier' if head else 'model'} its config.json describes"
     try:
         state = load_file(str(folder / WEIGHTS), device=str(device))
     except (SafetensorError, OSError) as err:

@@ -176,6 +176,14 @@ def _rows(spec: str, header: bool) -> Iterator[Row]:
     return topic_rows(spec) if is_topics_spec(spec) else read_rows(Path(spec), header)
 
 
+def read_texts(spec: str, columns: Columns, header: bool = True) -> Iterator[tuple[str, str, str | None]]:
+    """(where, text, second text or None) of every row of `spec`, streamed, empty texts too: what
+    `tfkit predict` labels, one output row per input row; no label column is needed."""
+    for row in _rows(spec, header):
+        pair = None if columns.text_pair is None else _text(row, columns.text_pair, "text_pair")
+        yield row.where, _text(row, columns.text, "text"), pair
+
+
 def read_examples(spec: str, columns: Columns, task: str, header: bool = True) -> tuple[Examples, dict[str, str]]:
     """The examples of one file, targets still as read (label names, or floats), and for classification
     where each label is first seen (for messages about labels)."""

@@ -107,4 +107,10 @@ class Checkpointer:
                           "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
             extra["pair_fields"] = [r.data.source_field, r.data.target_field]
+        head = getattr(self.model, "head_config", None)
+        if head is not None:  # a classifier: its head and labels, as id2label / label2id (models/heads.py), and
+            extra["head"] = head.to_dict()  # how its text was read, which `tfkit eval --data` / `predict` repeat
+            extra["task"] = {k: getattr(r.task, k) for k in ("text", "text_pair", "label", "header", "truncation",
+                                                             "stride")}
+            extra["task"]["metric"] = r.task.metric_for(r.head_task)  # best/'s val_loss is minus this score
         return extra

@@ -247,8 +247,10 @@ def _validate_and_save(loop: Loop, pace: Pace, bar: tqdm) -> None:
     spaced = loop.budget is not None and loop.budget.validation_due(s.step, loop.end)
     if s.step < loop.end and (s.step % train.eval_every == 0 or spaced):
         val = loop.validate(s.step)
-        _say(bar, f"step {s.step}: val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  "
-                  f"val_acc {val['val_accuracy']:.3f}", loop.info.is_main)
+        shown = (f"val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  val_acc {val['val_accuracy']:.3f}"
+                 if "val_ppl" in val else  # a fine-tuning run's row: its task scores (trainer/task.py)
+                 "  ".join(f"{k} {v:.4f}" for k, v in val.items() if k.startswith("val_") and k != "val_examples"))
+        _say(bar, f"step {s.step}: {shown}", loop.info.is_main)
         _took(loop, "validation", paused)
     if s.step % train.save_every == 0 and s.step < loop.end:
         saving = time.perf_counter()

@@ -38,7 +38,10 @@ class LossOutput:
 
 
 def count_targets(batch: dict[str, Tensor]) -> int:
-    """Predicted tokens in a batch, known before any forward pass."""
+    """Predicted tokens in a batch, known before any forward pass; a task batch's `labels (B,)` are one
+    target per row (a regression target may be any float, -100 too)."""
+    if batch["labels"].dim() == 1:
+        return batch["labels"].numel()
     return int((batch["labels"] != IGNORE).sum())
 
 
@@ -125,6 +128,21 @@ def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: fl
     return _head_loss(out.flatten(0, 1), model.lm_head, labels, label_smoothing)
 
 
+def task_loss(model: nn.Module, batch: dict[str, Tensor], regression: bool,
+              label_smoothing: float = 0.0) -> LossOutput:
+    """Fine-tuning (objective classify / regress): a `SequenceClassifier`'s logits (B, N) against one
+    target per row, summed like the token losses (cross-entropy, or squared error; no accuracy for a
+    regression)."""
+    labels = batch["labels"]  # (B,) class ids or float targets
+    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))  # (B, N)
+    count = torch.full((), labels.shape[0], dtype=torch.long, device=labels.device)
+    if regression:
+        loss_sum = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
+        return LossOutput(loss_sum, torch.zeros((), dtype=torch.long, device=labels.device), count)
+    loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=label_smoothing)
+    return LossOutput(loss_sum, (logits.argmax(dim=-1) == labels).sum(), count)
+
+
 def unreached_parameters(model: nn.Module, objective: str) -> list[nn.Parameter]:
     """Parameters an objective never computes with: BERT's pooler (trained by next-sentence prediction,
     which tfkit's MLM pretraining leaves out, as RoBERTa does). The trainer freezes them, because DDP
@@ -142,6 +160,8 @@ def compute_loss(model: nn.Module, batch: dict[str, Tensor], objective: Objectiv
     of clm and seq2seq for the batch's device (fused_loss.use_fused_loss)."""
     if objective.name == "mlm":
         return mlm_loss(model, batch, objective.label_smoothing)
+    if objective.name in ("classify", "regress"):
+        return task_loss(model, batch, objective.name == "regress", objective.label_smoothing)
     fused = use_fused_loss(objective.fused_loss, batch["labels"].device)
     return OBJECTIVES[objective.name](model, batch, objective.label_smoothing, fused=fused)
 

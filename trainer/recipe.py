@@ -26,9 +26,9 @@ from ..models.config import type_problem
 from ..models.sizes import sized_config
 from ..ranges import POSITIVE, USUAL_PEAK_LR
 from .resources import recipe_resource_problems
-from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, DataSection, EvalSection,  # noqa: F401 - re-exported
-                       LogSection, ModelSection, ObjectiveSection, OptimSection, ScheduleSection, TokenizerSection,
-                       TrainSection, packing_problems)
+from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
+                       DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection, OptimSection,
+                       ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
 
 @dataclass
 class Recipe:
@@ -42,6 +42,7 @@ class Recipe:
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
     log: LogSection = field(default_factory=LogSection)
+    task: TaskSection = field(default_factory=TaskSection)  # fine-tuning only (objective classify / regress)
     # the SECTION.KEY names that --set gave, not saved (recipe.yaml holds their values): a run started from a
     # checkpoint takes every model key from it except those given explicitly (run_folder.source_model)
     overrides: tuple[str, ...] = field(default=(), compare=False)
@@ -55,6 +56,15 @@ class Recipe:
             out.append(f"objective.name: {self.objective.name!r} does not train model.arch={self.model.arch!r} "
                        f"(expected {expected!r})")
         out += packing_problems(self.data, self.objective)
+        task = TASK_OBJECTIVES.get(self.objective.name)
+        if task and not self.data.train:
+            out.append("data.train: a fine-tuning recipe names its labelled data (a file or stdlib:topics)")
+        if task and not self.train.init_from and not self.tokenizer.path:
+            out.append("tokenizer.path: a fine-tuning run from random weights (train.init_from: null) reads text with "
+                       "a given tokenizer, e.g. the pretrained run's tokenizer/ folder it is the control for")
+        if task and self.task.metric not in ("auto", *TASK_METRICS[task]):
+            out.append(f"task.metric: {self.task.metric!r} does not score objective.name={self.objective.name!r} "
+                       f"(expected auto or one of {', '.join(TASK_METRICS[task])})")
         if self.data.seq_len > self.model.max_seq_len:
             out.append(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
         decays = self.schedule.name in ("linear", "cosine", "wsd") and POSITIVE.contains(self.optim.lr)
@@ -87,8 +97,16 @@ class Recipe:
                        f"model.norm_placement=pre, or a peak lr <= {POST_NORM_PEAK_LR:g} with a longer warmup")
         return out
 
+    @property
+    def head_task(self) -> str | None:
+        """classification / regression for a fine-tuning recipe; None for pretraining."""
+        return TASK_OBJECTIVES.get(self.objective.name)
+
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("overrides", "notes")}
+        """The recipe as saved; the task section only in a fine-tuning recipe (a pretraining recipe.yaml is
+        unchanged by its existence)."""
+        dropped = ("overrides", "notes") + (() if self.head_task else ("task",))
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in dropped}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -102,7 +120,7 @@ def _peak_lr_warnings(optim: OptimSection, peak: float) -> list[str]:
             for key, value in peaks if POSITIVE.contains(value) and not USUAL_PEAK_LR.contains(value)]
 
 
-SECTIONS = ("model", "tokenizer", "data", "objective", "optim", "schedule", "train", "eval", "log")
+SECTIONS = ("model", "tokenizer", "data", "objective", "optim", "schedule", "train", "eval", "log", "task")
 
 
 def bundled_recipes() -> dict[str, Path]:

@@ -93,10 +93,16 @@ def wall_time(result: RunResult, train) -> str:
 
 def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recipe) -> None:
     """The final table: what a user compares between runs."""
-    table = Table(title=f"pretrain: {result.run_dir.name}", show_header=False)
+    command = "finetune" if recipe.head_task else "pretrain"
+    table = Table(title=f"{command}: {result.run_dir.name}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
-    if result.final is not None:
+    scores = getattr(result.final, "scores", None)
+    if scores is not None:  # a fine-tuning run: the task's scores on the validation examples
+        table.add_row("validation loss", f"{result.final.loss:.4f}")
+        for name, value in scores.items():
+            table.add_row(f"validation {name}", f"{value:.4f}")
+    elif result.final is not None:
         table.add_row("validation loss", f"{result.final.loss:.4f}")
         table.add_row("perplexity", f"{result.final.perplexity:.2f}")
         table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import TfkitError
+from ..errors import ConfigError, TfkitError
 from ..files import is_disk_full
 from ..models import build_model
 from ..models.config import ModelConfig
@@ -52,17 +52,22 @@ from .checkpointer import Checkpointer
 from .run_folder import prior_steps
 from .report import RunResult, describe, report, sample
 from .trackers import open_tracker
-from . import validation
+from . import task, validation
 from .validation import ValidationResult
 
 console = output_console()
 
 
-def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | None = None) -> RunResult:
-    """Run a recipe end to end; see the module docstring. Works alone or under torchrun."""
+def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | None = None,
+             scorer: task.Scorer | None = None) -> RunResult:
+    """Run a recipe end to end; see the module docstring. Works alone or under torchrun. A fine-tuning
+    recipe (objective classify / regress) needs the `scorer` of its validation scores (`tfkit finetune`)."""
+    if recipe.head_task is not None and scorer is None:
+        raise ConfigError(f"objective.name: {recipe.objective.name!r} is fine-tuning; run the recipe with "
+                          "`tfkit finetune`")
     info = init_distributed(recipe.train.device)
     set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
-    with Trainer(recipe, info) as trainer:
+    with Trainer(recipe, info, scorer) as trainer:
         trainer.build(run_dir, resume)
         trainer.train()
         result = trainer.finish()
@@ -77,8 +82,10 @@ class Trainer(contextlib.AbstractContextManager):
     `with`: the Trainer owns the run's cleanup (metrics file, run-folder lock, process group) and, after a
     failed start, removes the run folder it made."""
 
-    def __init__(self, recipe: Recipe, info: DistInfo) -> None:
+    def __init__(self, recipe: Recipe, info: DistInfo, scorer: task.Scorer | None = None) -> None:
         self.recipe, self.info = recipe, info  # the recipe as resolved by build (data, precision)
+        self.scorer = scorer  # fine-tuning: (task, predictions, targets) -> validation scores
+        self.head = None  # fine-tuning: the classifier head (HeadConfig), its labels from the training data
         self.parallel = Parallel(recipe.train.distributed, info)
         self.started = time.perf_counter()
         self.start_block = Transcript(console)  # what the run says it will do, also kept in the run folder
@@ -204,16 +211,24 @@ class Trainer(contextlib.AbstractContextManager):
             model = dataclasses.replace(recipe.model, vocab_size=self.cfg.vocab_size)  # recipe.yaml: what a resume builds
             self.recipe = recipe = dataclasses.replace(recipe, model=model)
         check_vocab_fits(self.tokenizer, self.cfg.vocab_size)
-        self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info, self.start_block)
+        if recipe.head_task is not None:
+            self.train_data, self.valid_data, self.head = task.build_task_data(
+                recipe, self.tokenizer, self.cfg, self.start_block if info.is_main else None)
+        else:
+            self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info,
+                                                              self.start_block)
 
     def _build_model(self) -> None:
         """The same initial weights on every rank (from `train.seed`, or the source checkpoint's), wrapped
         for the run's layout, and its optimizer and loss scaler."""
         recipe, info = self.recipe, self.info
         torch.manual_seed(recipe.train.seed)
-        self.model = build_model(self.cfg)
-        if self.source is not None:
-            load_source_weights(self.model, self.source)
+        if self.head is not None:
+            self.model = task.build_classifier(self.cfg, self.head, self.init_from, self.resume_from)
+        else:
+            self.model = build_model(self.cfg)
+            if self.source is not None:
+                load_source_weights(self.model, self.source)
         self.model.to(info.device)
         for param in unreached_parameters(self.model, recipe.objective.name):
             param.requires_grad_(False)
@@ -235,11 +250,14 @@ class Trainer(contextlib.AbstractContextManager):
         row = result.row(step)
         self.metrics.log(row)
         if step > 0:  # the untrained baseline is never the model to keep
-            self.checkpoints.keep_if_best(step, result.loss)
+            self.checkpoints.keep_if_best(step, result.criterion)
         return row
 
-    def _validation(self) -> ValidationResult:
+    def _validation(self) -> ValidationResult | task.TaskValidation:
         r = self.recipe
+        if self.head is not None:
+            return task.validate_task(self.train_module, self.valid_data, r.eval.batch_size or micro_batch_size(r),
+                                      self.info, r.train.precision, self.scorer, r.task.metric_for(r.head_task))
         return validation.validate(self.train_module, self.valid_data, r.eval.batches,
                                    r.eval.batch_size or micro_batch_size(r), self.info, r.train.precision)
 
@@ -275,12 +293,12 @@ class Trainer(contextlib.AbstractContextManager):
         result = RunResult(self.run_dir, state, None, self.checkpoints.latest, 0.0)
         if not state.interrupted:
             result.final = self._validation()
-            self.checkpoints.keep_if_best(state.step, result.final.loss)
+            self.checkpoints.keep_if_best(state.step, result.final.criterion)
             # a finished run's final row is logged, also by a resume of a run killed just before logging it
             if (state.step > self.steps_before or self.saved is None
                     or (info.is_main and not run_folder.has_validation_row(self.run_dir, state.step))):
                 self.metrics.log(result.final.row(state.step))
-            if recipe.model.arch == "gpt" and recipe.eval.sample_prompt is not None:
+            if recipe.model.arch == "gpt" and self.head is None and recipe.eval.sample_prompt is not None:
                 whole = self.parallel.full_weights(self.model, self.cfg)
                 if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
                     result.sample = sample(whole.to(info.device), self.tokenizer, recipe, self.valid_data)

@@ -30,7 +30,7 @@ from ..models.config import ModelConfig
 from ..models.io import read_config
 from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
 from .optim import resolve_precision
-from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, AliasBomb, safe_load
+from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, TASK_OBJECTIVES, AliasBomb, safe_load
 
 MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
@@ -129,7 +129,17 @@ class FolderClaim:
 def resume_command(run_dir: Path) -> str:
     """The command that continues a run: its own recipe.yaml (the recipe it trained with, --set overrides
     included), so nothing the run was started with has to be remembered."""
-    return f"tfkit pretrain {run_dir / RECIPE_FILE} --resume auto --run-dir {run_dir}"
+    return f"tfkit {_command_of(run_dir)} {run_dir / RECIPE_FILE} --resume auto --run-dir {run_dir}"
+
+
+def _command_of(run_dir: Path) -> str:
+    """finetune for a fine-tuning run (its recipe's objective classify / regress), else pretrain."""
+    try:
+        objective = (_read_run_recipe(run_dir / RECIPE_FILE, (run_dir / RECIPE_FILE).read_bytes()).get("objective")
+                     or {})
+    except (OSError, CheckpointError):
+        return "pretrain"
+    return "finetune" if isinstance(objective, dict) and objective.get("name") in TASK_OBJECTIVES else "pretrain"
 
 
 def disk_full_during_run(exc: OSError, run_dir: Path, checkpoint: Path | None) -> Exception:
@@ -354,7 +364,7 @@ def source_model(recipe, source: Path, out=None):
         raise ConfigError(f"{source}: a {model.arch} model; data.format: chat fine-tunes a GPT (expected a gpt "
                           "checkpoint in train.init_from)")
     expected = OBJECTIVE_FOR_ARCH.get(model.arch)
-    if expected and recipe.objective.name != expected:
+    if expected and recipe.head_task is None and recipe.objective.name != expected:
         raise ConfigError(f"{source}: a {model.arch} model, which objective.name={recipe.objective.name!r} does not "
                           f"train (expected {expected!r}; set objective.name={expected})")
     if recipe.data.seq_len > model.max_seq_len:

@@ -22,6 +22,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 TRAIN_PRECISIONS = ("auto",) + PRECISIONS  # auto: bf16 where the hardware computes it natively (optim.resolve_precision)
 FUSED_LOSS = ("auto", "on", "off")
 OPTIMIZERS = ("adamw", "muon")
+TASK_OBJECTIVES = {"classify": "classification", "regress": "regression"}  # objective.name -> the head's task
+TASK_METRICS = {"classification": ("accuracy", "macro_f1", "matthews"), "regression": ("pearson", "spearman")}
+TRUNCATIONS = ("head", "tail", "head+tail")
 
 
 @dataclass
@@ -96,7 +99,7 @@ def packing_problems(data: DataSection, objective: ObjectiveSection) -> list[str
 
 @dataclass
 class ObjectiveSection:
-    name: str = "clm"  # mlm (bert) | clm (gpt) | seq2seq (transformer)
+    name: str = "clm"  # mlm (bert) | clm (gpt) | seq2seq (transformer) | classify | regress (fine-tuning: task section)
     mask_prob: float = 0.15  # mlm: fraction of non-special tokens chosen for prediction
     whole_word_mask: bool = False  # mlm: mask every piece of a chosen word together
     # mlm: shares of the chosen tokens that become [MASK], a random token, and stay unchanged (BERT's 80/10/10);
@@ -119,11 +122,43 @@ class ObjectiveSection:
         replace = mask_replace_problem(self.mask_replace, f"{prefix}.mask_replace")
         if replace:
             out.append(replace)
-        if self.name not in OBJECTIVE_FOR_ARCH.values():
-            out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq")
+        if self.name not in (*OBJECTIVE_FOR_ARCH.values(), *TASK_OBJECTIVES):
+            out.append(f"{prefix}.name: got {self.name!r}, expected one of mlm, clm, seq2seq, classify, regress")
         if self.fused_loss not in FUSED_LOSS:
             out.append(f"{prefix}.fused_loss: got {self.fused_loss!r}, expected one of {', '.join(FUSED_LOSS)}")
         return out
+
+
+@dataclass
+class TaskSection:
+    """Fine-tuning (objective classify / regress): where data.train's labelled rows keep their text and label,
+    how a text longer than data.seq_len is read, and the head on the pooled vector (models/heads.py)."""
+
+    text: str | int = "text"  # column (name, or position from 0) of the text
+    text_pair: str | int | None = None  # column of a pair's second text; null = single texts
+    label: str | int = "label"  # column of the class label (classify) or float target (regress)
+    header: bool = True  # CSV / TSV: the first line names the columns
+    truncation: str = "head"  # head | tail | head+tail: which tokens a text longer than data.seq_len keeps
+    stride: int | None = None  # read long single texts whole, as windows this many tokens apart (logits averaged)
+    pooling: str | None = None  # cls | last | mean; null = the family's own (bert cls, gpt last, transformer mean)
+    dropout: float = 0.1  # on the pooled vector, before the classifier (BERT's fine-tuning default)
+    # the validation score that keep_best keeps and the report leads with: auto (accuracy for classify, pearson for
+    # regress) | accuracy | macro_f1 | matthews | pearson | spearman
+    metric: str = "auto"
+
+    def problems(self, prefix: str = "task") -> list[str]:
+        out = float_problems(self, prefix, dropout=FRACTION)
+        if self.truncation not in TRUNCATIONS:
+            out.append(f"{prefix}.truncation: got {self.truncation!r}, expected one of {', '.join(TRUNCATIONS)}")
+        if self.stride is not None and self.stride < 1:
+            out.append(f"{prefix}.stride: got {self.stride}, expected a positive integer or null")
+        metrics = [m for ms in TASK_METRICS.values() for m in ms]
+        if self.metric != "auto" and self.metric not in metrics:
+            out.append(f"{prefix}.metric: got {self.metric!r}, expected auto or one of {', '.join(metrics)}")
+        return out
+
+    def metric_for(self, task: str) -> str:
+        return TASK_METRICS[task][0] if self.metric == "auto" else self.metric
 
 
 @dataclass

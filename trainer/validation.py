@@ -30,6 +30,11 @@ class ValidationResult:
     tokens: int  # predicted tokens evaluated
 
     @property
+    def criterion(self) -> float:
+        """What keep_best minimises: the loss."""
+        return self.loss
+
+    @property
     def perplexity(self) -> float:
         return math.exp(min(self.loss, 700.0))  # exp overflows past ~709
 

@@ -1,0 +1,53 @@
+"""`tfkit finetune RECIPE`: a pretrained model (or random weights) trained on labelled data with a task head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import ConfigError
+from .options import Overrides
+
+
+def finetune(
+    recipe: Annotated[str, typer.Argument(help="Bundled recipe name (finetune-classify) or a YAML file whose "
+                                               "objective.name is classify or regress.")],
+    overrides: Overrides = None,
+    run_dir: Annotated[
+        Optional[Path],
+        typer.Option("--run-dir", help="Run folder (default: log.run_dir, else runs/<recipe>-<timestamp>)."),
+    ] = None,
+    resume: Annotated[
+        Optional[str],
+        typer.Option("--resume", metavar="auto|PATH",
+                     help="auto: continue the latest checkpoint of the run folder, or start fresh if there is none; "
+                          "PATH: a checkpoint or run folder to continue (exactly, as `tfkit pretrain --resume`)."),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="With --resume: train on the data RECIPE and --set name even where it differs "
+                                     "from the run's (refused otherwise)."),
+    ] = False,
+) -> None:
+    """Fine-tune a classifier or regressor: train.init_from's body (a tfkit run or checkpoint of any family, or
+    an import-hf folder; null = random weights, the control) with a head on its pooled vector.
+
+    The labelled data is data.train (CSV / TSV / JSONL / Parquet, or stdlib:topics) with the columns of the
+    task section; without data.valid a seeded, stratified share is held out. Validation reports the task's
+    scores (accuracy, macro-F1, Matthews correlation, or Pearson / Spearman) in metrics.jsonl and the report;
+    checkpoints keep the labels as id2label / label2id in config.json, and `tfkit eval` / `tfkit predict`
+    read them. The run folder is a pretraining run's: recipe.yaml, start.log, metrics.jsonl, exact resume.
+    """
+    from ..evaluation.metrics import task_scores  # imports deferred: `--help` stays fast
+    from ..trainer.resume import recipe_for_run
+    from ..trainer.run import pretrain as run_pretrain
+
+    chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)
+    if chosen.head_task is None:
+        raise ConfigError(f"recipe {recipe}: objective.name is {chosen.objective.name!r}, which pretrains; "
+                          "fine-tuning needs classify or regress (see `tfkit recipes show finetune-classify`)")
+    result = run_pretrain(chosen, run_dir=run_dir, resume=resume, scorer=task_scores)
+    if result.interrupted:
+        raise typer.Exit(128 + result.interrupted)
