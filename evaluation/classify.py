@@ -119,20 +119,21 @@ def score_classifier(path: str | Path, data: str, *, batch_size: int, device: to
 
 def check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}", params=("batch_size",))
 
 
 def check_out(out: Path, force: bool) -> None:
-    """`--out` names a .jsonl or .csv file we may write; an existing one is replaced only with `--force`."""
+    """`out` names a .jsonl or .csv file we may write; an existing one is replaced only with `force`."""
+    names = ("out", "force")
     if not out.name.lower().endswith(OUT_KINDS):
-        raise ConfigError(f"--out {out}: expected a {' or '.join(OUT_KINDS)} file")
+        raise ConfigError(f"out {out}: expected a {' or '.join(OUT_KINDS)} file", params=names)
     if out.is_dir():
-        raise ConfigError(f"--out {out}: is a folder, expected a file such as {out / 'preds.jsonl'}")
+        raise ConfigError(f"out {out}: is a folder, expected a file such as {out / 'preds.jsonl'}", params=names)
     if out.exists() and not force:
-        raise ConfigError(f"--out {out}: the file exists; pass --force to replace it")
+        raise ConfigError(f"out {out}: the file exists; pass force to replace it", params=names)
     problem = write_problem(out)
     if problem:
-        raise ConfigError(f"--out {out}: {problem}")
+        raise ConfigError(f"out {out}: {problem}", params=names)
 
 
 def _chunks(rows: Iterator[tuple[str, str, str | None]]) -> Iterator[list[tuple[str, str, str | None]]]:

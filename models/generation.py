@@ -199,7 +199,7 @@ def frame_chat(tokenizer, message: str, system: str | None = None) -> tuple[list
     template the model was fine-tuned with (tokenization/chat.py) and opening the assistant's turn; the
     answer ends at the end-of-turn token."""
     turns = ([("system", system)] if system is not None else []) + [("user", message)]
-    ids, _ = encode_chat(tokenizer, turns, generation_prompt=True, where="--chat")
+    ids, _ = encode_chat(tokenizer, turns, generation_prompt=True, where="the chat message")
     return ids, chat_ids(tokenizer)[END]
 
 

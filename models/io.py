@@ -191,10 +191,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     are built for real."""
     folder = resolve_checkpoint(path)
     config = read_config(folder)
+    refuse_classifier(folder, config)
+    return _load(folder, config, device, None)
+
+
+def refuse_classifier(folder: Path, config: dict) -> None:
+    """CheckpointError for a classifier where a language model is needed (generating, converting, exporting)."""
     if config.get("head") is not None:
         raise CheckpointError(f"{folder}: a classifier made by `tfkit finetune`, not a language model; `tfkit eval "
                               "--data LABELLED` and `tfkit predict` take it")
-    return _load(folder, config, device, None)
 
 
 def load_classifier(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:

@@ -16,7 +16,7 @@ import yaml
 from ..layout import CARD_MARK, EXPORT_ARCHITECTURES
 from ..models import build_model
 from ..models.config import ModelConfig
-from ..models.io import parameters_on_meta, resolve_checkpoint
+from ..models.io import parameters_on_meta, refuse_classifier, resolve_checkpoint
 from ..tokenization.tokenizer import load_tokenizer
 from .run_record import RunRecord, read_run_record
 
@@ -161,7 +161,9 @@ def export_hf_with_card(ckpt: str | Path, out: str | Path, *, force: bool = Fals
     """`models.hf_export.export_hf` with the model card of the checkpoint's run as the folder's README.md."""
     from ..models.hf_export import export_family, export_hf
 
-    family = export_family(read_run_record(ckpt).cfg)  # a model without an HF equivalent fails first
+    record = read_run_record(ckpt)
+    refuse_classifier(resolve_checkpoint(ckpt), record.config)  # a classifier, then a model without an HF equivalent
+    family = export_family(record.cfg)
     return export_hf(ckpt, out, force=force, card=model_card(ckpt, family, "hf", license))
 
 
@@ -171,6 +173,7 @@ def export_gguf_with_card(ckpt: str | Path, out: str | Path, *, dtype: str = "f1
     from ..models.gguf_export import export_gguf
 
     record = read_run_record(ckpt)
+    refuse_classifier(resolve_checkpoint(ckpt), record.config)
     layout = "llama" if record.cfg.positions == "rope" else "gpt2"  # export_gguf refuses what llama.cpp cannot run
     card = model_card(ckpt, layout, "gguf", license, gguf_name=Path(out).name)
     return export_gguf(ckpt, out, dtype=dtype, force=force, name=record.name, license=license, card=card)
