@@ -49,7 +49,7 @@ def test_the_float_keys_are_found():
 @pytest.mark.parametrize("key", _float_keys())
 def test_every_float_key_rejects_nan_and_infinity(key, value):
     message = _message([f"{key}={value}"])
-    assert f"--set {key}={value}: {key}: got {value}, expected " in message
+    assert f"overrides {key}={value}: {key}: got {value}, expected " in message
 
 
 def test_the_compound_float_keys_are_found():
@@ -63,7 +63,7 @@ def test_every_compound_float_key_rejects_nan_and_infinity(key, value):
     refused with a line naming the key."""
     for given in (value, f"[{value}, 0.1, 0.1]"):
         message = _message([f"{key}={given}"])
-        assert f"--set {key}={given}: {key}: got " in message and "expected" in message
+        assert f"overrides {key}={given}: {key}: got " in message and "expected" in message
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -42,7 +42,10 @@ DAMAGE = {  # name: (edit, what the line must say)
     "weight-bool": (_retype(torch.bool), (TENSOR, "bool")),
     "max_seq_len-1e9-sinusoidal": (_endless_positions, ("max_seq_len=1,000,000,000", "GiB")),
 }
-CASES = [(reader, damage) for reader in READERS for damage in DAMAGE]
+# export-hf refuses a sinusoidal model by its configuration before any weight is read (no HF class has
+# sinusoidal positions; tests/test_hf_export.py), so the endless table never reaches its loader there.
+CASES = [(reader, damage) for reader in READERS for damage in DAMAGE
+         if (reader, damage) != ("export-hf", "max_seq_len-1e9-sinusoidal")]
 
 
 def _prepare(copy_run, tmp_path: Path, monkeypatch) -> Path:
