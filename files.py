@@ -17,10 +17,7 @@ What is published gets the permissions of a plain mkdir or open (`share_like_mkd
 makes folders 0700 and safetensors writes files 0600, which would leave a model on a shared machine
 unreadable to everyone but its author.
 
-What an output folder may replace is decided here too, before any work (`check_new_folder`): never an
-input, never a folder inside a training run's checkpoints/, and with --force only the earlier output of
-the same command. The folders are recognised by the names in layout.py, so this module imports no
-subpackage.
+What an output folder may replace is decided before any work, in replacing.py.
 """
 
 from __future__ import annotations
@@ -40,9 +37,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import CheckpointError
-from .jsonfile import read_json
-from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER,
-                     TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
 
 
 def share_like_mkdir(root: Path) -> None:
@@ -365,97 +359,3 @@ def _publish(tmp: Path, out: Path, keep_existing: bool) -> None:
         out.rename(trash)
         tmp.rename(out)  # killed just before: the next write puts `trash` back (remove_stale)
         _remove(trash)
-
-
-# What `--force` may replace, by the command that writes it (see `_existing_kind`): each command replaces
-# only its own earlier output, never a training checkpoint, a user's HuggingFace model or other files.
-TFKIT_MODEL = "a tfkit model folder (what convert-mqa-to-gqa and import-hf write)"
-TFKIT_EXPORT = "a HuggingFace folder written by tfkit export-hf"
-EXPORT_FILES = {CONFIG, WEIGHTS, MODEL_CARD, *TOKENIZER_FILES}
-
-
-def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: tuple[str, ...]) -> None:
-    """Before any work, every reason `--out` could fail or destroy something, as one line:
-    - it may never be, contain or lie inside an input checkpoint (even --force would then destroy the
-      model being read);
-    - nor lie in a training run's `checkpoints/`, where `eval RUN` would take it for the run's own latest;
-    - a regular file in its path, or a folder there that cannot be written, fails now, not after the work;
-    - an existing non-empty `out` needs --force, and even --force replaces only the earlier output of the
-      calling command (`replaces`: TFKIT_MODEL and/or TFKIT_EXPORT), never a file or a folder of other things."""
-    target = out.resolve()
-    for source in (Path(s).resolve() for s in sources):
-        inside = source.is_dir() and source in target.parents and (source / WEIGHTS).is_file()
-        if target == source or target in source.parents or inside:
-            raise CheckpointError(f"--out {out}: is or contains the input {source}, or lies inside it; "
-                                  "the input is never modified, choose another folder")
-    run = _run_of(target)
-    if run is not None:
-        raise CheckpointError(f"--out {out}: lies in the checkpoints folder of the training run {run}, where "
-                              f"`tfkit eval {run}` would take it for the run's latest checkpoint; choose a "
-                              "folder outside it")
-    problem = write_problem(out)
-    if problem:
-        raise CheckpointError(f"--out {out}: {problem}")
-    if _is_taken(target) and not force:
-        raise CheckpointError(f"--out {out}: already exists; use --force to replace it")
-    check_replaceable(out, replaces)
-
-
-def check_replaceable(out: Path, replaces: tuple[str, ...]) -> None:
-    """What --force may replace: an existing non-empty `out` must be one of `replaces` (TFKIT_MODEL,
-    TFKIT_EXPORT), the earlier output of the command; anything else is kept, with a CheckpointError."""
-    target = out.resolve()
-    if not _is_taken(target):
-        return
-    kind = _existing_kind(target)
-    if kind not in replaces:
-        raise CheckpointError(f"--out {out}: exists and is {kind}; --force replaces only {' or '.join(replaces)}, "
-                              "so it is kept: remove it yourself if it should go, or choose another folder")
-
-
-def _is_taken(target: Path) -> bool:
-    """Whether writing `target` would replace something: a file, or a folder that is not empty."""
-    return target.exists() and (not target.is_dir() or any(target.iterdir()))
-
-
-def _run_of(target: Path) -> Path | None:
-    """The training run whose `checkpoints/` folder `target` would be written into, else None. A run folder
-    is recognised as the trainer leaves it: its recipe.yaml, or a `step-<N>` folder in checkpoints/."""
-    holder = target.parent
-    if holder.name != CHECKPOINTS or not holder.is_dir():
-        return None
-    steps = any(STEP_FOLDER.match(child.name) and child.is_dir() for child in holder.iterdir())
-    return holder.parent if steps or (holder.parent / RECIPE_FILE).is_file() else None
-
-
-def _existing_kind(folder: Path) -> str:
-    """What an existing non-empty `--out` is, in the words of the error that refuses to replace it;
-    TFKIT_MODEL / TFKIT_EXPORT for the outputs of tfkit's own commands."""
-    if not folder.is_dir():
-        return "not a model folder (it is a file)"
-    if not (folder / CONFIG).is_file():
-        return f"not a model folder (no {CONFIG})"
-    if (folder / TRAINER_STATE).is_file():
-        return f"a training checkpoint (it has {TRAINER_STATE})"
-    try:
-        config = read_json(folder / CONFIG, CheckpointError)
-    except CheckpointError:
-        config = None
-    if not isinstance(config, dict):
-        return f"a folder whose {CONFIG} is not a JSON object"
-    if "tfkit_version" in config:
-        return TFKIT_MODEL
-    if _is_tfkit_export(folder, config):
-        return TFKIT_EXPORT
-    if "model_type" in config or "architectures" in config:
-        return "a HuggingFace model folder that tfkit export-hf did not write"
-    return f"a folder whose {CONFIG} tfkit did not write"
-
-
-def _is_tfkit_export(folder: Path, config: dict) -> bool:
-    """Whether `folder` is what export-hf writes: its files only, and a config.json naming an export
-    architecture without the `transformers_version` that every transformers `save_pretrained` adds (so
-    a model saved or downloaded with transformers is never taken for an export)."""
-    files = {p.name for p in folder.iterdir()}
-    return (WEIGHTS in files and files <= EXPORT_FILES and "transformers_version" not in config
-            and config.get("architectures") in [[name] for name in EXPORT_ARCHITECTURES.values()])

@@ -37,7 +37,7 @@ import torch
 
 from tfkit.cli.convert import uptrain_overrides
 from tfkit.models.convert import convert_checkpoint
-from tfkit.files import TFKIT_MODEL, check_new_folder
+from tfkit.replacing import TFKIT_MODEL, check_new_folder
 from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
 from tfkit.models.convert import attention_params
 from tfkit.models.generation import decode_step, prefill

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError, DataError
-from ..files import TFKIT_MODEL, check_new_folder
+from ..replacing import TFKIT_MODEL, check_new_folder
 from ..progress import console as output_console
 from ..runtime import pick_device
 from ..threads import set_threads

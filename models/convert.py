@@ -171,7 +171,7 @@ def _int(value) -> int:
 def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
     """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
 
-    The caller has checked `out` (files.check_new_folder). `out` is written whole or not at all: weights,
+    The caller has checked `out` (replacing.check_new_folder). `out` is written whole or not at all: weights,
     config.json and the source's tokenizer files. config.json keeps the source's own keys (objective,
     recipe) except its training step, and records where the weights came from and how."""
     from . import build_model, load_model, read_config  # late import: models/__init__ lists this module

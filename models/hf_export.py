@@ -28,8 +28,9 @@ from tokenizers import Tokenizer, processors
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..files import TFKIT_EXPORT, check_new_folder, staged_folder
+from ..files import staged_folder
 from ..layout import MODEL_CARD
+from ..replacing import TFKIT_EXPORT, check_new_folder
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
 from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json

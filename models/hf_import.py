@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
-from ..files import TFKIT_MODEL, check_new_folder, staged_folder
+from ..files import staged_folder
+from ..replacing import TFKIT_MODEL, check_new_folder
 from ..jsonfile import member
 from . import build_model
 from .config import ModelConfig, type_problem

@@ -1,10 +1,12 @@
 """Settings and data shared by every test. Tests read nothing outside the repository."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+from tfkit.tokenization import TokenizerSpec, train_tokenizer
 from tfkit.tokenization.stdlib_corpus import stdlib_documents
 from tfkit.trainer import optim
 
@@ -66,4 +68,24 @@ def english_file(english_text, tmp_path_factory):
     """`english_text` as a UTF-8 file, for tests that pass a corpus path."""
     path = tmp_path_factory.mktemp("english") / "english.txt"
     path.write_text(english_text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def eval_tokenizers(english_text: str, tmp_path_factory) -> dict[str, Path]:
+    """{"bpe": folder, "wordpiece": folder}: tokenizers of 300 tokens trained on the first 60 kB of
+    `english_text`, for the evaluation tests (read-only)."""
+    out = {}
+    for kind in ("bpe", "wordpiece"):
+        folder = tmp_path_factory.mktemp(kind)
+        train_tokenizer(TokenizerSpec(kind=kind, vocab_size=300), [english_text[:60_000]], folder, show_progress=False)
+        out[kind] = folder
+    return out
+
+
+@pytest.fixture(scope="session")
+def valid_file(english_text: str, tmp_path_factory) -> Path:
+    """6 kB of English the evaluation tests' tokenizers never saw, as a held-out text file."""
+    path = tmp_path_factory.mktemp("data") / "valid.txt"
+    path.write_text(english_text[-6_000:], encoding="utf-8")
     return path

@@ -13,8 +13,7 @@ from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.recipe_keys import recipe_keys
 from tfkit.trainer.report import RunResult, report
 
-from test_run_start_block import TINY
-from test_time_budget import Clock
+from helpers import TINY, Clock
 
 BUDGET_RUN = [s for s in TINY if not s.startswith(("train.max_steps", "eval.sample_prompt"))] + [
     "train.max_steps=100000", "train.max_time=4s", "train.log_every=7", "train.eval_every=100000",

@@ -13,44 +13,15 @@ from typer.testing import CliRunner
 
 from tfkit.cli.main import app
 
+from helpers import HF_TEXT, hf_folder
+
 transformers = pytest.importorskip("transformers")
 
-TEXT = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away!"] * 20
 IDS = torch.randint(5, 280, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
 def run(*args: str):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def byte_level_tokenizer(folder: Path) -> None:
-    """A GPT-2-style tokenizer saved the way transformers saves one."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=290, special_tokens=["<|endoftext|>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                                         eos_token="<|endoftext|>").save_pretrained(folder)
-
-
-def hf_folder(folder: Path, kind: str, tokenizer: bool = False) -> Path:
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=96, max_position_embeddings=64, bos_token_id=0, eos_token_id=0))
-    elif kind == "bert":
-        model = transformers.BertModel(transformers.BertConfig(
-            vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-            max_position_embeddings=64))
-    else:
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0))
-    model.save_pretrained(folder)
-    if tokenizer:
-        byte_level_tokenizer(folder)
-    return folder
 
 
 def test_import_prints_the_folder_on_stdout_and_news_on_stderr(tmp_path):
@@ -163,7 +134,7 @@ def test_export_exit_codes(tmp_path):
 def test_imported_llama_converts_to_mqa_evaluates_and_exports(tmp_path, monkeypatch):
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))
     data = tmp_path / "valid.txt"
-    data.write_text("\n".join(TEXT * 3))
+    data.write_text("\n".join(HF_TEXT * 3))
     assert run("import-hf", hf_folder(tmp_path / "hf", "llama", tokenizer=True), "--out", tmp_path / "gqa").exit_code == 0
     result = run("convert-mqa-to-gqa", tmp_path / "gqa", "--kv-heads", "1", "--out", tmp_path / "mqa")
     assert result.exit_code == 0, result.output
@@ -189,12 +160,12 @@ def test_imported_bert_evaluates(tmp_path, monkeypatch):
     from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
 
     src = hf_folder(tmp_path / "hf", "bert")
-    train_tokenizer(TokenizerSpec(kind="wordpiece", vocab_size=120, min_frequency=1), TEXT, tmp_path / "tok",
+    train_tokenizer(TokenizerSpec(kind="wordpiece", vocab_size=120, min_frequency=1), HF_TEXT, tmp_path / "tok",
                     show_progress=False)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(tmp_path / "tok" / name, src / name)
     data = tmp_path / "valid.txt"
-    data.write_text("\n".join(TEXT * 3))
+    data.write_text("\n".join(HF_TEXT * 3))
     assert run("import-hf", src, "--out", tmp_path / "bert").exit_code == 0
     result = run("eval", tmp_path / "bert", "--data", data, "--batch-size", "2", "--max-tokens", "100",
                  "--device", "cpu", "--seq-len", "32")
@@ -214,7 +185,7 @@ def llama_with_bos(folder: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=290, special_tokens=["<unk>", "<s>", "</s>"],
+    tok.train_from_iterator(HF_TEXT, trainers.BpeTrainer(vocab_size=290, special_tokens=["<unk>", "<s>", "</s>"],
                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
@@ -235,7 +206,7 @@ def test_imported_llama_frames_documents_and_prompts_with_its_bos(tmp_path, monk
     assert tok.doc_start_id == 1 and tok.separator_id == 2
     assert frame_prompt(tok, "The quick", "gpt")[0] == [1, *tok.encode("The quick")]
 
-    docs = TEXT[:3]
+    docs = HF_TEXT[:3]
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     result = run("eval", tmp_path / "llama", "--data", data, "--stride", "32", "--seq-len", "32",

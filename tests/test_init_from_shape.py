@@ -9,8 +9,7 @@ from tfkit.cli.main import app
 from tfkit.layout import RECIPE_FILE
 from tfkit.trainer.recipe import load_recipe
 
-from test_hf_cli import hf_folder
-from test_run_start_block import TINY
+from helpers import TINY, hf_folder
 
 QUICK = [s for s in TINY if not s.startswith(("data.seq_len", "tokenizer."))]  # the import's tokenizer is kept
 

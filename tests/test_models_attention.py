@@ -9,7 +9,7 @@ from tfkit.models.attention import (
     AttnMask, cross_attention_mask, naive_attention, position_mask, self_attention_mask,
 )
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 ARCHS = ("gpt", "bert", "transformer")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")

@@ -8,7 +8,7 @@ from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.hf_export import tfkit_to_hf
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 ARCHS = ("gpt", "bert", "transformer")
 KV_HEADS = {"mha": None, "gqa": 2, "mqa": 1}

@@ -21,7 +21,7 @@ from tfkit.models import ModelConfig, build_model, kv_cache_bytes_per_token, siz
 from tfkit.models.generation import decode_step, generate, prefill
 from tfkit.models.streaming_decode import StreamingDecode
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 HEADS = {"mha": 4, "gqa": 2, "mqa": 1}

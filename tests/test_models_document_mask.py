@@ -8,7 +8,7 @@ from tfkit.models import build_model
 from tfkit.models.attention import self_attention_mask
 from tfkit.tokenization.packing import restarted_positions
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 KV_HEADS = {"mha": None, "gqa": 2, "mqa": 1}

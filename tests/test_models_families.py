@@ -10,7 +10,7 @@ from torch import nn
 from tfkit.errors import ConfigError
 from tfkit.models import build_model, sized_config
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 

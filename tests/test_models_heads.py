@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 from tfkit.errors import ConfigError
 from tfkit.models import build_model

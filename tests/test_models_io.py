@@ -15,7 +15,7 @@ from tfkit.cli.main import app
 from tfkit.errors import CheckpointError, ConfigError
 from tfkit.models import build_model, load_model, read_config, resolve_checkpoint, save_model
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 
 def logits(model, arch):
@@ -225,7 +225,7 @@ def test_a_config_that_does_not_match_the_weights_is_one_line(tmp_path):
 def test_out_checks_name_the_option_before_any_work(tmp_path):
     """A file in --out's path, an unwritable parent, and --force on something that is not an earlier output
     are refused up front, naming --out; nothing is deleted."""
-    from tfkit.files import TFKIT_MODEL, check_new_folder
+    from tfkit.replacing import TFKIT_MODEL, check_new_folder
 
     (tmp_path / "afile").write_text("mine")
     with pytest.raises(CheckpointError, match=r"--out .*afile/sub: .*afile is a file, not a folder"):
@@ -246,7 +246,7 @@ def test_force_replaces_only_what_the_command_itself_writes(tmp_path):
     """Each command's --force replaces its own earlier output: a tfkit model folder (convert, import-hf)
     or a tfkit export (export-hf); never a training checkpoint, a HuggingFace model transformers saved,
     nor the other command's output. What is refused is named and kept."""
-    from tfkit.files import TFKIT_EXPORT, TFKIT_MODEL, check_new_folder
+    from tfkit.replacing import TFKIT_EXPORT, TFKIT_MODEL, check_new_folder
 
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "model")
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "trained")
@@ -277,7 +277,7 @@ def test_force_replaces_only_what_the_command_itself_writes(tmp_path):
 def test_out_in_a_training_runs_checkpoints_folder_is_refused(tmp_path):
     """`eval RUN` takes the highest checkpoints/step-N for the run's latest: a model written there would be
     evaluated in its place. A run folder is recognised by a step-N checkpoint or by its recipe.yaml."""
-    from tfkit.files import TFKIT_MODEL, check_new_folder
+    from tfkit.replacing import TFKIT_MODEL, check_new_folder
 
     save_model(build_model(tiny_cfg("gpt")), tmp_path / "run" / "checkpoints" / "step-5")
     (tmp_path / "fresh" / "checkpoints").mkdir(parents=True)

@@ -18,7 +18,7 @@ from tfkit.models.attention import Attention, AttnMask
 from tfkit.models.generation import decode_step, generate
 from tfkit.models.hf_export import tfkit_to_hf
 
-from model_helpers import tiny_cfg
+from helpers import tiny_cfg
 
 SCALES = ["sqrt_d", "none", 0.3]
 

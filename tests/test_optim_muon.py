@@ -22,9 +22,7 @@ from tfkit.trainer.optim import build_optimizer
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.sections import OptimSection
 
-from model_helpers import tiny_cfg
-from test_trainer_loop import _loop, _poison
-from test_trainer_run import losses, weights, write_recipe
+from helpers import losses, poison_loss, tiny_cfg, tiny_loop, weights, write_recipe
 
 
 def muon_only(weight: nn.Parameter, lr: float, decay: float) -> MuonAdamW:
@@ -97,13 +95,13 @@ def test_a_skipped_update_leaves_weights_moments_and_steps_untouched():
 
 def test_muon_lowers_the_loss_and_a_run_of_non_finite_updates_changes_nothing(monkeypatch):
     flags = ["optim.name=muon", "optim.muon_lr=0.02", "schedule.name=constant", "train.batch_size=4"]
-    clean, rows, _ = _loop([*flags, "train.max_steps=12"])
+    clean, rows, _ = tiny_loop([*flags, "train.max_steps=12"])
     run_loop(clean)
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.1
-    two, _, _ = _loop([*flags, "train.max_steps=2"])
+    two, _, _ = tiny_loop([*flags, "train.max_steps=2"])
     run_loop(two)
-    _poison(monkeypatch, set(range(2, 100)))  # every update after the second is non-finite
-    poisoned, _, _ = _loop([*flags, "train.max_steps=12", "train.max_bad_steps=3"])
+    poison_loss(monkeypatch, set(range(2, 100)))  # every update after the second is non-finite
+    poisoned, _, _ = tiny_loop([*flags, "train.max_steps=12", "train.max_bad_steps=3"])
     with pytest.raises(TrainingDiverged):
         run_loop(poisoned)
     assert poisoned.state.step == 2
@@ -122,9 +120,9 @@ def test_resuming_from_the_saved_state_continues_bit_for_bit():
     """What a checkpoint keeps of the optimizer (by parameter name, through torch.save and a weights_only load)
     lets a fresh optimizer continue exactly where the first one was: both groups' state, Muon's momentum too."""
     flags = ["optim.name=muon", "train.batch_size=4", "train.max_steps=8", "train.save_every=4"]
-    whole, rows, _ = _loop(flags)
+    whole, rows, _ = tiny_loop(flags)
     run_loop(whole)
-    first, _, _ = _loop(flags)
+    first, _, _ = tiny_loop(flags)
     saved = {}
 
     def save(state):
@@ -137,7 +135,7 @@ def test_resuming_from_the_saved_state_continues_bit_for_bit():
     first.save = save
     run_loop(first)
     payload = torch.load(io.BytesIO(saved["bytes"]), weights_only=True)
-    resumed, resumed_rows, _ = _loop(flags)
+    resumed, resumed_rows, _ = tiny_loop(flags)
     resumed.model.load_state_dict(payload["model"])
     load_optimizer_state_by_name(resumed.model, resumed.optimizer, payload["optimizer"])
     assert any("momentum_buffer" in s for s in payload["optimizer"]["state"].values())

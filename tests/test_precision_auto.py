@@ -16,7 +16,7 @@ from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-from test_trainer_run import losses, weights, write_recipe
+from helpers import losses, weights, write_recipe
 
 CPU = torch.device("cpu")
 

@@ -42,13 +42,16 @@ def test_the_run_says_what_it_trains_and_validates_on_without_progress_output(en
     assert "(1 CPU thread)" in result.stdout
 
 
-def test_a_tokenizer_trained_off_a_terminal_prints_no_empty_lines(tmp_path):
+def test_a_tokenizer_trained_off_a_terminal_prints_no_empty_lines(english_text, tmp_path):
     """tokenizers' own bars write to the process's stdout from Rust (which CliRunner does not capture):
-    off a terminal they drew nothing but left an empty line per phase above the report."""
+    off a terminal they drew nothing but left an empty line per phase above the report. A phase is a phase
+    whatever the corpus: 20 kB of it shows them."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tfkit", "train-tokenizer", "stdlib:docs:valid", "--vocab-size",
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(english_text[:20_000], encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "tfkit", "train-tokenizer", str(corpus), "--vocab-size",
                            "300", "--out", str(tmp_path / "tok")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "bpe tokenizer" in done.stdout

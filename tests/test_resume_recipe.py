@@ -15,7 +15,7 @@ from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.report import RunResult, report
 from tfkit.trainer.run_folder import resume_command
 
-from test_run_start_block import TINY
+from helpers import TINY
 
 
 def _sets(*items: str) -> list[str]:

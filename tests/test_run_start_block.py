@@ -8,10 +8,7 @@ from typer.testing import CliRunner
 from tfkit.cli.main import app
 from tfkit.trainer.recipe import load_recipe
 
-TINY = ["train.max_steps=2", "train.batch_size=4", "eval.batch_size=4", "data.seq_len=32", "eval.batches=1",
-        "tokenizer.vocab_size=400", "tokenizer.max_train_mb=0.1", "log.progress=false", "log.plot=false",
-        "log.tensorboard=false", "eval.sample_prompt=null", "train.threads=1", "schedule.warmup_steps=1"]
-
+from helpers import TINY
 
 def test_a_users_corpus_is_validated_on_itself_not_on_the_builtin_split(english_file, tmp_path):
     assert load_recipe("gpt-tiny", [f"data.train={english_file}"]).data.valid is None

@@ -10,6 +10,8 @@ from tfkit.errors import ConfigError
 from tfkit.trainer.budget import MARGIN, TimeBudget, parse_duration
 from tfkit.trainer.recipe import load_recipe
 
+from helpers import Clock
+
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("3m", 180), ("1h30m", 5400), ("1.5h", 5400), (45, 45),
                                           ("2m 30s", 150)])
@@ -23,14 +25,6 @@ def test_a_bad_duration_names_the_key_and_the_forms(bad):
         parse_duration(bad)
     with pytest.raises(ConfigError, match="train.max_time"):
         load_recipe("gpt-tiny", [f"train.max_time={bad}"])
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_the_horizon_is_the_steps_that_fit_after_what_the_end_needs():

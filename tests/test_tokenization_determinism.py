@@ -23,8 +23,8 @@ def sha(path) -> str:
 def test_the_same_corpus_trains_a_byte_identical_tokenizer(kind, english_text, tmp_path):
     spec = TokenizerSpec(kind=kind, vocab_size=1500)
     digests = set()
-    for i in range(3):
-        train_tokenizer(spec, [english_text[:300_000]], tmp_path / str(i), show_progress=False)
+    for i in range(3):  # 60 kB is enough: without the workaround wordpiece and unigram give 3 different files
+        train_tokenizer(spec, [english_text[:60_000]], tmp_path / str(i), show_progress=False)
         digests.add(sha(tmp_path / str(i)))
     assert len(digests) == 1
 

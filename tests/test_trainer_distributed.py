@@ -12,7 +12,7 @@ from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-from test_trainer_run import ONE_THREAD, write_recipe
+from helpers import ONE_THREAD, write_recipe
 
 pytestmark = pytest.mark.slow  # two torchrun processes per test: CI's second step (`pytest -m slow`) runs them
 

@@ -16,7 +16,7 @@ from tfkit.trainer.metrics import peak_flops, read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-from test_trainer_run import write_recipe
+from helpers import write_recipe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[1]

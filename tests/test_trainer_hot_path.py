@@ -25,7 +25,7 @@ from tfkit.trainer.objectives import LossModule, compute_loss
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import ObjectiveSection, load_recipe
 
-from test_trainer_loop import RowDataset, _poison
+from helpers import RowDataset, poison_loss
 
 V = 48
 RECIPE = {"clm": "gpt-tiny", "mlm": "bert-tiny", "seq2seq": "transformer-tiny"}
@@ -139,7 +139,7 @@ def test_ten_updates_read_the_host_once_per_log_row(objective, monkeypatch):
 def _run(overrides, monkeypatch, bad_calls=(), scaler=None):
     monkeypatch.undo()
     if bad_calls:
-        _poison(monkeypatch, set(bad_calls))
+        poison_loss(monkeypatch, set(bad_calls))
     rows = []
     loop = _loop("clm", overrides, rows)
     if scaler:

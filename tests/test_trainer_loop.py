@@ -9,53 +9,16 @@ import pytest
 import torch
 
 from tfkit.errors import TfkitError
-from tfkit.models import build_model
-from tfkit.models.config import ModelConfig
 from tfkit.trainer import objectives
-from tfkit.trainer.distributed import DistInfo
-from tfkit.trainer.loop import Loop, TrainingDiverged, run_loop
-from tfkit.trainer.objectives import LossModule
-from tfkit.trainer.optim import build_optimizer, grad_scaler
-from tfkit.trainer.recipe import load_recipe
+from tfkit.trainer.loop import TrainingDiverged, run_loop
 
-
-
-class RowDataset:
-    """Row r of the global stream is a pure function of (seed, r); batch i of size B holds rows i*B..i*B+B-1,
-    so one batch of 8 equals two consecutive batches of 4 (what makes accumulation comparable)."""
-
-    def __init__(self, seed: int = 0, seq_len: int = 16, vocab: int = 48) -> None:
-        self.seed, self.seq_len, self.vocab = seed, seq_len, vocab
-
-    def row(self, r: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + r)
-        x = torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
-        x[1::2] = x[0::2][: len(x[1::2])]  # learnable: every odd token repeats the previous one
-        return x
-
-    def batch(self, i, batch_size, rank=0, world_size=1):
-        per = batch_size // world_size
-        rows = torch.stack([self.row(i * batch_size + rank * per + k) for k in range(per)])  # (B/world, T+1)
-        return {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
-
-
-def _loop(overrides, rows=None, validate=lambda step: {"val_loss": 0.0, "val_ppl": 1.0, "val_accuracy": 0.0}):
-    recipe = load_recipe("gpt-tiny", ["schedule.warmup_steps=2", "train.log_every=1", "log.progress=false",
-                                      "train.eval_every=1000", "train.save_every=1000", *overrides])
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="gpt", vocab_size=48, d_model=32, n_layers=2, n_heads=4, max_seq_len=32))
-    info = DistInfo()
-    rows = [] if rows is None else rows
-    saves = []
-    loop = Loop(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, info.device),
-                grad_scaler("fp32", info.device), RowDataset(), info, rows.append, saves.append, validate)
-    return loop, rows, saves
+from helpers import poison_loss, tiny_loop
 
 
 def test_gradient_accumulation_reproduces_the_full_batch():
-    full, rows_full, _ = _loop(["train.max_steps=6", "train.batch_size=8", "train.grad_accum=1"])
+    full, rows_full, _ = tiny_loop(["train.max_steps=6", "train.batch_size=8", "train.grad_accum=1"])
     run_loop(full)
-    accum, rows_accum, _ = _loop(["train.max_steps=6", "train.batch_size=8", "train.grad_accum=4"])
+    accum, rows_accum, _ = tiny_loop(["train.max_steps=6", "train.batch_size=8", "train.grad_accum=4"])
     run_loop(accum)
     losses = [r["loss"] for r in rows_full], [r["loss"] for r in rows_accum]
     print("full batch:", losses[0], "\naccumulated:", losses[1])
@@ -66,23 +29,9 @@ def test_gradient_accumulation_reproduces_the_full_batch():
     assert accum.state.batches == 4 * full.state.batches == 24
 
 
-def _poison(monkeypatch, bad_calls):
-    """Make the loss NaN on the given (0-based) calls of compute_loss: a hooked loss."""
-    original, calls = objectives.compute_loss, [0]
-
-    def hooked(model, batch, objective):
-        out = original(model, batch, objective)
-        calls[0] += 1
-        if calls[0] - 1 in bad_calls:
-            out.loss_sum = out.loss_sum * float("nan")
-        return out
-
-    monkeypatch.setattr(objectives, "compute_loss", hooked)
-
-
 def test_non_finite_steps_are_skipped_counted_and_logged(monkeypatch):
-    _poison(monkeypatch, {2, 3})
-    loop, rows, _ = _loop(["train.max_steps=6", "train.batch_size=4", "train.max_bad_steps=3"])
+    poison_loss(monkeypatch, {2, 3})
+    loop, rows, _ = tiny_loop(["train.max_steps=6", "train.batch_size=4", "train.max_bad_steps=3"])
     before = {n: p.detach().clone() for n, p in loop.model.named_parameters()}
     state = run_loop(loop)
     skipped = [r for r in rows if r.get("skipped")]
@@ -99,8 +48,8 @@ def test_non_finite_steps_are_skipped_counted_and_logged(monkeypatch):
 
 
 def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch):
-    _poison(monkeypatch, set(range(3, 100)))
-    loop, rows, _ = _loop(["train.max_steps=20", "train.batch_size=4", "train.max_bad_steps=4"])
+    poison_loss(monkeypatch, set(range(3, 100)))
+    loop, rows, _ = tiny_loop(["train.max_steps=20", "train.batch_size=4", "train.max_bad_steps=4"])
     with pytest.raises(TrainingDiverged, match=r"4 updates in a row.*train.max_bad_steps=4.*at step 3") as err:
         run_loop(loop, last_checkpoint=lambda: "runs/x/checkpoints/step-2")
     assert isinstance(err.value, TfkitError)
@@ -115,7 +64,7 @@ def test_sigterm_finishes_the_current_step_then_stops():
             os.kill(os.getpid(), signal.SIGTERM)
         return {"val_loss": 0.0, "val_ppl": 1.0, "val_accuracy": 0.0}
 
-    loop, rows, _ = _loop(["train.max_steps=10", "train.batch_size=4", "train.eval_every=3"], validate=stop_at_step_3)
+    loop, rows, _ = tiny_loop(["train.max_steps=10", "train.batch_size=4", "train.eval_every=3"], validate=stop_at_step_3)
     previous = signal.getsignal(signal.SIGTERM)
     state = run_loop(loop)
     assert state.step == 3 and state.interrupted == signal.SIGTERM
@@ -123,9 +72,9 @@ def test_sigterm_finishes_the_current_step_then_stops():
 
 
 def test_bf16_autocast_trains_with_fp32_weights():
-    fp32, rows32, _ = _loop(["train.max_steps=3", "train.batch_size=4"])
+    fp32, rows32, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4"])
     run_loop(fp32)
-    bf16, rows16, _ = _loop(["train.max_steps=3", "train.batch_size=4", "train.precision=bf16"])
+    bf16, rows16, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4", "train.precision=bf16"])
     run_loop(bf16)
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
     l32, l16 = [r["loss"] for r in rows32], [r["loss"] for r in rows16]
@@ -135,7 +84,7 @@ def test_bf16_autocast_trains_with_fp32_weights():
 def test_fp16_overflow_skips_the_update_lowers_the_scale_and_is_not_divergence():
     """A loss scale so large that the fp16 gradients overflow: those updates are skipped as "fp16 overflow"
     (not counted towards max_bad_steps), the scaler halves its scale each time, and training then proceeds."""
-    loop, rows, _ = _loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
+    loop, rows, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
     loop.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**32)
     state = run_loop(loop)
     skipped = [r for r in rows if r.get("skipped")]
@@ -151,8 +100,8 @@ def test_fp16_overflow_skips_the_update_lowers_the_scale_and_is_not_divergence()
 def test_fp16_non_finite_loss_is_a_bad_step_and_training_goes_on(monkeypatch):
     """A NaN loss under fp16 is skipped and counted like any bad step, and the next update runs (the loss
     scaler must be told about the skipped step, or its next unscale_ raises)."""
-    _poison(monkeypatch, {1})
-    loop, rows, _ = _loop(["train.max_steps=4", "train.batch_size=4", "train.precision=fp16"])
+    poison_loss(monkeypatch, {1})
+    loop, rows, _ = tiny_loop(["train.max_steps=4", "train.batch_size=4", "train.precision=fp16"])
     loop.scaler = torch.amp.GradScaler("cpu")
     state = run_loop(loop)
     assert [r["reason"] for r in rows if r.get("skipped")] == ["non-finite loss or gradient norm"]
@@ -170,7 +119,7 @@ def test_fp16_overflows_below_a_loss_scale_of_one_are_divergence(monkeypatch):
         return out
 
     monkeypatch.setattr(objectives, "compute_loss", huge)
-    loop, rows, _ = _loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
+    loop, rows, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
     loop.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     with pytest.raises(TrainingDiverged, match="2 updates in a row"):
         run_loop(loop)
@@ -193,7 +142,7 @@ def test_tokens_per_sec_leaves_out_validation_and_checkpoint_time(monkeypatch):
             return result
         return call
 
-    loop, rows, _ = _loop(["train.max_steps=4", "train.batch_size=4", "train.log_every=2", "train.eval_every=1",
+    loop, rows, _ = tiny_loop(["train.max_steps=4", "train.batch_size=4", "train.log_every=2", "train.eval_every=1",
                            "train.save_every=1"],
                           validate=slow(100.0, {"val_loss": 0.0, "val_ppl": 1.0, "val_accuracy": 0.0}))
     loop.save = slow(100.0)

@@ -1,6 +1,7 @@
 """`trainer.run.pretrain` end to end on a tiny corpus: exact resume (in-process and after SIGKILL),
 init_from, refusing to mix runs, the last good checkpoint after divergence, and metrics.jsonl."""
 
+import contextlib
 import json
 import math
 import os
@@ -8,12 +9,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from tfkit.errors import CheckpointError, ConfigError, DataError
 from tfkit.models import load_model
@@ -25,52 +24,7 @@ from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-MAX_STEPS = 24
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # subprocesses compute exactly as this process does
-
-
-def _corpus(folder: Path, text: str) -> tuple[Path, Path]:
-    """62 kB of training text and the next 8 kB as validation text, from `text` (the English fixture)."""
-    train, valid = folder / "train.txt", folder / "valid.txt"
-    train.write_text(text[:62_000], encoding="utf-8")
-    valid.write_text(text[62_000:70_000], encoding="utf-8")
-    return train, valid
-
-
-def write_recipe(folder: Path, text: str, arch: str = "gpt", **sections) -> Path:
-    """A recipe small enough for CI: 2 layers of width 32, 8 sequences of 32 tokens, one CPU."""
-    train, valid = _corpus(folder, text)
-    objective = {"gpt": "clm", "bert": "mlm", "transformer": "seq2seq"}[arch]
-    recipe = {
-        "model": {"arch": arch, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 64, "dropout": 0.1},
-        "tokenizer": {"kind": "wordpiece" if arch == "bert" else "bpe", "vocab_size": 400,
-                      "special_tokens": ["<|mask|>"] if arch == "transformer" else []},
-        "data": {"train": str(train), "valid": str(valid), "seq_len": 32},
-        "objective": {"name": objective},
-        "optim": {"lr": 3e-3},
-        "schedule": {"name": "cosine", "warmup_steps": 4},
-        "train": {"max_steps": MAX_STEPS, "batch_size": 8, "log_every": 1, "eval_every": 8, "save_every": 4,
-                  "keep_last": 20, "device": "cpu",
-                  "precision": "fp32"},  # the same arithmetic on every machine, in every process
-        "eval": {"batches": 2, "sample_prompt": None},
-        "log": {"progress": False, "plot": False, "tensorboard": False},
-    }
-    for section, values in sections.items():
-        recipe[section] = {**recipe.get(section, {}), **values}
-    path = folder / f"{arch}.yaml"
-    path.write_text(json.dumps(recipe))  # JSON is YAML
-    return path
-
-
-def losses(run_dir: Path) -> dict:
-    """{(step, key): value} for every loss-like number in metrics.jsonl."""
-    return {(r["step"], k): r[k] for r in read_metrics(run_dir / "metrics.jsonl")
-            for k in ("loss", "val_loss", "accuracy", "val_accuracy", "lr") if k in r}
-
-
-def weights(folder: Path) -> dict:
-    return load_file(str(folder / "model.safetensors"))
-
+from helpers import MAX_STEPS, ONE_THREAD, losses, weights, write_corpus, write_recipe
 
 @pytest.fixture(scope="module")
 def reference(english_text, tmp_path_factory):
@@ -148,7 +102,7 @@ def test_resume_keeps_the_checkpoint_tokenizer(reference, tmp_path):
 def test_seq2seq_trains_on_jsonl_pairs_with_jsonl_validation_and_counts_real_tokens(english_text, tmp_path):
     """JSONL pairs for both splits (the tokenizer's held-out report reads pairs, not a `text` field);
     `tokens` counts the real source and target tokens, not the padding of each row."""
-    train, _ = _corpus(tmp_path, english_text)
+    train, _ = write_corpus(tmp_path, english_text)
     lines = [line for line in train.read_text(encoding="utf-8").splitlines() if line.strip()]
     records = [json.dumps({"en": line, "fr": " ".join(reversed(line.split()))}) + "\n" for line in lines]
     (tmp_path / "train.jsonl").write_text("".join(records[:-200]), encoding="utf-8")
@@ -172,8 +126,9 @@ def test_resume_after_sigkill_is_exact(reference, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
     while not (run_dir / "checkpoints" / "step-8").exists():  # the run either writes it or ends
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.005)  # returns at once when the run ends
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up: whatever was half-written stays
     proc.wait()
     proc.stderr.close()

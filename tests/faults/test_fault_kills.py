@@ -156,8 +156,9 @@ def test_a_killed_replacement_leaves_the_old_or_the_new_folder(command, point, e
 
 # --- temporaries of other owners ------------------------------------------------------------------------
 
-def _sleeper():
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def _live_process():
+    """A process that lives until the test kills it: it waits for a signal."""
+    return subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
 
 
 OWNERS = ["dead-staging", "dead-old-restored", "dead-old-removed", "live", "other-host", "unknown-owner",
@@ -170,7 +171,7 @@ def test_the_next_writer_clears_only_what_dead_processes_left(owner, tmp_path):
     (a set-aside old folder is put back if nothing replaced it); anyone else's stay."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    live = _sleeper()
+    live = _live_process()
     try:
         pid = live.pid if owner == "live" else dead.pid
         host = "000000" if owner == "other-host" else files._host()
