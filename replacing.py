@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError, DataError
 from .files import write_problem
 from .jsonfile import read_json
 from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER,
@@ -109,3 +109,30 @@ def _is_tfkit_export(folder: Path, config: dict) -> bool:
     files = {p.name for p in folder.iterdir()}
     return (WEIGHTS in files and files <= EXPORT_FILES and "transformers_version" not in config
             and config.get("architectures") in [[name] for name in EXPORT_ARCHITECTURES.values()])
+
+
+# `tfkit eval --json`: a results file replaced only when it holds earlier results.
+def check_json_out(path: Path) -> None:
+    """--json must name a file we can write, checked before evaluating (which can take minutes), so the
+    results are never computed only to be lost. Its folder may not exist yet: it is made at the end.
+    An existing file is replaced only when it holds earlier results, so rerunning a comparison works but
+    a slip (`--json` naming the corpus, or a checkpoint's config.json) never destroys the user's file."""
+    if path.is_dir():
+        raise ConfigError(f"--json {path}: is a folder, expected a file path such as {path / 'results.json'}")
+    problem = write_problem(path)
+    if problem:
+        raise ConfigError(f"--json {path}: {problem}")
+    if path.exists() and not holds_results(path):
+        raise ConfigError(f"--json {path}: the file exists and does not hold earlier `tfkit eval` results; "
+                          "name a new file (it would be overwritten)")
+
+
+def holds_results(path: Path) -> bool:
+    """Whether `path` is what `--json` writes: a JSON list of rows, each with a checkpoint and a loss (or an
+    accuracy: `--task`)."""
+    try:
+        rows = read_json(path, expect=list)
+    except DataError:
+        return False
+    return isinstance(rows, list) and all(isinstance(r, dict) and "checkpoint" in r and ("loss" in r or "acc" in r)
+                                          for r in rows)

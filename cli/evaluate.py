@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ConfigError, DataError
-from ..files import write_atomic, write_problem
-from ..jsonfile import read_json
+from ..errors import ConfigError
+from ..files import write_atomic
 from ..progress import console as output_console
+from ..replacing import check_json_out
 from ..runtime import check_precision, pick_device
 from ..threads import set_threads
 from .options import Device
@@ -57,36 +57,10 @@ def results_table(rows: list[dict], names: list[str], data: str) -> Table:
     return table
 
 
-def check_json_out(path: Path) -> None:
-    """--json must name a file we can write, checked before evaluating (which can take minutes), so the
-    results are never computed only to be lost. Its folder may not exist yet: it is made at the end.
-    An existing file is replaced only when it holds earlier results, so rerunning a comparison works but
-    a slip (`--json` naming the corpus, or a checkpoint's config.json) never destroys the user's file."""
-    if path.is_dir():
-        raise ConfigError(f"--json {path}: is a folder, expected a file path such as {path / 'results.json'}")
-    problem = write_problem(path)
-    if problem:
-        raise ConfigError(f"--json {path}: {problem}")
-    if path.exists() and not holds_results(path):
-        raise ConfigError(f"--json {path}: the file exists and does not hold earlier `tfkit eval` results; "
-                          "name a new file (it would be overwritten)")
-
-
 def json_safe(row: dict) -> dict:
     """The row with NaN/inf (a diverged checkpoint's loss) as null: JSON has no such numbers, and
     `json.dumps` would write a bare NaN that strict readers (jq, JavaScript) reject."""
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-
-
-def holds_results(path: Path) -> bool:
-    """Whether `path` is what `--json` writes: a JSON list of rows, each with a checkpoint and a loss (or an
-    accuracy: `--task`)."""
-    try:
-        rows = read_json(path, expect=list)
-    except DataError:
-        return False
-    return isinstance(rows, list) and all(isinstance(r, dict) and "checkpoint" in r and ("loss" in r or "acc" in r)
-                                          for r in rows)
 
 
 def choose_seq_len(configs: list[dict], seq_len: int | None, overrides: list[str] | None = None) -> int:

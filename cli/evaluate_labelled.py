@@ -32,7 +32,8 @@ def scores_table(rows: list[dict], names: list[str], data: str) -> Table:
 
 def evaluate_labelled(checkpoints: list[str], data: str, json_out: Path | None, batch_size: int, device: str) -> None:
     from ..evaluation.classify import score_classifier
-    from .evaluate import check_json_out, json_safe
+    from ..replacing import check_json_out
+    from .evaluate import json_safe
 
     torch_device = pick_device(device)
     set_threads()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import runtime
 from ..errors import ConfigError
 
 
@@ -36,17 +37,13 @@ class DistInfo:
 
 
 def pick_device(preference: str, local_rank: int = 0) -> torch.device:
-    """`auto` = this rank's GPU when CUDA is available, else the CPU; `cuda` without one is an error."""
-    if preference == "auto":
-        preference = "cuda" if torch.cuda.is_available() else "cpu"
-    if preference.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device: {preference!r} requested but CUDA is not available "
-                              "(use auto or cpu)")
-        index = int(preference.split(":")[1]) if ":" in preference else local_rank
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+    """runtime.pick_device's device for `train.device`, where `cuda` (or `auto` on a GPU) means this rank's
+    GPU, the one of its LOCAL_RANK, made the current device."""
+    device = runtime.pick_device(preference, "train.device")
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    return device
 
 
 def init_distributed(device_preference: str) -> DistInfo:

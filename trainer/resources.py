@@ -12,26 +12,12 @@ moments), before activations.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
+from ..runtime import machine_memory
 from ..tokenization.train import MAX_VOCAB as MAX_TOKENIZER_VOCAB
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64, numpy's SeedSequence a non-negative int: both hold
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW's two moments
-
-
-def machine_memory() -> int:
-    """Bytes of memory this process may use: the physical memory, or a smaller cgroup limit."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
-            text = limit_file.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
 
 
 def count_parameters(cfg) -> int:

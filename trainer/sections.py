@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, fields
 from ..errors import ConfigError
 from ..models.config import ModelConfig, type_problem
 from ..ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
+from ..runtime import PRECISIONS, check_device
 from ..tokenization.mask_replace import MASK_REPLACE, mask_replace_problem
 from ..tokenization.spec import TokenizerSpec
 from .budget import parse_duration
 
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
-PRECISIONS = ("fp32", "bf16", "fp16")
 TRAIN_PRECISIONS = ("auto",) + PRECISIONS  # auto: bf16 where the hardware computes it natively (optim.resolve_precision)
 FUSED_LOSS = ("auto", "on", "off")
 OPTIMIZERS = ("adamw", "muon")
@@ -243,8 +243,10 @@ class TrainSection:
             out.append(f"{prefix}.precision: got {self.precision!r}, expected one of {', '.join(TRAIN_PRECISIONS)}")
         if self.distributed not in ("ddp", "fsdp"):
             out.append(f"{prefix}.distributed: got {self.distributed!r}, expected ddp or fsdp")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            out.append(f"{prefix}.device: got {self.device!r}, expected auto, cpu, cuda or cuda:N")
+        try:
+            check_device(self.device, f"{prefix}.device")
+        except ConfigError as e:
+            out.append(str(e))
         if self.threads != "auto" and (isinstance(self.threads, str) or not 1 <= self.threads <= 4096):
             out.append(f"{prefix}.threads: got {self.threads!r}, expected auto or a number of threads >= 1")
         if isinstance(self.max_time, (int, float)) and not isinstance(self.max_time, bool):
