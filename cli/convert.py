@@ -149,7 +149,7 @@ UPTRAIN_FRACTION = 0.05  # Ainslie et al. (2023): uptraining for 5% of the origi
 def uptrain_overrides(out: Path, cfg) -> list[str]:
     """The `SECTION.KEY=VALUE` overrides that point the bundled gqa-uptrain recipe at the checkpoint `out`
     of config `cfg`: train.init_from, every model key the trainer would find contradicting, the objective."""
-    from ..trainer.run_folder import MAY_DIFFER
+    from ..trainer.source import MAY_DIFFER
     from ..trainer.recipe import OBJECTIVE_FOR_ARCH, load_recipe
 
     recipe = load_recipe("gqa-uptrain")

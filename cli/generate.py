@@ -27,7 +27,7 @@ class TextStream:
 
     Tokens are not characters: a byte-level BPE token can hold half of a UTF-8 character, and WordPiece
     or Metaspace decoding of a token depends on its neighbours. So the whole list is decoded each time
-    (after its prompt, see `models.generation.continuation`) and only the new suffix is printed, held back
+    (after its prompt, see `models.framing.continuation`) and only the new suffix is printed, held back
     while it ends in an incomplete character.
     """
 
@@ -38,7 +38,7 @@ class TextStream:
 
     def text(self) -> str:
         """The continuation so far (imported here: the module must not import torch for --help)."""
-        from ..models.generation import continuation
+        from ..models.framing import continuation
 
         return continuation(self.tokenizer, self.prompt, self.ids, self.head)
 
@@ -156,7 +156,8 @@ def print_fill_mask(model, tokenizer, text: str, top_k: int) -> None:
 
 def print_answer(model, tokenizer, message: str, system: str | None, max_new_tokens: int, sampling: dict) -> None:
     """A chat model's answer to one message, streamed, ending at the end-of-turn token."""
-    from ..models.generation import frame_chat, generate as generate_ids
+    from ..models.framing import frame_chat
+    from ..models.generation import generate as generate_ids
 
     if model.config.arch != "gpt":
         raise ConfigError(f"--chat: a {model.config.arch} checkpoint; chat answers come from a GPT fine-tuned "
@@ -172,7 +173,8 @@ def print_answer(model, tokenizer, message: str, system: str | None, max_new_tok
 def print_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, sampling: dict) -> None:
     """Continue each prompt text: one prompt streamed as its tokens arrive, several printed in order under
     their headers (module doc); why each stopped goes to stderr."""
-    from ..models.generation import continuation, frame_prompt, generate as generate_ids
+    from ..models.framing import continuation, frame_prompt
+    from ..models.generation import generate as generate_ids
 
     cfg = model.config
     framed = [frame_prompt(tokenizer, text, cfg.arch) for text in texts]

@@ -46,7 +46,7 @@ from ..trainer.data import is_pair_data, truncation_note
 from ..trainer.objectives import compute_loss, count_inputs, move_batch
 from ..trainer.optim import autocast_context
 from ..trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection
-from ..trainer.run_folder import _trained_precision
+from ..trainer.source import trained_precision
 from .model_overrides import with_model_overrides
 from .scoring_progress import ScoringProgress
 
@@ -200,7 +200,7 @@ def checkpoint_precision(folder: Path, config: dict, precision: str) -> str:
     recipe.yaml's for a checkpoint from before `train.precision: auto`; fp32 where neither says (imports)."""
     if precision != "auto":
         return precision
-    trained = config.get("precision") or _trained_precision(folder)
+    trained = config.get("precision") or trained_precision(folder)
     return trained if trained in PRECISIONS else "fp32"
 
 

@@ -25,7 +25,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 import lm_eval.models  # noqa: F401 - the built-in models first: a registry that is not empty is never filled
 
 from ..errors import ConfigError
-from ..models.generation import continuation, generate
+from ..models.framing import continuation
+from ..models.generation import generate
 from .loglikelihood import Group
 from .task_scores import load_scorer
 

@@ -4,7 +4,7 @@ context run through the model once for all of its continuations.
 Framing is lm-eval's for a causal model (`_encode_pair`): trailing spaces of the context move to the
 continuation, `context + continuation` is encoded whole, and the continuation is what follows the
 context's own tokens. Both start with the tokenizer's document prefix (the separator, or Llama's BOS),
-the ids a prompt is framed with (`models.generation.frame_prompt`) and the ids `tfkit export-hf`'s
+the ids a prompt is framed with (`models.framing.frame_prompt`) and the ids `tfkit export-hf`'s
 tokenizer adds to a text, so lm-eval's HF backend on an exported checkpoint scores the same tokens.
 
 Sharing: a multiple-choice item's choices follow one context. The contexts of up to `batch_size` items

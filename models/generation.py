@@ -6,8 +6,8 @@ preallocated cache under a mask, so every step has the same shapes, the same gra
 is what `generate(compile=True)` compiles (`compiled`: CUDA graphs on CUDA). `logits_to_probs` and
 `sample` turn the last logits into the next token. `generate` is the loop around them for GPT and for the
 encoder-decoder's decoder (the source is encoded once, its cross-attention keys/values are cached by the
-model during the prefill). `frame_prompt` and `continuation` turn text into prompt ids and new ids back
-into the text that follows the prompt.
+model during the prefill). Text goes in and out through `framing.py`: `frame_prompt` / `frame_chat` turn
+it into prompt ids, `continuation` new ids back into the text that follows the prompt.
 
 The loop reads the device once per step at most, and only for the caller: the chosen tokens for
 `on_token` (streaming) and whether every row has ended when `eos_id` can end them. Without either, the
@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from ..tokenization.chat import END, chat_ids, encode_chat
 from .streaming_decode import streaming
 
 class CompileWarning(UserWarning):
@@ -173,46 +172,6 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None, m
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}", params=("top_p",))
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}", params=("max_new_tokens",))
-
-
-def frame_prompt(tokenizer, text: str, arch: str) -> tuple[list[int], list[int] | None]:
-    """(decoder prompt, encoder source) token ids, laid out exactly as the training batches were.
-
-    GPT: training packs documents as `doc EOS doc EOS ...` (EOS, or [SEP] without one), so a document
-    starts right after the separator; prefixing it conditions the model on "a new document begins".
-    Tokenizers that begin documents with their own BOS (Llama's `<s>`) get that instead
-    (`TfkitTokenizer.document_prefix`). Encoder-decoder: the source is `text EOS`, and the decoder
-    starts from BOS (or [CLS]).
-    """
-    sep = tokenizer.separator_id
-    if arch != "transformer":
-        return tokenizer.document_prefix() + tokenizer.encode(text), None
-    bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.cls_id
-    if bos is None or sep is None:
-        raise ConfigError("text: the checkpoint's tokenizer has no BOS/EOS tokens to frame a seq2seq source",
-                          params=("text",))
-    return [bos], tokenizer.encode(text) + [sep]
-
-
-def frame_chat(tokenizer, message: str, system: str | None = None) -> tuple[list[int], int]:
-    """(prompt ids, end-of-turn id) of a one-message chat (a `system` turn first when given), framed by the
-    template the model was fine-tuned with (tokenization/chat.py) and opening the assistant's turn; the
-    answer ends at the end-of-turn token."""
-    turns = ([("system", system)] if system is not None else []) + [("user", message)]
-    ids, _ = encode_chat(tokenizer, turns, generation_prompt=True, where="the chat message")
-    return ids, chat_ids(tokenizer)[END]
-
-
-def continuation(tokenizer, prompt: list[int], new: list[int], head: str | None = None) -> str:
-    """The text `new` adds after `prompt` (whose text `head` is, when the caller has it already).
-
-    WordPiece and Metaspace decoders drop the space before a word at the start of a text, so decoding
-    `new` alone loses the space between prompt and continuation ("ROMEO: I" + "in" read "in", not " in");
-    decoding both and cutting the prompt's text off keeps it. Falls back to `new` alone where the joint
-    text does not start with the prompt's."""
-    head = tokenizer.decode(prompt) if head is None else head
-    whole = tokenizer.decode(prompt + new)
-    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
 
 
 def encode_source(model: nn.Module, source_ids: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:

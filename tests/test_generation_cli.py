@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError, TfkitError
 from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.models.generation import continuation, fill_mask, generate as generate_ids
+from tfkit.models.framing import continuation
+from tfkit.models.generation import fill_mask, generate as generate_ids
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 

@@ -196,7 +196,7 @@ def llama_with_bos(folder: Path) -> Path:
 def test_imported_llama_frames_documents_and_prompts_with_its_bos(tmp_path, monkeypatch):
     """transformers scores a Llama document as `<s> doc </s>` and continues `<s> prompt`; tfkit's eval
     and generate must frame them the same way, not as `</s> doc` (what a GPT-2-style stream gives)."""
-    from tfkit.models.generation import frame_prompt
+    from tfkit.models.framing import frame_prompt
     from tfkit.tokenization.train import load_tokenizer
 
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / "cache"))

@@ -55,7 +55,7 @@ def test_an_uptraining_recipe_follows_the_data_its_source_was_trained_on(english
     from tfkit.cli.main import app
     from tfkit.errors import ConfigError
     from tfkit.trainer.recipe import load_recipe
-    from tfkit.trainer.run_folder import source_data
+    from tfkit.trainer.source import source_data
 
     sets = [f"data.train={english_file}", "data.valid=null", "data.valid_fraction=0.1", "train.max_steps=2",
             "train.batch_size=4", "data.seq_len=32", "train.eval_every=100", "eval.batches=1",

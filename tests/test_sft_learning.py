@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
-from tfkit.models.generation import frame_chat, generate
+from tfkit.models.framing import frame_chat
+from tfkit.models.generation import generate
 from tfkit.models.io import load_with_tokenizer, resolve_checkpoint
 from tfkit.models.resize import grow_vocab
 from tfkit.models import build_model

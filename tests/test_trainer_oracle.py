@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tfkit.cli.main import app
 from tfkit.models import ModelConfig, build_model, load_model
-from tfkit.trainer import run as trainer_run
+from tfkit.trainer import data as trainer_data, run as trainer_run
 from tfkit.trainer.metrics import read_metrics
 
 SEED, STEPS, BATCH, ACCUM, SEQ = 1337, 24, 8, 2, 16
@@ -90,7 +90,7 @@ def plain_pytorch(cfg: ModelConfig) -> tuple[list[float], nn.Module]:
 
 
 def test_tfkit_pretrain_matches_a_plain_pytorch_loop(english_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_run, "build_datasets", lambda *args: (Batches(), Batches()))
+    monkeypatch.setattr(trainer_data, "build_datasets", lambda *args: (Batches(), Batches()))
     built = trainer_run.build_model
     monkeypatch.setattr(trainer_run, "build_model", lambda cfg: poison_hook(built(cfg)))
     run = tmp_path / "run"

@@ -11,7 +11,8 @@ the pieces are usable on their own:
 | `optim`         | AdamW parameter groups (no decay on norms, biases, embeddings), precision      |
 | `checkpoint`    | atomic `checkpoints/step-N/`, weights-only trainer state, RNG per rank         |
 | `checkpointer`  | a run's checkpoints: every save_every, best/ (keep_best), the last good one    |
-| `run_folder`    | run folder, recipe.yaml, the checkpoint a run starts from, its model config    |
+| `run_folder`    | run folder: which one, what may be overwritten, its lock, recipe.yaml, start.log |
+| `source`        | what a run takes from its checkpoint: model config, data, precision, tokenizer |
 | `resume`        | what a resume trains with: the run's own recipe.yaml plus --set overrides      |
 | `step`          | `train_step`: one update on the device; windows of updates between host reads |
 | `loop`          | the run of updates: log rows, validations, checkpoints, skips, signals        |

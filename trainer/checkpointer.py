@@ -102,7 +102,7 @@ class Checkpointer:
         extra = {"objective": r.objective.name, "recipe": r.name, "train_seq_len": r.data.seq_len,
                  "prior_steps": self.prior_steps,  # updates the initial weights had had (init_from), before step 0
                  "cpu_threads": torch.get_num_threads(),  # a resumed `auto` run computes with as many
-                 "precision": r.train.precision,  # and in the same precision (run_folder.source_precision)
+                 "precision": r.train.precision,  # and in the same precision (source.source_precision)
                  "data": {"train": r.data.train, "valid": r.data.valid, "valid_fraction": r.data.valid_fraction,
                           "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with

@@ -1,6 +1,10 @@
 """The data side of a run: its tokenizer folder, its train/validation datasets, and the loader thread that
 prepares the next update's batches while the current one trains (`Prefetcher`).
 
+`build_run_data` gives a fine-tuning run its labelled examples (task.py) and any other run the datasets of
+its objective. With `data.format: chat` the run's tokenizer is grown by the chat tokens
+(`prepare_chat_tokenizer`) and the model's vocabulary with it (`grow_chat_vocab`).
+
 Rank 0 calls `prepare_tokenizer` (training or copying) and the shard-building half of `build_datasets`
 while the other ranks wait at a barrier; afterwards every rank opens the same cached shards. Token shards
 are cached under `data.cache_dir` (default `<run folder>/data`) keyed by corpus and tokenizer, so a
@@ -21,6 +25,8 @@ from rich.console import Console
 from ..errors import CheckpointError, ConfigError
 from ..files import carry_over, staged_folder
 from ..layout import TOKENIZER_FILES
+from ..models.config import ModelConfig
+from ..models.heads import HeadConfig
 from ..progress import Transcript
 from ..tokenization.batches import ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.chat import encode_chat, grow_tokenizer, read_conversations
@@ -30,6 +36,7 @@ from ..tokenization.corpus import corpus_files, iter_documents, listing, text_si
 from ..tokenization.holdout import hold_out_spread, sample_documents
 from ..tokenization.shards import prepare_tokens
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
+from . import task
 from .distributed import DistInfo, barrier
 from .objectives import count_inputs, count_targets
 from .recipe import Recipe
@@ -91,9 +98,11 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
                                             for k, v in list(summary.items())[:6]), highlight=False)
 
 
-def prepare_chat_tokenizer(out: Path, console: Console | Transcript) -> None:
+def prepare_chat_tokenizer(recipe: Recipe, out: Path, console: Console | Transcript) -> None:
     """`data.format: chat`: the run's tokenizer grown by the chat template's tokens (tokenization/chat.py);
-    one that has them (a resume, a chat model fine-tuned again) is left as it is."""
+    one that has them (a resume, a chat model fine-tuned again), or any other run's, is left as it is."""
+    if recipe.data.format != "chat":
+        return
     tokenizer = load_tokenizer(out)
     grown = grow_tokenizer(tokenizer)
     if grown is tokenizer:
@@ -103,6 +112,16 @@ def prepare_chat_tokenizer(out: Path, console: Console | Transcript) -> None:
         grown.save(tmp)
     console.print(f"tokenizer: {grown.vocab_size - tokenizer.vocab_size} chat tokens added, vocab "
                   f"{grown.vocab_size}", highlight=False)
+
+
+def grow_chat_vocab(recipe: Recipe, cfg: ModelConfig, tokenizer: TfkitTokenizer) -> tuple[Recipe, ModelConfig]:
+    """`data.format: chat`: the model config and the recipe's model section grown to the vocabulary of the
+    tokenizer with the chat tokens (`prepare_chat_tokenizer`), so recipe.yaml says what a resume builds;
+    the weights follow in `checkpoint.load_source_weights`. Any other run is returned as it is."""
+    if recipe.data.format != "chat" or tokenizer.vocab_size <= cfg.vocab_size:
+        return recipe, cfg
+    cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, vocab_size=cfg.vocab_size)), cfg
 
 
 def _first_chars(texts: Iterable[str], limit: int | None) -> Iterator[str]:
@@ -124,6 +143,15 @@ def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, inf
     datasets = _build(recipe, tokenizer, cache, console, report=True, bars=recipe.log.progress) if info.is_main else None
     barrier(info)
     return datasets if info.is_main else _build(recipe, tokenizer, cache, console, report=False, bars=False)
+
+
+def build_run_data(recipe: Recipe, tokenizer: TfkitTokenizer, cfg: ModelConfig, run_dir: Path, info: DistInfo,
+                   console: Transcript) -> tuple[object, object, HeadConfig | None]:
+    """(train, valid, head) of a run: a fine-tuning recipe's labelled examples and the head their labels
+    make (`task.build_task_data`), or a language-model objective's datasets (`build_datasets`) and None."""
+    if recipe.head_task is not None:
+        return task.build_task_data(recipe, tokenizer, cfg, console if info.is_main else None)
+    return (*build_datasets(recipe, tokenizer, run_dir, info, console), None)
 
 
 def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Console | Transcript, report: bool,

@@ -34,7 +34,7 @@ from ..errors import TfkitError
 from ..progress import progress_bar
 from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
-from .metrics import mfu
+from .metrics import mfu, peak_flops
 from .recipe import Recipe
 from .step import replay, run_window, window_length
 
@@ -65,6 +65,16 @@ class TrainState:
     def from_dict(cls, data: dict) -> "TrainState":
         return cls(**{k: float(v) if k == "seconds" else int(v) for k, v in data.items()
                       if k in cls.__dataclass_fields__})
+
+
+def mfu_basis(model: nn.Module, recipe: Recipe, device: torch.device) -> dict[str, float | None]:
+    """The Loop's `flops_per_token` and `peak_flops` (None off CUDA: MFU not reported). A seq2seq model
+    counts the FLOPs of a (source, target) token pair; the loop counts both tokens."""
+    per_token = model.flops_per_token(recipe.data.seq_len)
+    if recipe.objective.name == "seq2seq":
+        per_token /= 2
+    peak = peak_flops(torch.cuda.get_device_name(device), recipe.train.precision) if device.type == "cuda" else None
+    return {"flops_per_token": per_token, "peak_flops": peak}
 
 
 @dataclass

@@ -44,7 +44,7 @@ class Recipe:
     log: LogSection = field(default_factory=LogSection)
     task: TaskSection = field(default_factory=TaskSection)  # fine-tuning only (objective classify / regress)
     # the SECTION.KEY names that --set gave, not saved (recipe.yaml holds their values): a run started from a
-    # checkpoint takes every model key from it except those given explicitly (run_folder.source_model)
+    # checkpoint takes every model key from it except those given explicitly (source.source_model)
     overrides: tuple[str, ...] = field(default=(), compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # how it was chosen (trainer.resume), not saved: warnings
 

@@ -136,7 +136,8 @@ def sample_prompt(recipe: Recipe, valid_data, tokenizer: TfkitTokenizer) -> str:
 
 def sample(model, tokenizer: TfkitTokenizer, recipe: Recipe, valid_data) -> str:
     """The trained model continuing `eval.sample_prompt` (causal models only)."""
-    from ..models.generation import continuation, frame_prompt, generate
+    from ..models.framing import continuation, frame_prompt
+    from ..models.generation import generate
 
     text = sample_prompt(recipe, valid_data, tokenizer)
     prompt, _ = frame_prompt(tokenizer, text, "gpt")  # as `tfkit generate` frames it

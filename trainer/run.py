@@ -4,10 +4,10 @@
 model, optimizer, resume state), `train` (the baseline validation or the restored RNG, the loop, the last
 checkpoint) and `finish` (final validation, sample, plot, report), inside `with Trainer(...)`, which owns
 the cleanup however the run ends. Its state is declared in `__init__`. Each piece of work lives in its own
-component (tokenization, models, optim, objectives, parallel, checkpointer, run_folder, loop, validation,
-metrics, report); this module only orders them. Rank 0 does everything that writes files (run folder,
-tokenizer training, token-shard cache) while the other ranks wait at a barrier, then every rank builds the
-same model from the same seed and trains its slice of each batch with its own dropout masks
+component (tokenization, models, optim, objectives, parallel, checkpointer, run_folder, source, loop,
+validation, metrics, report); this module only orders them. Rank 0 does everything that writes files (run
+folder, tokenizer training, token-shard cache) while the other ranks wait at a barrier, then every rank
+builds the same model from the same seed and trains its slice of each batch with its own dropout masks
 (`checkpoint.seed_rank`).
 
 Where a run starts from:
@@ -20,7 +20,6 @@ Where a run starts from:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import time
 from pathlib import Path
@@ -32,25 +31,24 @@ from ..errors import ConfigError, TfkitError
 from ..files import is_disk_full
 from ..models import build_model
 from ..models.config import ModelConfig
-from ..models.io import read_config, resolve_checkpoint
+from ..models.io import resolve_checkpoint
 from ..progress import Transcript, console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import checkpoint as ckpt
 from .budget import TimeBudget, parse_duration
 from . import run_folder
-from .data import build_datasets, prepare_chat_tokenizer, prepare_tokenizer
+from .data import build_run_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
-from .loop import Loop, TrainingDiverged, TrainState, micro_batch_size, run_loop
-from .metrics import MetricsWriter, peak_flops, plot_loss
+from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
+from .metrics import MetricsWriter, plot_loss
 from .objectives import LossModule, compile_loss_module, unreached_parameters
 from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
-from .checkpoint import load_source_weights
 from .checkpointer import Checkpointer
-from .run_folder import prior_steps
 from .report import RunResult, describe, report, sample
+from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .trackers import open_tracker
 from . import task, validation
 from .validation import ValidationResult
@@ -153,20 +151,11 @@ class Trainer(contextlib.AbstractContextManager):
         tracker = open_tracker(recipe, self.run_dir, bool(self.resume_from)) if info.is_main else None  # log.wandb
         self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
                                      self.state.step if self.resume_from else None, tracker=tracker)
-        per_token = self.model.flops_per_token(recipe.data.seq_len)
-        if recipe.objective.name == "seq2seq":
-            per_token /= 2  # the model counts a (source, target) token pair; the loop counts both tokens
         self.loop = Loop(recipe, self.model, self.train_module, self.optimizer, self.scaler, self.train_data, info,
-                         self.metrics.log, self.checkpoints.save, self.validate, flops_per_token=per_token,
-                         peak_flops=(peak_flops(torch.cuda.get_device_name(info.device), recipe.train.precision)
-                                     if info.device.type == "cuda" else None),
-                         state=self.state)
+                         self.metrics.log, self.checkpoints.save, self.validate, state=self.state,
+                         **mfu_basis(self.model, recipe, info.device))
         if info.is_main:  # only now that the whole setup succeeded: a refused run leaves recipe.yaml as it was
-            resumed_step, changes = run_folder.write_recipe(self.run_dir, recipe, self.resume_from)
-            if changes:
-                console.print(f"warning: the recipe changed since step {resumed_step} (the one that trained up to "
-                              f"it is kept as recipe-before-step-{resumed_step}.yaml): " + "; ".join(changes),
-                              style="yellow", markup=False, highlight=False)
+            run_folder.write_recipe(self.run_dir, recipe, self.resume_from, console)
             describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
                      self.start_block, self.precision_auto)
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
@@ -183,40 +172,24 @@ class Trainer(contextlib.AbstractContextManager):
         self.resume_from = run_folder.find_resume(self.run_dir, resume)
         if self.resume_from is not None and info.is_main:
             run_folder.check_run_files(self.run_dir)
-        if self.resume_from is not None:
-            run_folder.check_tokenizer_kept(recipe, self.resume_from)
         self.init_from = (None if self.resume_from or not recipe.train.init_from
                           else resolve_checkpoint(recipe.train.init_from))
-        self.prior_steps = prior_steps(self.source, resumed=self.resume_from is not None)
-        if self.init_from is not None:  # its shape, unless --set model.KEY says otherwise
-            self.recipe = recipe = run_folder.source_model(recipe, self.init_from,
-                                                           self.start_block if info.is_main else None)
-        if self.source is not None:  # a recipe contradicting the checkpoint fails on every rank, before any folder
-            run_folder.model_config(recipe, None, self.source)
-        self.recipe = recipe = run_folder.source_data(recipe, self.source)  # data.train: null = the source's
         self.precision_auto = recipe.train.precision == "auto"
-        self.recipe = recipe = run_folder.source_precision(recipe, info.device, self.resume_from)
-        if self.resume_from is not None and recipe.train.threads == "auto":  # exact resume: the same reductions
-            set_threads(read_config(self.resume_from).get("cpu_threads") or "auto")
+        self.recipe = recipe = resolve_recipe(recipe, self.init_from, self.resume_from, info.device,
+                                              self.start_block if info.is_main else None)
+        self.prior_steps = prior_steps(self.source, resumed=self.resume_from is not None)
+        keep_threads(recipe, self.resume_from)
         if info.is_main:
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
             prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, self.start_block)
-            if recipe.data.format == "chat":
-                prepare_chat_tokenizer(self.run_dir / "tokenizer", self.start_block)
+            prepare_chat_tokenizer(recipe, self.run_dir / "tokenizer", self.start_block)
         barrier(info)
         self.tokenizer = load_tokenizer(self.run_dir / "tokenizer")
-        self.cfg = run_folder.model_config(recipe, self.tokenizer, self.source)
-        if recipe.data.format == "chat" and self.tokenizer.vocab_size > self.cfg.vocab_size:  # the chat tokens'
-            self.cfg = dataclasses.replace(self.cfg, vocab_size=self.tokenizer.vocab_size)
-            model = dataclasses.replace(recipe.model, vocab_size=self.cfg.vocab_size)  # recipe.yaml: what a resume builds
-            self.recipe = recipe = dataclasses.replace(recipe, model=model)
-        check_vocab_fits(self.tokenizer, self.cfg.vocab_size)
-        if recipe.head_task is not None:
-            self.train_data, self.valid_data, self.head = task.build_task_data(
-                recipe, self.tokenizer, self.cfg, self.start_block if info.is_main else None)
-        else:
-            self.train_data, self.valid_data = build_datasets(recipe, self.tokenizer, self.run_dir, info,
-                                                              self.start_block)
+        cfg = model_config(recipe, self.tokenizer, self.source)
+        self.recipe, self.cfg = recipe, cfg = grow_chat_vocab(recipe, cfg, self.tokenizer)
+        check_vocab_fits(self.tokenizer, cfg.vocab_size)
+        self.train_data, self.valid_data, self.head = build_run_data(recipe, self.tokenizer, cfg, self.run_dir, info,
+                                                                     self.start_block)
 
     def _build_model(self) -> None:
         """The same initial weights on every rank (from `train.seed`, or the source checkpoint's), wrapped
@@ -228,7 +201,7 @@ class Trainer(contextlib.AbstractContextManager):
         else:
             self.model = build_model(self.cfg)
             if self.source is not None:
-                load_source_weights(self.model, self.source)
+                ckpt.load_source_weights(self.model, self.source)
         self.model.to(info.device)
         for param in unreached_parameters(self.model, recipe.objective.name):
             param.requires_grad_(False)
@@ -323,5 +296,3 @@ class Trainer(contextlib.AbstractContextManager):
         aborted a torchrun worker after a finished run ("terminate called without an active exception")."""
         self.loop = self.checkpoints = self.optimizer = self.train_module = self.model = self.saved = None
         gc.collect()
-
-

@@ -1,14 +1,13 @@
-"""Where a run starts from: its run folder, the checkpoint it resumes or starts from, its model config.
+"""A run's folder: which one, what a run may overwrite in it, its lock, the checkpoint it resumes, its
+recipe.yaml and start.log.
 
 A run folder holds `recipe.yaml` (the resolved recipe, rewritten on resume), `tokenizer/`, `data/`,
 `checkpoints/step-<N>/`, `metrics.jsonl` and, when a resume changed the recipe,
 `recipe-before-step-<N>.yaml`. The checks here run before anything is written: a folder tfkit did not
 make is never overwritten, and checkpoints of two runs (or of two branches of one) are never mixed. A
 run holds the folder's lock (`.tfkit.lock`, `files.folder_lock`) from before its first read to its end,
-so a second `pretrain` on the same folder is refused instead of training beside it.
-
-The model config of a resumed or `init_from` run is the checkpoint's: a recipe key that contradicts it
-is an error, except the MAY_DIFFER keys that do not change the weights' shapes.
+so a second `pretrain` on the same folder is refused instead of training beside it. What a run takes
+from the checkpoint it starts from (model config, data, precision) is `source`'s concern.
 """
 
 from __future__ import annotations
@@ -22,17 +21,14 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import CheckpointError, ConfigError, disk_full
+from ..errors import CheckpointError, disk_full
 from ..files import LOCK_FILE, folder_lock, write_atomic
 from ..jsonfile import parse_json
 from ..layout import CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
-from ..models.config import ModelConfig
 from ..models.io import read_config
 from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
-from .optim import resolve_precision
-from .recipe import OBJECTIVE_FOR_ARCH, PRECISIONS, TASK_OBJECTIVES, AliasBomb, safe_load
+from .recipe import TASK_OBJECTIVES, AliasBomb, safe_load
 
-MAY_DIFFER = ("dropout", "attn_dropout", "attention")  # regularisation / kernel choice, not the weights' shape
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
 AUTO_SUFFIX = r"-\d{8}-\d{6}(-\d+)?"  # what choose_run_dir appends to the recipe name: -YYYYmmdd-HHMMSS[-N]
 RUN_ENTRIES = {RECIPE_FILE, START_LOG, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard",
@@ -135,7 +131,7 @@ def resume_command(run_dir: Path) -> str:
 def _command_of(run_dir: Path) -> str:
     """finetune for a fine-tuning run (its recipe's objective classify / regress), else pretrain."""
     try:
-        objective = (_read_run_recipe(run_dir / RECIPE_FILE, (run_dir / RECIPE_FILE).read_bytes()).get("objective")
+        objective = (read_run_recipe(run_dir / RECIPE_FILE, (run_dir / RECIPE_FILE).read_bytes()).get("objective")
                      or {})
     except (OSError, CheckpointError):
         return "pretrain"
@@ -180,81 +176,13 @@ def find_resume(run_dir: Path, resume: str | None) -> Path | None:
     return source
 
 
-def prior_steps(source: Path | None, resumed: bool) -> int:
-    """Optimizer updates behind the weights a run starts from, before its own step 0: none for a fresh
-    run, the resumed checkpoint's own count on resume, and all of an `init_from` checkpoint's (its prior
-    steps and its steps; a converted checkpoint carries its source's), so an uptrained model reads as
-    300+15 steps rather than 15."""
-    if source is None:
-        return 0
-    config = read_config(source)
-    before = config.get("prior_steps") if isinstance(config.get("prior_steps"), int) else 0
-    step = config.get("step") if isinstance(config.get("step"), int) else 0
-    return before if resumed else before + step
-
-
-def source_data(recipe, source: Path | None):
-    """The recipe with `data.train: null` resolved: the training and validation data the source checkpoint
-    (train.init_from, or the run being resumed) was trained on, as its config.json records them. An
-    uptraining recipe can then follow the run it starts from instead of training a model of one corpus on
-    another. A recipe that names its data is returned as it is."""
-    if recipe.data.train is not None:
-        return recipe
-    if source is None:
-        raise ConfigError("data.train: null means the data of the train.init_from checkpoint, but the run starts "
-                          "from none; set data.train or train.init_from")
-    data = read_config(source).get("data")
-    if not isinstance(data, dict) or not isinstance(data.get("train"), str):
-        raise ConfigError(f"data.train: null means the data {source} was trained on, but its config.json does not "
-                          "record it (an imported or older checkpoint); set data.train")
-    known = {k: v for k, v in data.items() if k in ("train", "valid", "valid_fraction", "text_field")}
-    return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **known))
-
-
-def source_precision(recipe, device, resumed_from: Path | None):
-    """The recipe with `train.precision: auto` decided for `device` (optim.resolve_precision), so recipe.yaml,
-    the start block and every checkpoint say what ran. A resumed run keeps the precision its checkpoint
-    trained with, as it keeps its CPU thread count: an exact resume needs the same arithmetic."""
-    if recipe.train.precision != "auto":
-        return recipe
-    saved = _trained_precision(resumed_from) if resumed_from is not None else None
-    precision = saved if saved in PRECISIONS else resolve_precision("auto", device)
-    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
-
-
-def _trained_precision(checkpoint: Path) -> object:
-    """The precision a checkpoint trained in: its config.json's, or for one written before `auto` existed,
-    its run's recipe.yaml's (<run>/checkpoints/step-N -> <run>/recipe.yaml); None when neither says."""
-    saved = read_config(checkpoint).get("precision")
-    run_recipe = checkpoint.parent.parent / RECIPE_FILE
-    if saved is not None or not run_recipe.is_file():
-        return saved
-    train = _read_run_recipe(run_recipe, run_recipe.read_bytes()).get("train")
-    return train.get("precision") if isinstance(train, dict) else None
-
-
-def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
-    """A resumed run keeps its checkpoint's tokenizer: the weights were trained on its token ids. The
-    tokenizer section is moot then (recipe.yaml keeps the one that trained the run, see `write_recipe`),
-    but a `tokenizer.path` naming a different tokenizer would be silently ignored: that is an error."""
-    from ..tokenization.train import load_tokenizer
-
-    path = recipe.tokenizer.path
-    if not path or not (resumed_from / "tokenizer.json").is_file():
-        return
-    if load_tokenizer(path).fingerprint() != load_tokenizer(resumed_from).fingerprint():
-        raise ConfigError(f"tokenizer.path {path}: differs from the tokenizer of {resumed_from}, which a resumed "
-                          "run keeps (its weights were trained on those token ids); leave tokenizer.path out, "
-                          "or start a new run")
-
-
-def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int | None, list[str]]:
-    """Save the resolved recipe as run_dir/recipe.yaml; return the step resumed from and what changed.
+def write_recipe(run_dir: Path, recipe, resumed_from: Path | None, console) -> None:
+    """Save the resolved recipe as run_dir/recipe.yaml; what a resume changed is a warning on `console`.
 
     A resumed run may legitimately change keys (more steps, a lower learning rate), but then recipe.yaml
     no longer describes how the earlier checkpoints were trained: the recipe they were trained with (the
     run folder's, or for a branch into a new folder the source run's) is kept as
-    recipe-before-step-<N>.yaml and the caller reports the changes. If that file exists already, an
+    recipe-before-step-<N>.yaml and the changes are a warning on `console`. If that file exists already, an
     earlier resume from the same step N changed the recipe too; nothing it trained survives (resuming
     from N again means no later checkpoint exists), so the first file, the recipe that trained up to N,
     is the one to keep."""
@@ -264,7 +192,7 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
         previous = _previous_recipe(run_dir, resumed_from)
         if previous is not None:
             kept = previous.read_bytes()  # copied byte for byte below
-            earlier = _read_run_recipe(previous, kept)
+            earlier = read_run_recipe(previous, kept)
             if isinstance(earlier.get("tokenizer"), dict):  # the run keeps its tokenizer (check_tokenizer_kept)
                 recipe = dataclasses.replace(recipe, tokenizer=type(recipe.tokenizer)(**earlier["tokenizer"]))
             changes = recipe_changes(earlier, recipe.to_dict())
@@ -272,10 +200,13 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None) -> tuple[int 
             if changes and not before.exists():
                 write_atomic(before, kept)
     write_atomic(run_dir / RECIPE_FILE, RECIPE_HEADER + recipe.to_yaml())
-    return step, changes
+    if changes:
+        console.print(f"warning: the recipe changed since step {step} (the one that trained up to it is kept as "
+                      f"recipe-before-step-{step}.yaml): " + "; ".join(changes), style="yellow", markup=False,
+                      highlight=False)
 
 
-def _read_run_recipe(path: Path, data: bytes) -> dict:
+def read_run_recipe(path: Path, data: bytes) -> dict:
     """A run folder's recipe.yaml as a dict, or one CheckpointError line when it is damaged."""
     try:
         earlier = safe_load(data.decode("utf-8")) or {}
@@ -296,7 +227,7 @@ def check_run_files(run_dir: Path) -> None:
     A torn last line of metrics.jsonl is what a killed run leaves, and is dropped as before."""
     recipe = run_dir / RECIPE_FILE
     if recipe.is_file():
-        _read_run_recipe(recipe, recipe.read_bytes())
+        read_run_recipe(recipe, recipe.read_bytes())
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         return
@@ -344,57 +275,6 @@ def recipe_changes(before: dict, after: dict, prefix: str = "") -> list[str]:
         elif old != new:
             changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
     return changes
-
-
-def source_model(recipe, source: Path, out=None):
-    """The recipe of a run started from a checkpoint (train.init_from) with the checkpoint's model: every
-    model key is the checkpoint's, except the MAY_DIFFER ones and those given by `--set model.KEY`, which
-    `model_config` then checks. A user continuing an imported model names the checkpoint, not its shape.
-    The replaced keys are said in one line on `out` (the start block), when given."""
-    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
-    wanted = recipe.model.config(saved.vocab_size)
-    explicit = {key.split(".", 1)[1] for key in recipe.overrides if key.startswith("model.")}
-    kept = set(MAY_DIFFER) | explicit
-    replaced = [f"{f.name} {getattr(wanted, f.name)!r} -> {getattr(saved, f.name)!r}"
-                for f in dataclasses.fields(ModelConfig) if f.name not in kept | {"vocab_size", "pad_token_id"}
-                and getattr(wanted, f.name) != getattr(saved, f.name)]
-    values = {f.name: getattr(wanted if f.name in kept else saved, f.name) for f in dataclasses.fields(ModelConfig)}
-    model = type(recipe.model)(**values, size=None)
-    if recipe.data.format == "chat" and model.arch != "gpt":
-        raise ConfigError(f"{source}: a {model.arch} model; data.format: chat fine-tunes a GPT (expected a gpt "
-                          "checkpoint in train.init_from)")
-    expected = OBJECTIVE_FOR_ARCH.get(model.arch)
-    if expected and recipe.head_task is None and recipe.objective.name != expected:
-        raise ConfigError(f"{source}: a {model.arch} model, which objective.name={recipe.objective.name!r} does not "
-                          f"train (expected {expected!r}; set objective.name={expected})")
-    if recipe.data.seq_len > model.max_seq_len:
-        raise ConfigError(f"data.seq_len: {recipe.data.seq_len} exceeds the max_seq_len {model.max_seq_len} of "
-                          f"{source}; set data.seq_len <= {model.max_seq_len}")
-    if replaced and out is not None:
-        out.print(f"model: the shape of {source}, not the recipe's: " + "; ".join(replaced), highlight=False,
-                  markup=False)
-    return dataclasses.replace(recipe, model=model)
-
-
-def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
-    """The model config of this run: the recipe's (vocabulary from the tokenizer) for a fresh start, the
-    checkpoint's when resuming or initialising from one. A recipe key that contradicts the checkpoint is an
-    error naming every such key; only MAY_DIFFER keys (dropout, attention kernel) follow the recipe."""
-    if source is None:
-        cfg = recipe.model.config(tokenizer.vocab_size)
-        if cfg.pad_token_id is None and tokenizer.pad_id is not None:
-            cfg = dataclasses.replace(cfg, pad_token_id=tokenizer.pad_id)
-        return cfg.validate()
-    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
-    wanted = recipe.model.config(saved.vocab_size)
-    skip = set(MAY_DIFFER) | {"pad_token_id"}
-    conflicts = [f"model.{f.name} is {getattr(wanted, f.name)!r} but the checkpoint has {getattr(saved, f.name)!r}"
-                 for f in dataclasses.fields(ModelConfig)
-                 if f.name not in skip and getattr(wanted, f.name) != getattr(saved, f.name)]
-    if conflicts:
-        raise ConfigError(f"{source}: the recipe's model does not match the checkpoint's: " + "; ".join(conflicts)
-                          + " (set these keys to the checkpoint's values)")
-    return dataclasses.replace(saved, **{k: getattr(wanted, k) for k in MAY_DIFFER}).validate()
 
 
 def append_start_block(run_dir: Path, lines: list[str], step: int) -> None:
