@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from ..errors import ConfigError
-from .options import Overrides
+from .options import Overrides, Resume, ResumeForce, RunDir
 
 
 def finetune(
     recipe: Annotated[str, typer.Argument(help="Bundled recipe name (finetune-classify) or a YAML file whose "
                                                "objective.name is classify or regress.")],
     overrides: Overrides = None,
-    run_dir: Annotated[
-        Optional[Path],
-        typer.Option("--run-dir", help="Run folder (default: log.run_dir, else runs/<recipe>-<timestamp>)."),
-    ] = None,
-    resume: Annotated[
-        Optional[str],
-        typer.Option("--resume", metavar="auto|PATH",
-                     help="auto: continue the latest checkpoint of the run folder, or start fresh if there is none; "
-                          "PATH: a checkpoint or run folder to continue (exactly, as `tfkit pretrain --resume`)."),
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option("--force", help="With --resume: train on the data RECIPE and --set name even where it differs "
-                                     "from the run's (refused otherwise)."),
-    ] = False,
+    run_dir: RunDir = None,
+    resume: Resume = None,
+    force: ResumeForce = False,
 ) -> None:
     """Fine-tune a classifier or regressor: train.init_from's body (a tfkit run or checkpoint of any family, or
     an import-hf folder; null = random weights, the control) with a head on its pooled vector.

@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from .options import Overrides
+from .options import Overrides, Resume, ResumeForce, RunDir
 
 
 def pretrain(
     recipe: Annotated[str, typer.Argument(help="Bundled recipe name (see `tfkit recipes list`) or a YAML file.")],
     overrides: Overrides = None,
-    run_dir: Annotated[
-        Optional[Path],
-        typer.Option("--run-dir", help="Run folder (default: log.run_dir, else runs/<recipe>-<timestamp>)."),
-    ] = None,
-    resume: Annotated[
-        Optional[str],
-        typer.Option("--resume", metavar="auto|PATH",
-                     help="auto: continue the latest checkpoint of the run folder (the newest "
-                          "runs/<recipe>-* without --run-dir), or start fresh if there is none; "
-                          "PATH: a checkpoint or run folder to continue. A resume trains with the run "
-                          "folder's own recipe.yaml plus the --set overrides given now."),
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option("--force", help="With --resume: train on the data RECIPE and --set name even where it differs "
-                                     "from the run's (refused otherwise)."),
-    ] = False,
+    run_dir: RunDir = None,
+    resume: Resume = None,
+    force: ResumeForce = False,
 ) -> None:
     """Pretrain a model from a recipe: tokenizer, token shards, training, validation, a final report.
 
