@@ -61,11 +61,17 @@ def test_the_final_and_best_checkpoints_carry_a_card_of_recorded_facts(english_f
         assert f"fine-tuned from the weights of `{tmp_path / 'bert'}" in text
         assert f"Pretrained on `{english_file}`" in text and "- Steps: 3" in text  # the starting run's record
         assert "45 examples" in text and "15 examples" in text and "held out for validation" in text
-        assert f"optim.lr {recipe['optim']['lr']}" in text and f"train.batch_size {recipe['train']['batch_size']}" in text
+        for section, key in (("optim", "lr"), ("optim", "weight_decay"), ("train", "batch_size")):
+            assert f"{section}.{key} {recipe[section][key]}" in text
         assert f"- Steps: {config['step']}" in text and "- Precision: fp32" in text and "- Hardware: cpu" in text
         assert f"Validation at step {config['step']}" in text
         assert "tfkit predict" in text and "tfkit eval" in text
-    assert not (run_dir / "checkpoints" / "step-2" / "README.md").exists()  # only what the run publishes as its result
+    assert not (run_dir / "checkpoints" / "step-2" / "README.md").exists()  # only what the run publishes
+    resumed = run("finetune", run_dir / "recipe.yaml", "--run-dir", tmp_path / "resumed",
+                  "--resume", run_dir / "checkpoints" / "step-2")
+    assert resumed.exit_code == 0, resumed.output
+    text = card_of(tmp_path / "resumed" / "checkpoints" / "step-4").text  # its start.log has only the resume's block
+    assert "fine-tuned from the weights of" in text and "random weights" not in text
 
 
 def test_a_random_init_control_names_no_base_model(tmp_path):

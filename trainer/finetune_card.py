@@ -26,7 +26,7 @@ from ..layout import BEST, CARD_MARK, CONFIG, MODEL_CARD
 from ..models.config import ModelConfig
 from .metrics import read_metrics
 from .recipe import AliasBomb, safe_load
-from .run_record import RunRecord, last_block, read_run_record
+from .run_record import ORIGIN_LINE, RunRecord, last_block, read_run_record, run_folder_of
 
 # start.log's line of a fine-tuning run's data (trainer/task.py prints it)
 TASK_DATA_LINE = re.compile(r"^data: (classification|regression), (.+?): ([\d,]+) training examples from (.+), "
@@ -42,9 +42,10 @@ HYPERPARAMETERS = (("optim", "name"), ("optim", "lr"), ("optim", "weight_decay")
 
 
 def write_cards(run_dir: Path, final: Path | None) -> None:
-    """README.md into the run's final checkpoint `final` and its `best/` (when kept)."""
+    """README.md into the run's final checkpoint `final` and its `best/` (when kept); a resume that trained
+    nothing ends on the checkpoint it resumed, which another run folder may hold and is left as it is."""
     for folder in (final, run_dir / BEST):
-        if folder is not None and (folder / CONFIG).is_file():
+        if folder is not None and run_folder_of(folder) == run_dir and (folder / CONFIG).is_file():
             write_atomic(folder / MODEL_CARD, finetune_card(folder))
 
 
@@ -58,13 +59,14 @@ def finetune_card(folder: Path) -> str:
     data = next((m for line in block if (m := TASK_DATA_LINE.match(line))), None)
     scores = _validation_row(run_dir, record.step) if run_dir is not None else None
     train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}
-    init_from = record.initialised_from or train.get("init_from")  # start.log's resolved one; a resume's block names none
+    init_from = (_initialised_from(run_dir) if run_dir is not None else None) or train.get("init_from")
     source = _source(init_from)
     regression = head.get("task") == "regression"
     front = _front_matter(record, regression, data, scores)
     what = "regressor (one float output)" if regression else f"text classifier ({head.get('num_labels')} classes)"
+    control = "init_from" in train and train["init_from"] is None  # recipe.yaml says so, not a missing key
     start = (f"fine-tuned from the weights of `{init_from}`" if init_from
-             else "trained from random weights (no pretrained body: the control)" if "init_from" in train else None)
+             else "trained from random weights (no pretrained body: the control)" if control else None)
     body = [f"# {record.name}", "", f"A {record.cfg.arch} {what} made by `tfkit finetune`"
             + (f", {start}." if start else "."), ""]
     for title, lines in (("Task", _task_lines(head, task, regression)), ("Model", _model_lines(record.cfg)),
@@ -93,6 +95,13 @@ def _validation_row(run_dir: Path, step: int | None) -> dict | None:
     return rows[-1] if rows and step is not None else None
 
 
+def _initialised_from(run_dir: Path) -> str | None:
+    """The checkpoint train.init_from resolved to, as the run's first start named it (a resume's block does not)."""
+    path = run_dir / "start.log"
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    return next((m[1] for line in lines if (m := ORIGIN_LINE.match(line))), None)
+
+
 def _source(path: str | None) -> RunRecord | None:
     """The starting checkpoint's own record, when it is still there."""
     if path is None or not (Path(path) / CONFIG).is_file():
@@ -110,7 +119,8 @@ def _front_matter(record: RunRecord, regression: bool, data: re.Match | None, sc
     if data is not None:
         front["datasets"] = [data[4]]
     metrics = [{"type": kind, "value": round(scores[f"val_{key}"], 4), "name": f"validation {words}"}
-               for key, (kind, words) in SCORES.items() if scores and isinstance(scores.get(f"val_{key}"), (int, float))]
+               for key, (kind, words) in SCORES.items()
+               if scores and isinstance(scores.get(f"val_{key}"), (int, float))]
     if metrics:
         valid = data[6] if data is not None else "validation"
         front["model-index"] = [{"name": record.name, "results": [{
@@ -138,7 +148,8 @@ def _task_lines(head: dict, task: dict, regression: bool) -> list[str]:
         stride = f"; long texts read as windows {task['stride']} tokens apart" if task.get("stride") else ""
         lines.append(f"- Long texts: truncation `{task['truncation']}`{stride}")
     if head.get("pooling"):
-        lines.append(f"- Head: one linear layer on the `{head['pooling']}`-pooled vector, dropout {head.get('dropout')}")
+        lines.append(f"- Head: one linear layer on the `{head['pooling']}`-pooled vector, "
+                     f"dropout {head.get('dropout')}")
     return lines
 
 
