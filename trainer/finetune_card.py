@@ -166,10 +166,11 @@ def _source_lines(path: str | None, source: RunRecord | None) -> list[str]:
     if source is not None:
         if source.train_corpus:
             size = f", {source.train_corpus_tokens:,} tokens" if source.train_corpus_tokens else ""
-            lines.append(f"- Pretrained on `{source.train_corpus}`{size}")
+            lines.append(f"- Pretrained on `{source.train_corpus}`" + (f" (a corpus of {size[2:]})" if size else ""))
         if source.step is not None:
             lines.append(f"- Steps: {source.step + source.prior_steps:,}"
                          + (f", {source.tokens:,} tokens seen" if source.tokens is not None else ""))
+        lines += [f"- {line[0].upper()}{line[1:]}" for line in source.lineage]  # an import-hf folder, a conversion
     return lines
 
 
