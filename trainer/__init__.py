@@ -23,6 +23,7 @@ the pieces are usable on their own:
 | `parallel`      | `Parallel`: DDP / FSDP2 wrapping and full state; activation checkpointing      |
 | `metrics`       | metrics.jsonl, TensorBoard, loss.png, MFU                                      |
 | `data`          | the run's tokenizer and datasets                                               |
+| `finetune_card` | README.md model card in a fine-tuning run's final checkpoint and best/         |
 
 Submodules are imported on use (`from tfkit.trainer.run import pretrain`) so `import tfkit.trainer` stays
 cheap for the CLI.

@@ -47,6 +47,7 @@ from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
 from .checkpointer import Checkpointer
+from .finetune_card import write_cards
 from .report import RunResult, describe, report, sample
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .trackers import open_tracker
@@ -261,7 +262,8 @@ class Trainer(contextlib.AbstractContextManager):
 
     def finish(self) -> RunResult:
         """Final validation (logged when this run trained, or is fresh), a sample from a causal model, then
-        loss.png and the report on rank 0. An interrupted run skips the validation and the sample."""
+        a fine-tuning run's model cards (finetune_card.py), loss.png and the report on rank 0. An interrupted
+        run skips the validation, the sample and the cards (its resume writes them)."""
         recipe, info, state = self.recipe, self.info, self.state
         result = RunResult(self.run_dir, state, None, self.checkpoints.latest, 0.0)
         if not state.interrupted:
@@ -277,6 +279,8 @@ class Trainer(contextlib.AbstractContextManager):
                     result.sample = sample(whole.to(info.device), self.tokenizer, recipe, self.valid_data)
         self.close()
         result.wall_time = time.perf_counter() - self.started
+        if info.is_main and self.head is not None and not state.interrupted:  # metrics.jsonl holds the final row
+            write_cards(self.run_dir, result.checkpoint)
         if info.is_main:
             if recipe.log.plot and plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png"):
                 console.print(f"loss curve: {self.run_dir / 'loss.png'}", highlight=False)

@@ -125,7 +125,7 @@ def _read_recipe(record: RunRecord, path: Path) -> None:
     record.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def _last_block(path: Path) -> list[str]:
+def last_block(path: Path) -> list[str]:
     """The lines of start.log's last start block (a resume appends its own)."""
     if not path.is_file():
         return []
@@ -135,7 +135,7 @@ def _last_block(path: Path) -> list[str]:
 
 
 def _read_start_log(record: RunRecord, path: Path) -> None:
-    for line in _last_block(path):
+    for line in last_block(path):
         if data := DATA_LINE.match(line):
             record.train_corpus_tokens = int(data[1].replace(",", ""))
             record.train_corpus, record.validation_corpus = data[2], data[4]
