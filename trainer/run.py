@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import ConfigError, TfkitError
+from ..errors import TfkitError
 from ..files import is_disk_full
 from ..models import build_model
 from ..models.config import ModelConfig
@@ -36,8 +36,8 @@ from ..progress import Transcript, console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import checkpoint as ckpt
+from . import run_folder, task, validation
 from .budget import TimeBudget, parse_duration
-from . import run_folder
 from .data import build_run_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
@@ -51,7 +51,6 @@ from .finetune_card import write_cards
 from .report import RunResult, describe, report, sample
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .trackers import open_tracker
-from . import task, validation
 from .validation import ValidationResult
 
 console = output_console()
@@ -61,9 +60,7 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
              scorer: task.Scorer | None = None) -> RunResult:
     """Run a recipe end to end; see the module docstring. Works alone or under torchrun. A fine-tuning
     recipe (objective classify / regress) needs the `scorer` of its validation scores (`tfkit finetune`)."""
-    if recipe.head_task is not None and scorer is None:
-        raise ConfigError(f"objective.name: {recipe.objective.name!r} is fine-tuning; run the recipe with "
-                          "`tfkit finetune`")
+    task.check_scorer(recipe, scorer)
     info = init_distributed(recipe.train.device)
     set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
     with Trainer(recipe, info, scorer) as trainer:
@@ -279,9 +276,9 @@ class Trainer(contextlib.AbstractContextManager):
                     result.sample = sample(whole.to(info.device), self.tokenizer, recipe, self.valid_data)
         self.close()
         result.wall_time = time.perf_counter() - self.started
-        if info.is_main and self.head is not None and not state.interrupted:  # metrics.jsonl holds the final row
-            write_cards(self.run_dir, result.checkpoint)
         if info.is_main:
+            if self.head is not None and not state.interrupted:  # metrics.jsonl holds the final row
+                write_cards(self.run_dir, result.checkpoint)
             if recipe.log.plot and plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png"):
                 console.print(f"loss curve: {self.run_dir / 'loss.png'}", highlight=False)
             trained = state.tokens - self.tokens_before

@@ -45,6 +45,13 @@ from .recipe import Recipe
 Scorer = Callable[[str, torch.Tensor, torch.Tensor], dict[str, float]]  # (task, predictions, targets) -> scores
 
 
+def check_scorer(recipe: Recipe, scorer: Scorer | None) -> None:
+    """A fine-tuning recipe runs only with the scorer of its validation scores, which `tfkit finetune` passes."""
+    if recipe.head_task is not None and scorer is None:
+        raise ConfigError(f"objective.name: {recipe.objective.name!r} is fine-tuning; run the recipe with "
+                          "`tfkit finetune`")
+
+
 def build_task_data(recipe: Recipe, tokenizer: TfkitTokenizer, cfg: ModelConfig,
                     out: Transcript | None) -> tuple[TaskDataset, TaskDataset, HeadConfig]:
     """(train, valid, head) of a fine-tuning recipe; what was held out, skipped or cut is said on `out`."""
