@@ -7,13 +7,15 @@ left out; the task head is mapped here, and only when HF's class computes the sa
 - gpt -> `GPT2ForSequenceClassification`, or `LlamaForSequenceClassification` (Qwen3's, Mistral's) for the
   RoPE layouts: the last real token, then `score`, which has no bias. HF finds that token as the rightmost
   one that is not `pad_token_id`, so config.json gets the tokenizer's pad id (the id tfkit fine-tuning pads
-  with), and a classifier whose bias is not zero is refused: dropping it would change every logit.
+  with). A non-zero classifier bias is folded into GPT-2's final LayerNorm bias (`fold_bias`); Llama's
+  RMSNorm has none to carry it, so there it is refused: dropping it would change every logit.
 config.json carries `id2label` / `label2id` / `num_labels` / `problem_type` (`single_label_classification`
 or `regression`), which is also what import reads back; a multi-label head has no tfkit equivalent.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -23,7 +25,7 @@ from ..errors import CheckpointError, ConfigError
 from ..layout import CLASSIFIER_EXPORT_ARCHITECTURES
 from .config import ModelConfig
 from .heads import HeadConfig
-from .hf_names import RULES
+from .hf_names import RULES, HFInteropWarning
 
 # The HF class each family's classifier is exported as (layout.py: files.py recognises an export by it).
 CLASSIFIER_ARCHITECTURES = CLASSIFIER_EXPORT_ARCHITECTURES
@@ -43,17 +45,37 @@ def _head_names(family: str) -> dict[str, str]:
     return {"score.weight": "classifier.weight"}
 
 
-def check_exportable(family: str, cfg: ModelConfig, head: HeadConfig, state: dict[str, Tensor]) -> None:
-    """ConfigError when HF's classifier of `family` would compute something else than this head."""
+def check_pooling(family: str, cfg: ModelConfig, head: HeadConfig) -> None:
+    """ConfigError when HF's classifier of `family` pools another vector than this head."""
     pooling, (hf_pooling, what) = head.pooling_for(cfg.arch), HF_POOLING.get(family, LAST_TOKEN)
     if pooling != hf_pooling:
         raise ConfigError(f"head.pooling={pooling} has no HuggingFace equivalent: {CLASSIFIER_ARCHITECTURES[family]} "
                           f"pools {what}; fine-tune with task.pooling: {hf_pooling} to export")
-    bias = state["classifier.bias"]
-    if family != "bert" and bool(bias.ne(0).any()):
-        raise ConfigError(f"classifier.bias is not zero (largest |value| {bias.abs().max().item():.3g}) and "
-                          f"{CLASSIFIER_ARCHITECTURES[family]}'s score has no bias: the export would compute other "
-                          "logits")
+
+
+def fold_bias(family: str, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`state` with a decoder's classifier bias moved where HF's bias-free `score` computes it.
+
+    GPT-2's final LayerNorm has a bias which nothing but the score reads, so the classifier's bias b
+    becomes ln_f's bias + delta with W delta = b (W (N, C), rank N <= C): the same logits, the exported
+    last hidden states shifted by delta (an HFInteropWarning says so). Llama's RMSNorm has no bias: a
+    non-zero classifier bias there is a ConfigError."""
+    bias = state["classifier.bias"]  # (N,)
+    if family == "bert" or not bool(bias.ne(0).any()):
+        return state
+    name = CLASSIFIER_ARCHITECTURES[family]
+    if family == "gpt2":
+        weight = state["classifier.weight"].double()  # (N, C)
+        delta = torch.linalg.pinv(weight) @ bias.double()  # (C,), the least-norm solution
+        if torch.allclose(weight @ delta, bias.double(), rtol=1e-6, atol=1e-7):
+            warnings.warn(f"classifier.bias folded into transformer.ln_f.bias ({name}'s score has no bias): the "
+                          "same logits; the exported last hidden states are shifted by a constant vector",
+                          HFInteropWarning, stacklevel=3)
+            ln_f = state["body.ln_f.bias"]
+            return {**state, "body.ln_f.bias": (ln_f.double() + delta).to(ln_f.dtype),
+                    "classifier.bias": torch.zeros_like(bias)}
+    raise ConfigError(f"classifier.bias is not zero (largest |value| {bias.abs().max().item():.3g}) and {name}'s "
+                      "score has no bias, nor its final norm one to carry it: the export would compute other logits")
 
 
 def classifier_to_hf(family: str, cfg: ModelConfig, head: HeadConfig, state: dict[str, Tensor],
@@ -63,7 +85,8 @@ def classifier_to_hf(family: str, cfg: ModelConfig, head: HeadConfig, state: dic
     tokenizer's pad and EOS / [SEP], tokenization/task_batches.py)."""
     from .hf_export import tfkit_to_hf  # late import: hf_export imports this module
 
-    check_exportable(family, cfg, head, state)
+    check_pooling(family, cfg, head)
+    state = fold_bias(family, state)
     name = CLASSIFIER_ARCHITECTURES[family]
     if family != "bert" and pad_id is None:
         raise ConfigError(f"{name} finds each row's last token by its pad_token_id, and the checkpoint has "

@@ -101,9 +101,21 @@ def test_a_mean_pooled_bert_is_refused_saying_why(tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_a_decoder_classifier_with_a_bias_hf_lacks_is_refused(tmp_path, family):
-    write_classifier(tmp_path / "ckpt", family, bias=0.25)
+def test_a_gpt2_classifiers_bias_moves_into_the_final_layernorm_with_the_same_logits(tmp_path):
+    ours = write_classifier(tmp_path / "ckpt", "gpt2", bias=0.25)
+    result = run("export-hf", tmp_path / "ckpt", "--out", tmp_path / "hf")
+    assert result.exit_code == 0 and "classifier.bias folded into transformer.ln_f.bias" in result.stderr
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask.long()).logits
+    torch.testing.assert_close(tfkit_logits(ours), expected, atol=1e-5, rtol=1e-4)
+    assert run("import-hf", tmp_path / "hf", "--out", tmp_path / "back").exit_code == 0
+    torch.testing.assert_close(tfkit_logits(load_classifier(tmp_path / "back")[0]), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_llama_classifier_with_a_bias_hf_lacks_is_refused(tmp_path):
+    write_classifier(tmp_path / "ckpt", "llama", bias=0.25)
     result = run("export-hf", tmp_path / "ckpt", "--out", tmp_path / "hf")
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert "classifier.bias is not zero (largest |value| 0.25)" in result.stderr and "score has no bias" in result.stderr
