@@ -177,6 +177,11 @@ def test_gpt_rows_as_finetuning_pads_them_pool_the_same_token_in_transformers(tm
     assert result.exit_code == 0, result.output
     predicted = (tmp_path / "labels.csv").read_text().splitlines()[1:]
     assert [row.split(",")[1] for row in predicted] == [LABELS[i] for i in expected.argmax(-1).tolist()]
+    (tmp_path / "labelled.csv").write_text("text,label\n" + "\n".join(f"{t},{n}" for t, n in zip(texts, LABELS)))
+    result = run("eval", tmp_path / "back", "--data", tmp_path / "labelled.csv", "--json", tmp_path / "scores.json")
+    assert result.exit_code == 0, result.output
+    hits = (expected.argmax(-1) == torch.arange(3)).double().mean().item()  # row k is labelled LABELS[k]
+    assert json.loads((tmp_path / "scores.json").read_text())[0]["accuracy"] == pytest.approx(hits)
 
 
 def test_a_tokenizer_that_pads_with_its_eos_is_refused_for_a_decoder(tmp_path, bpe):
