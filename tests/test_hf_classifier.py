@@ -35,19 +35,20 @@ def run(*args):
 
 
 def write_classifier(folder: Path, family: str, task: str = "classification", pooling: str | None = None,
-                     bias: float = 0.0) -> SequenceClassifier:
+                     bias: float = 0.0, **model) -> SequenceClassifier:
     """A tiny classifier checkpoint as `tfkit finetune` writes one, with trained-looking (random) weights."""
     overrides, default_pooling, _ = LAYOUTS[family]
     torch.manual_seed(0)
     head = HeadConfig(task=task, labels=LABELS if task == "classification" else (), pooling=pooling or default_pooling,
                       dropout=0.1)
-    model = SequenceClassifier(build_model(tiny_cfg(**overrides)), head).eval()
+    classifier = SequenceClassifier(build_model(tiny_cfg(**{**overrides, **model})), head).eval()
     with torch.no_grad():
-        for param in model.parameters():  # no zero biases, unit norms: every weight must be copied to match
+        for param in classifier.parameters():  # no zero biases, unit norms: every weight must be copied to match
             param.add_(torch.randn_like(param) * 0.05)
-        model.classifier.bias.fill_(bias) if family != "bert" else None
-    save_model(model, folder, extra={"head": head.to_dict()})
-    return model
+        if family != "bert":
+            classifier.classifier.bias.fill_(bias)
+    save_model(classifier, folder, extra={"head": head.to_dict()})
+    return classifier
 
 
 def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +187,7 @@ def test_gpt_rows_as_finetuning_pads_them_pool_the_same_token_in_transformers(tm
 
 def test_a_tokenizer_that_pads_with_its_eos_is_refused_for_a_decoder(tmp_path, bpe):
     """GPT rows end with EOS: were EOS the pad id too, HF would pool the token before it."""
-    write_classifier(tmp_path / "ckpt", "gpt2")
+    write_classifier(tmp_path / "ckpt", "gpt2", vocab_size=300)
     config = json.loads((bpe / "tokenizer_config.json").read_text())
     (tmp_path / "ckpt" / "tokenizer.json").write_bytes((bpe / "tokenizer.json").read_bytes())
     (tmp_path / "ckpt" / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": config["eos_token"]}))
