@@ -24,3 +24,8 @@ STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".ste
 # The HuggingFace class each family is exported as (models/hf_names.py), named in an export's config.json.
 EXPORT_ARCHITECTURES = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
                         "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+# ... and a classifier made by `tfkit finetune` (models/hf_classifier.py).
+CLASSIFIER_EXPORT_ARCHITECTURES = {"bert": "BertForSequenceClassification", "gpt2": "GPT2ForSequenceClassification",
+                                   "llama": "LlamaForSequenceClassification",
+                                   "qwen3": "Qwen3ForSequenceClassification",
+                                   "mistral": "MistralForSequenceClassification"}

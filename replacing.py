@@ -14,14 +14,15 @@ from pathlib import Path
 from .errors import CheckpointError, ConfigError, DataError
 from .files import write_problem
 from .jsonfile import read_json
-from .layout import (CHECKPOINTS, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD, RECIPE_FILE, STEP_FOLDER,
-                     TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
+from .layout import (CHECKPOINTS, CLASSIFIER_EXPORT_ARCHITECTURES, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD,
+                     RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
 
 # What `--force` may replace, by the command that writes it (see `_existing_kind`): each command replaces
 # only its own earlier output, never a training checkpoint, a user's HuggingFace model or other files.
 TFKIT_MODEL = "a tfkit model folder (what convert-mqa-to-gqa and import-hf write)"
 TFKIT_EXPORT = "a HuggingFace folder written by tfkit export-hf"
 EXPORT_FILES = {CONFIG, WEIGHTS, MODEL_CARD, *TOKENIZER_FILES}
+ALL_EXPORT_ARCHITECTURES = (*EXPORT_ARCHITECTURES.values(), *CLASSIFIER_EXPORT_ARCHITECTURES.values())
 
 
 def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: tuple[str, ...]) -> None:
@@ -108,7 +109,7 @@ def _is_tfkit_export(folder: Path, config: dict) -> bool:
     a model saved or downloaded with transformers is never taken for an export)."""
     files = {p.name for p in folder.iterdir()}
     return (WEIGHTS in files and files <= EXPORT_FILES and "transformers_version" not in config
-            and config.get("architectures") in [[name] for name in EXPORT_ARCHITECTURES.values()])
+            and config.get("architectures") in [[name] for name in ALL_EXPORT_ARCHITECTURES])
 
 
 # `tfkit eval --json`: a results file replaced only when it holds earlier results.

@@ -43,7 +43,8 @@ def import_hf(
     """Import a HuggingFace BERT, GPT-2 or Llama folder as a tfkit checkpoint.
 
     Supported: BertModel / BertForMaskedLM / BertForPreTraining, GPT2Model / GPT2LMHeadModel,
-    LlamaModel / LlamaForCausalLM (MHA, GQA, MQA) and Mistral without a sliding window. A bare model's
+    LlamaModel / LlamaForCausalLM (MHA, GQA, MQA) and Mistral without a sliding window, and the
+    *ForSequenceClassification of each as a classifier `tfkit predict` and `tfkit eval --data` take. A bare model's
     missing head is initialised, with a warning. Options tfkit cannot reproduce (rope scaling, relative
     positions, ...) are refused by name.
     """
@@ -55,7 +56,11 @@ def import_hf(
     model = config["model"]
     err.print(f"imported {config['hf_architecture']} as {model['arch']} "
               f"({model['n_layers']} layers, d_model {model['d_model']}, {model['positions']} positions)")
-    err.print(f"continue pretraining it with: {pretrain_command(path, model)}", markup=False)
+    if config.get("head") is not None:  # a *ForSequenceClassification: a classifier, as `tfkit finetune` writes
+        err.print(f"label rows with: tfkit predict {shlex.quote(str(path))} --data FILE; score it with: tfkit eval "
+                  f"{shlex.quote(str(path))} --data LABELLED", markup=False)
+    else:
+        err.print(f"continue pretraining it with: {pretrain_command(path, model)}", markup=False)
     typer.echo(str(path))
 
 
@@ -80,7 +85,8 @@ def export_hf(
     """Export a tfkit checkpoint as a HuggingFace folder that transformers' Auto classes load.
 
     bert -> BertForMaskedLM; gpt with learned positions -> GPT2LMHeadModel; gpt with rope + rmsnorm +
-    swiglu -> LlamaForCausalLM (any n_kv_heads). Other configurations are refused, naming the field.
+    swiglu -> LlamaForCausalLM (any n_kv_heads); a `tfkit finetune` classifier as the family's
+    *ForSequenceClassification. Other configurations are refused, naming the field.
     The folder's README.md is a model card written from what the run recorded.
     """
     from ..trainer.model_card import export_hf_with_card

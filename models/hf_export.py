@@ -7,13 +7,15 @@ A tfkit config is exported only when transformers has a class that computes the 
 - gpt arch with RoPE (pre-LN RMSNorm, SwiGLU, any n_kv_heads, biases or none) -> `LlamaForCausalLM`;
   the same with `qk_norm` and no biases -> `Qwen3ForCausalLM` (per-head RMSNorm on q and k before RoPE);
   the same with a `window` on every layer and no biases -> `MistralForCausalLM` (its `sliding_window`).
-Anything else is a ConfigError naming each field that has no equivalent, never a silently different model.
+A classifier made by `tfkit finetune` is exported as the family's `*ForSequenceClassification` instead
+(hf_classifier.py). Anything else is a ConfigError naming each field that has no equivalent, never a
+silently different model.
 The folder loads with `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained` with no missing or
 unexpected weights, and with `AutoTokenizer` when the checkpoint has a tokenizer. transformers itself is
 never imported: the config is written as the dict its `config.json` holds.
 
-BERT's pooler is not exported: `BertForMaskedLM` has none, and transformers would report it as an
-unexpected weight. (tfkit's MLM pretraining does not train it either.)
+BERT's pooler is not exported with the language model: `BertForMaskedLM` has none, and transformers would
+report it as an unexpected weight (tfkit's MLM pretraining does not train it either); a classifier's is.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from ..replacing import TFKIT_EXPORT, check_new_folder
 from ..tokenization.train import load_tokenizer
 from .config import ModelConfig
 from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
-from .io import load_model, resolve_checkpoint, safetensors_writes
+from .hf_classifier import classifier_to_hf
+from .io import load_classifier, load_model, read_config, resolve_checkpoint, safetensors_writes
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")  # every HF family
@@ -223,14 +226,22 @@ def _framing_tokenizer(ckpt: Path, tok, family: str) -> str:
 def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False, card: str | None = None) -> Path:
     """Write the HF folder (config.json, model.safetensors, tokenizer files, and `card` as README.md when
     given: `trainer.model_card`) of a tfkit checkpoint or run folder into `out_dir`; returns `out_dir`.
+    A classifier made by `tfkit finetune` is exported as its family's `*ForSequenceClassification`
+    (hf_classifier.py).
     An existing non-empty `out_dir` needs force=True."""
     folder, out = resolve_checkpoint(ckpt), Path(out_dir)
     check_new_folder(out, [folder], force, replaces=(TFKIT_EXPORT,))
-    model, cfg = load_model(folder)
+    head = read_config(folder).get("head")
+    model, cfg = load_classifier(folder) if head is not None else load_model(folder)
     family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
-    hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())
+    tokenizer = load_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
+    if head is not None:  # a fine-tuned classifier: its rows were padded with the tokenizer's pad id
+        pad_id, row_end = (tokenizer.pad_id, tokenizer.separator_id) if tokenizer else (cfg.pad_token_id, None)
+        hf_config, hf_state = classifier_to_hf(family, cfg, model.head_config, model.state_dict(), pad_id, row_end)
+    else:
+        hf_config, hf_state = tfkit_to_hf(cfg, model.state_dict())
     with staged_folder(out) as tmp:  # check_new_folder decided whether an existing `out` may be replaced
-        if (folder / "tokenizer.json").is_file():
+        if tokenizer is not None:
             ids = _export_tokenizer(folder, tmp, family, cfg)
             hf_config.update({k: v for k, v in ids.items() if k in hf_config and hf_config[k] is None})
         else:

@@ -1,4 +1,5 @@
-"""Import a HuggingFace BERT, GPT-2, Llama or Qwen3 folder as a tfkit checkpoint (`tfkit import-hf`).
+"""Import a HuggingFace BERT, GPT-2, Llama or Qwen3 folder as a tfkit checkpoint (`tfkit import-hf`); their
+`*ForSequenceClassification` as a classifier checkpoint of `tfkit finetune`'s kind (hf_classifier.py).
 
 Works from `config.json` and the raw state dict only (transformers is never imported), so importing needs
 nothing beyond tfkit's own dependencies. Every HF option that changes the function the model computes is
@@ -28,6 +29,8 @@ from ..replacing import TFKIT_MODEL, check_new_folder
 from ..jsonfile import member
 from . import build_model
 from .config import ModelConfig, type_problem
+from .heads import SequenceClassifier
+from .hf_classifier import split_classifier, take_head_weights
 from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
                        split_to_tfkit)
 from .hf_tokenizer import import_tokenizer
@@ -369,11 +372,20 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
         raise CheckpointError(f"{src}: not a HuggingFace model folder (no config.json)")
     check_new_folder(out, [src], force, replaces=(TFKIT_MODEL,))
     hf_config = read_json(src / "config.json")
+    name = (hf_config.get("architectures") or [None])[0]
+    hf_config, head = split_classifier(hf_config, src / "config.json")  # a *ForSequenceClassification: its head
     family, arch, cfg = config_from_hf(hf_config, src / "config.json")  # fails before the weights are read
-    cfg, state = _convert(family, arch, cfg, read_hf_weights(src))
+    hf_state = read_hf_weights(src)
+    head_state = take_head_weights(family, hf_state, name) if head is not None else {}
+    with warnings.catch_warnings():  # a classifier's body is a bare model, whose LM head nothing reads
+        if head is not None:
+            warnings.filterwarnings("ignore", ".*has no (MLM|LM) head", HFInteropWarning)
+        cfg, state = _convert(family, arch, cfg, hf_state)
     with parameters_on_meta():  # no random init of a full-size model
-        model = build_model(cfg)
-    assign_weights(model, state, src, f"the {cfg.arch} model mapped from {arch}")
+        model = build_model(cfg) if head is None else SequenceClassifier(build_model(cfg), head)
+    if head is not None:
+        state = {**{f"body.{k}": v for k, v in state.items()}, **head_state}
+    assign_weights(model, state, src, f"the {cfg.arch} model mapped from {name or arch}")
     with staged_folder(out) as tmp:  # check_new_folder decided whether an existing `out` may be replaced
         try:
             tokenizer = import_tokenizer(src, tmp)
@@ -384,5 +396,6 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
             raise ConfigError(f"{src}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
                               f"vocab_size {cfg.vocab_size} (config.json): ids from {cfg.vocab_size} on have no "
                               "embedding, so nothing was imported; import a folder whose tokenizer fits its model")
-        save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": arch})
+        save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": name or arch,
+                                      **({"head": head.to_dict()} if head is not None else {})})
     return out
