@@ -25,14 +25,13 @@ from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import staged_folder
-from ..replacing import TFKIT_MODEL, check_new_folder
 from ..jsonfile import member
+from ..replacing import TFKIT_MODEL, check_new_folder
 from . import build_model
 from .config import ModelConfig, type_problem
 from .heads import SequenceClassifier
 from .hf_classifier import split_classifier, take_head_weights
-from .hf_names import (BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json,
-                       split_to_tfkit)
+from .hf_names import BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json, split_to_tfkit
 from .hf_tokenizer import import_tokenizer
 from .io import assign_weights, load_plain_pickle, parameters_on_meta, pickle_refusal, save_model
 

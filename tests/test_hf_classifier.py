@@ -83,6 +83,9 @@ def test_export_computes_tfkits_logits_in_transformers_and_imports_back(tmp_path
     with torch.no_grad():
         expected = hf(input_ids=ids, attention_mask=mask.long()).logits
     torch.testing.assert_close(tfkit_logits(ours), expected, atol=1e-5, rtol=1e-4)
+    card = (tmp_path / "hf" / "README.md").read_text()  # the model card says what the folder is
+    assert "pipeline_tag: text-classification" in card and LAYOUTS[family][2] in card
+    assert "AutoModelForSequenceClassification" in card and "CausalLM" not in card and "MaskedLM" not in card
 
     result = run("import-hf", tmp_path / "hf", "--out", tmp_path / "back")
     assert result.exit_code == 0, result.output

@@ -219,4 +219,5 @@ def _usage() -> list[str]:
     return ["With tfkit (a CSV / TSV / JSONL / Parquet file with the columns above):", "", "```sh",
             "tfkit predict path/to/this/folder --data texts.jsonl --out predictions.jsonl",
             "tfkit eval path/to/this/folder --data labelled.csv", "```", "",
-            "There is no HuggingFace export of tfkit classifiers yet: `tfkit export-hf` refuses this folder."]
+            "`tfkit export-hf` writes it as a HuggingFace `*ForSequenceClassification` folder with the same logits "
+            "(BERT with `pooling: cls`, decoders with `pooling: last`)."]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ..layout import CARD_MARK, EXPORT_ARCHITECTURES
+from ..layout import CARD_MARK, CLASSIFIER_EXPORT_ARCHITECTURES, EXPORT_ARCHITECTURES
 from ..models import build_model
 from ..models.config import ModelConfig
 from ..models.io import parameters_on_meta, refuse_classifier, resolve_checkpoint
@@ -21,6 +21,7 @@ from ..tokenization.tokenizer import load_tokenizer
 from .run_record import RunRecord, read_run_record
 
 TASK = {"clm": ("text-generation", "Causal language modeling"), "mlm": ("fill-mask", "Masked language modeling")}
+CLASSIFY = ("text-classification", "Text classification")  # a `tfkit finetune` classifier or regressor
 TOKENIZER_KIND = {"bpe": "byte-level BPE", "wordpiece": "WordPiece", "unigram": "Unigram (SentencePiece-style)"}
 
 
@@ -34,7 +35,7 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
     trained = record if record.run_dir is not None or record.source is None else record.source
     front = _front_matter(record, family, export, license, trained.train_corpus)
     body = [f"# {record.name}", "",
-            f"A {_model_kind(record.cfg)} trained with tfkit and exported "
+            f"A {_model_kind(record)} trained with tfkit and exported "
             f"{'as a HuggingFace transformers folder' if export == 'hf' else 'as GGUF for llama.cpp'}.", "",
             "## Model", "", *_model_lines(record, family, export), ""]
     if tokenizer is not None:
@@ -46,18 +47,31 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
                          ("Provenance", _provenance_lines(record))):
         if lines:
             body += [f"## {title}", "", *lines, ""]
-    body += ["## How to use", "", *_usage(family, export, gguf_name), "", CARD_MARK]
+    body += ["## How to use", "", *_usage(family, export, gguf_name, _is_classifier(record)), "", CARD_MARK]
     return "---\n" + yaml.safe_dump(front, sort_keys=False, allow_unicode=True) + "---\n\n" + "\n".join(body) + "\n"
 
 
-def _model_kind(cfg: ModelConfig) -> str:
+def _is_classifier(record: RunRecord) -> bool:
+    return record.config.get("head") is not None
+
+
+def _task(record: RunRecord) -> tuple[str, str]:
+    """(pipeline tag, task name) of what the checkpoint was trained for."""
+    if _is_classifier(record):
+        return CLASSIFY
+    return TASK.get(record.config.get("objective"), TASK["mlm" if record.cfg.arch == "bert" else "clm"])
+
+
+def _model_kind(record: RunRecord) -> str:
+    if _is_classifier(record):
+        return f"{record.cfg.arch} sequence classifier (fine-tuned with `tfkit finetune`)"
     return {"gpt": "decoder-only Transformer language model", "bert": "BERT-style masked language model",
-            "transformer": "encoder-decoder Transformer"}[cfg.arch]
+            "transformer": "encoder-decoder Transformer"}[record.cfg.arch]
 
 
 def _front_matter(record: RunRecord, family: str, export: str, license: str | None, corpus: str | None) -> dict:
     """HF's card metadata; `corpus` is the training corpus (a converted model's is its source's)."""
-    task = TASK.get(record.config.get("objective"), TASK["mlm" if record.cfg.arch == "bert" else "clm"])
+    task = _task(record)
     front: dict = {"library_name": "transformers" if export == "hf" else "gguf"}
     if license:
         front["license"] = license
@@ -71,8 +85,9 @@ def _front_matter(record: RunRecord, family: str, export: str, license: str | No
         if v.perplexity is not None:
             metrics.append({"type": "perplexity", "value": round(v.perplexity, 2), "name": "validation perplexity"})
         if v.accuracy is not None:
-            metrics.append({"type": "accuracy", "value": round(v.accuracy, 4), "name": "validation next-token accuracy"
-                            if task[0] == "text-generation" else "validation masked-token accuracy"})
+            name = {"text-generation": "validation next-token accuracy", "fill-mask": "validation masked-token "
+                    "accuracy"}.get(task[0], "validation accuracy")
+            metrics.append({"type": "accuracy", "value": round(v.accuracy, 4), "name": name})
         corpus = v.corpus or "validation"
         front["model-index"] = [{"name": record.name, "results": [{
             "task": {"type": task[0], "name": task[1]},
@@ -90,13 +105,17 @@ def _model_lines(record: RunRecord, family: str, export: str) -> list[str]:
     with parameters_on_meta():
         params = build_model(cfg).num_params()
     positions = f"RoPE (theta {cfg.rope_theta:g})" if cfg.positions == "rope" else f"{cfg.positions} positions"
-    target = f"transformers' `{EXPORT_ARCHITECTURES[family]}`" if export == "hf" else f"llama.cpp's `{family}` architecture"
-    return [f"- Architecture: tfkit `{cfg.arch}`, exported as {target}: "
-            f"{cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, d_model {cfg.d_model}, {_attention(cfg)}",
-            f"- Feed-forward: {cfg.activation}, hidden size {cfg.ffn_dim}; {cfg.norm} ({cfg.norm_placement}-norm); "
-            f"{positions}; context {cfg.max_seq_len} tokens; "
-            f"{'tied' if cfg.tie_embeddings else 'untied'} input and output embeddings",
-            f"- Parameters: {params:,}"]
+    classes = CLASSIFIER_EXPORT_ARCHITECTURES if _is_classifier(record) else EXPORT_ARCHITECTURES
+    target = f"transformers' `{classes[family]}`" if export == "hf" else f"llama.cpp's `{family}` architecture"
+    lines = [f"- Architecture: tfkit `{cfg.arch}`, exported as {target}: "
+             f"{cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, d_model {cfg.d_model}, {_attention(cfg)}",
+             f"- Feed-forward: {cfg.activation}, hidden size {cfg.ffn_dim}; {cfg.norm} ({cfg.norm_placement}-norm); "
+             f"{positions}; context {cfg.max_seq_len} tokens; "
+             f"{'tied' if cfg.tie_embeddings else 'untied'} input and output embeddings"]
+    if _is_classifier(record):  # the export drops the body's language-model head: its count would be wrong
+        labels = record.config["head"].get("id2label") or {}
+        return lines + [f"- Head: {', '.join(str(v) for v in labels.values()) or 'one regression output'}"]
+    return lines + [f"- Parameters: {params:,}"]
 
 
 def _training_lines(record: RunRecord) -> list[str]:
@@ -148,10 +167,11 @@ def _provenance_lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def _usage(family: str, export: str, gguf_name: str) -> list[str]:
+def _usage(family: str, export: str, gguf_name: str, classifier: bool = False) -> list[str]:
     if export == "gguf":
         return ["With llama.cpp:", "", "```sh", f'llama-cli -m {gguf_name} -p "Once upon a time" -n 64', "```"]
-    auto = "AutoModelForMaskedLM" if family == "bert" else "AutoModelForCausalLM"
+    auto = ("AutoModelForSequenceClassification" if classifier else
+            "AutoModelForMaskedLM" if family == "bert" else "AutoModelForCausalLM")
     return ["With transformers:", "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
             'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
             f'model = {auto}.from_pretrained("path/to/this/folder")', "```"]
