@@ -25,6 +25,7 @@ from ..files import write_atomic
 from ..layout import BEST, CARD_MARK, CONFIG, MODEL_CARD
 from ..models.config import ModelConfig
 from .metrics import read_metrics
+from .model_card import hardware_lines
 from .recipe import AliasBomb, safe_load
 from .run_record import ORIGIN_LINE, RunRecord, last_block, read_run_record, run_folder_of
 
@@ -194,13 +195,7 @@ def _training_lines(record: RunRecord, recipe: dict) -> list[str]:
     if record.recipe_sha256:
         seed = f", seed {record.seed}" if record.seed is not None else ""
         lines.append(f"- Recipe: `{record.name}` (sha256 of its recipe.yaml `{record.recipe_sha256[:16]}`){seed}")
-    precision = record.config.get("precision")
-    if isinstance(precision, str) and record.run_dir is not None:
-        lines.append(f"- Precision: {precision}")
-    if record.device:
-        threads = f", {record.threads} CPU thread{'s' * (record.threads != 1)}" if record.threads else ""
-        lines.append(f"- Hardware: {record.device}{threads}")
-    return lines
+    return lines + hardware_lines(record)
 
 
 def _evaluation_lines(scores: dict | None, data: re.Match | None, folder: Path) -> list[str]:

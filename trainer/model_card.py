@@ -134,13 +134,7 @@ def _training_lines(record: RunRecord) -> list[str]:
         lines.append(f"- Steps: {record.prior_steps:,}, all before the conversion")
     if record.tokens is not None:
         lines.append(f"- Tokens: {record.tokens:,} by step {record.tokens_step:,}")
-    precision = record.config.get("precision")
-    if isinstance(precision, str) and record.run_dir is not None:
-        lines.append(f"- Precision: {precision}")
-    if record.device:
-        threads = f", {record.threads} CPU thread{'s' * (record.threads != 1)}" if record.threads else ""
-        lines.append(f"- Hardware: {record.device}{threads}")
-    return lines
+    return lines + hardware_lines(record)
 
 
 def _evaluation_lines(record: RunRecord) -> list[str]:
@@ -196,3 +190,15 @@ def export_gguf_with_card(ckpt: str | Path, out: str | Path, *, dtype: str = "f1
     layout = "llama" if record.cfg.positions == "rope" else "gpt2"  # export_gguf refuses what llama.cpp cannot run
     card = model_card(ckpt, layout, "gguf", license, gguf_name=Path(out).name)
     return export_gguf(ckpt, out, dtype=dtype, force=force, name=record.name, license=license, card=card)
+
+
+def hardware_lines(record: RunRecord) -> list[str]:
+    """The precision and the machine a run trained on, as its start.log and config.json recorded them."""
+    lines = []
+    precision = record.config.get("precision")
+    if isinstance(precision, str) and record.run_dir is not None:
+        lines.append(f"- Precision: {precision}")
+    if record.device:
+        threads = f", {record.threads} CPU thread{'s' * (record.threads != 1)}" if record.threads else ""
+        lines.append(f"- Hardware: {record.device}{threads}")
+    return lines
