@@ -9,7 +9,8 @@ train (tokens/s vs HuggingFace, and on CPU vs reference_gpt.py, a minimal nanoGP
 HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli (start-up and
 `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
 kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
-backend, from benchmarks/tasks.py). `--quick` shrinks every shape so the
+backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
+benchmarks/sft.py). `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
 on 2 cores.
@@ -27,11 +28,11 @@ import torch
 
 from tfkit.models import build_model
 
-from . import attention, batches, cli, corpora, doc_mask, tasks, tokenizer, train_throughput
+from . import attention, batches, cli, corpora, doc_mask, sft, tasks, tokenizer, train_throughput
 from .common import Context, Goal, Row, machine, table, write_json
 
-SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks")
-CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft")
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
 HERE = Path(__file__).resolve().parent
 
 
@@ -104,7 +105,7 @@ def decode_rows(ctx: Context) -> list[Row]:
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
            "corpora": corpora.run, "batches": batches.run, "decode": decode_rows, "cli": cli.run,
-           "doc_mask": doc_mask.run, "tasks": tasks.run}
+           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -41,7 +41,7 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["suite"] == "cpu" and result["quick"] is True and result["machine"]["torch"] == torch.__version__
     sections = {row["section"] for row in result["rows"]}
-    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli"}
+    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft"}
     assert expected <= sections, (sections, result["notes"])
     for row in result["rows"]:
         assert row["tfkit"] > 0 and math.isfinite(row["tfkit"]), row
@@ -76,7 +76,7 @@ def bm():
     benchmarks/ is not an installed package. The path is restored after this module's tests."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
-        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common")
+        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft")
         yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
 
 
@@ -190,3 +190,36 @@ def test_reference_case_measures_both_steps(bm, monkeypatch):
     assert row.section == "train" and "reference GPT" in row.case and row.ratio > 0
     assert row.extra["tfkit_params"] == row.extra["reference_params"]  # the same model, parameter for parameter
     assert set(row.extra["samples_s"]) == {"tfkit", "reference"}
+
+
+def test_sft_hf_twin_computes_tfkits_loss_with_the_document_mask(bm):
+    """The SFT baseline is the same model on the same rows: the HF twin's cross-entropy with the 4D document
+    mask equals tfkit's clm loss on a packed SFT batch, and without the mask it does not (conversations share
+    rows, so the mask changes what each one sees)."""
+    from tfkit.models import ModelConfig, build_model
+    from tfkit.trainer.objectives import clm_loss
+
+    cfg = ModelConfig(arch="gpt", vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=64,
+                      positions="learned", bias=True, tie_embeddings=True).validate()
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    batch = bm.sft.sft_batch(cfg, 4, 64)
+    assert int(batch["doc_ids"].max()) >= 2 and (batch["labels"] != -100).any()
+    twin = bm.sft.hf_twin(model).eval()
+    ours = clm_loss(model, batch)
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    with torch.no_grad():
+        masked = twin(**inputs, attention_mask=bm.sft.document_mask(batch["doc_ids"])).logits  # (B, T, V)
+        unmasked = twin(**inputs).logits  # (B, T, V)
+    loss = lambda logits: F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)  # noqa: E731
+    expected = (ours.loss_sum / ours.count).detach()
+    torch.testing.assert_close(loss(masked), expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(loss(unmasked), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_sft_section_measures_both_steps(bm):
+    """The quick sft section: one fp32 row, both steps timed, a positive ratio."""
+    ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
+    (row,) = bm.sft.run(ctx)
+    assert row.section == "sft" and "GPT2LMHeadModel" in row.case and row.ratio > 0
+    assert set(row.extra["samples_s"]) == {"tfkit", "hf"} and 0 < row.extra["trained_fraction"] < 1
