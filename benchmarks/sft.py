@@ -103,7 +103,7 @@ def measure(ctx: Context, cfg: ModelConfig, batch_size: int, seq_len: int, preci
     case = Case("sft", cfg, batch_size, seq_len, precision)
     ours, model = tfkit_step(case, batch, ctx.device, compile=False)
     theirs = hf_sft_step(hf_twin(model), batch, precision)
-    warmup, rounds = (1, 2) if ctx.quick else (2, 6)
+    warmup, rounds = (1, 2) if ctx.quick else (2, 10)
     ctx.log(f"sft: B={batch_size} T={seq_len} {precision}")
     samples = time_interleaved({"tfkit": ours, "hf": theirs}, ctx.device, warmup=warmup, rounds=rounds, calls=1,
                                timer=ctx.timer)
