@@ -13,7 +13,8 @@ assistant's tokens (and on padding), doc_ids and restarted position_ids, each (B
   (already shifted) labels with ignore_index -100, backward, clip, the same AdamW (`build_optimizer`).
 
 Conversations are random ids with exponential lengths (mean a third of a row), the first 60% prompt (not
-trained) and the rest the answer, so about a third of the positions carry a label. CPU suite only (run.py's CPU_ONLY).
+trained) and the rest the answer, so about 30% of the positions carry a label. CPU suite only (run.py's
+CPU_ONLY).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def conversations(n: int, vocab_size: int, mean: float, seed: int = 0) -> list[E
 def sft_batch(cfg: ModelConfig, batch: int, seq_len: int) -> dict[str, Tensor]:
     """Batch 0 of an SftDataset packed from enough conversations for `batch` rows."""
     n = 2 * batch * ROW_SHARE + 4
-    return SftDataset(conversations(n, cfg.vocab_size, seq_len / ROW_SHARE), seq_len, seed=0, pad_id=PAD_ID).batch(0, batch)
+    examples = conversations(n, cfg.vocab_size, seq_len / ROW_SHARE)
+    return SftDataset(examples, seq_len, seed=0, pad_id=PAD_ID).batch(0, batch)
 
 
 def hf_twin(model: nn.Module) -> nn.Module:

@@ -211,7 +211,10 @@ def test_sft_hf_twin_computes_tfkits_loss_with_the_document_mask(bm):
     with torch.no_grad():
         masked = twin(**inputs, attention_mask=bm.sft.document_mask(batch["doc_ids"])).logits  # (B, T, V)
         unmasked = twin(**inputs).logits  # (B, T, V)
-    loss = lambda logits: F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)  # noqa: E731
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+
     expected = (ours.loss_sum / ours.count).detach()
     torch.testing.assert_close(loss(masked), expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(loss(unmasked), expected, rtol=1e-4, atol=1e-4)
