@@ -15,14 +15,12 @@ from tfkit.cli.main import app
 from tfkit.evaluation.evaluate import evaluate
 from tfkit.evaluation.scoring_progress import ScoringProgress
 from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
+from tfkit.tokenization import load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(english_text: str, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tok")
-    train_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), [english_text[:60_000]], folder, show_progress=False)
-    return folder
+def tokenizer_dir(eval_tokenizers: dict[str, Path]) -> Path:
+    return eval_tokenizers["bpe"]  # the evaluation tests' byte-level BPE (conftest.py), trained once per session
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ def need(module: str, path: Path, what: str) -> Any:
         raise DataError(f"corpus {path}: {what} needs {module.split('.')[0]}: {EXTRA}") from None
 
 
-def _reason(error: Exception) -> str:
+def reason(error: Exception) -> str:
     """A library's error message on one line (pyarrow's span several)."""
     return " ".join(str(error).split()) or type(error).__name__
 
@@ -111,7 +111,7 @@ class _Decompressed(io.RawIOBase):
             try:
                 out.append(self.decoder.decompress(data))
             except self.errors as e:
-                raise DamagedStream(f"{self.path}: damaged {self.fmt} data ({_reason(e)})") from None
+                raise DamagedStream(f"{self.path}: damaged {self.fmt} data ({reason(e)})") from None
             self.started = True
             data = self.decoder.unused_data if self.decoder.eof else b""
         return b"".join(out)
@@ -226,7 +226,7 @@ def _parquet_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iter
     try:
         shard = pq.ParquetFile(path)  # reads the footer only
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: not a readable Parquet file ({_reason(e)})") from None
+        raise DataError(f"{path}: not a readable Parquet file ({reason(e)})") from None
     for column in columns:
         _text_column(path, shard.schema_arrow, column)
     size, rows, done, counted = path.stat().st_size, max(shard.metadata.num_rows, 1), 0, 0
@@ -236,7 +236,7 @@ def _parquet_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iter
             try:
                 batch = next(batches, None)
             except (pa.ArrowException, OSError) as e:
-                raise DataError(f"{path}: row group {group}: damaged Parquet data ({_reason(e)})") from None
+                raise DataError(f"{path}: row group {group}: damaged Parquet data ({reason(e)})") from None
             if batch is None:
                 break
             done += batch.num_rows
@@ -267,7 +267,7 @@ def _arrow_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iterat
                 yield batch
         except (pa.ArrowException, OSError) as e:
             where = f"record batch {batch_no}: " if batch_no >= 0 else ""
-            raise DataError(f"{path}: {where}damaged Arrow data ({_reason(e)})") from None
+            raise DataError(f"{path}: {where}damaged Arrow data ({reason(e)})") from None
     stats.file_bytes += path.stat().st_size - counted
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import DataError
 from .corpus import CorpusStats
-from .formats import BATCH_ROWS, need, open_bytes
+from .formats import BATCH_ROWS, need, open_bytes, reason
 from .pairs import _jsonl_records
 
 TEXT_KINDS = (".csv", ".tsv", ".jsonl")
@@ -97,14 +97,14 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
     try:
         shard = pq.ParquetFile(path)  # reads the footer only
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())})") from None
+        raise DataError(f"{path}: not a readable Parquet file ({reason(e)})") from None
     names, row = list(shard.schema_arrow.names), 0
     batches = shard.iter_batches(batch_size=BATCH_ROWS)
     while True:
         try:
             batch = next(batches, None)
         except (pa.ArrowException, OSError) as e:
-            raise DataError(f"{path}: row {row}: damaged Parquet data ({' '.join(str(e).split())})") from None
+            raise DataError(f"{path}: row {row}: damaged Parquet data ({reason(e)})") from None
         if batch is None:
             return
         for values in zip(*(column.to_pylist() for column in batch.columns)):
