@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfkit.files import write_atomic
+from tfkit.trainer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL_BYTES = 256 * 1024  # per step: DIR comes back from a lent machine as at most 8 files of 16 MiB
@@ -94,7 +95,7 @@ def falling_loss(run_dir: Path) -> Callable[[str], dict]:
     """The reader of a pretrain step: metrics.jsonl's training loss falls from its first row to its last."""
 
     def read(output: str) -> dict:
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_metrics(run_dir / "metrics.jsonl")  # a torn last line of a killed run skipped
         train = [r for r in rows if "loss" in r]
         valid = [r for r in rows if "val_loss" in r]
         if len(train) < 2:

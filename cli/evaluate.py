@@ -8,8 +8,6 @@ scored, so a folder or an unwritable path fails in a second rather than after th
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,11 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigError
-from ..files import write_atomic
 from ..progress import console as output_console
 from ..replacing import check_json_out
 from ..runtime import check_precision, pick_device
 from ..threads import set_threads
+from .json_rows import write_rows
 from .options import Device
 from .task_eval import evaluate_task, refuse_corpus_options
 
@@ -55,12 +53,6 @@ def results_table(rows: list[dict], names: list[str], data: str) -> Table:
                       f"{100 * r['token_accuracy']:.2f}%",
                       f"{r['tokens']:,}", _num(r["kv_cache_bytes_per_token"], ","), _num(r["tokens_per_sec"], ",.0f"))
     return table
-
-
-def json_safe(row: dict) -> dict:
-    """The row with NaN/inf (a diverged checkpoint's loss) as null: JSON has no such numbers, and
-    `json.dumps` would write a bare NaN that strict readers (jq, JavaScript) reject."""
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 def choose_seq_len(configs: list[dict], seq_len: int | None, overrides: list[str] | None = None) -> int:
@@ -166,6 +158,4 @@ def evaluate(
                   "both sides, next tokens, a target given its source): their losses, perplexities and bits per "
                   "byte measure different tasks and do not compare across objectives")
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(json_out, json.dumps([json_safe(r) for r in rows], indent=2) + "\n")  # all or nothing
-        err.print(f"wrote {json_out}")
+        write_rows(json_out, rows)

@@ -3,13 +3,11 @@ side, one row per checkpoint (cli/evaluate.py hands such checkpoints here)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from ..files import write_atomic
 from ..progress import console as output_console
 from ..runtime import pick_device
 from ..threads import set_threads
@@ -33,7 +31,7 @@ def scores_table(rows: list[dict], names: list[str], data: str) -> Table:
 def evaluate_labelled(checkpoints: list[str], data: str, json_out: Path | None, batch_size: int, device: str) -> None:
     from ..evaluation.classify import score_classifier
     from ..replacing import check_json_out
-    from .evaluate import json_safe
+    from .json_rows import write_rows
 
     torch_device = pick_device(device)
     set_threads()
@@ -45,6 +43,4 @@ def evaluate_labelled(checkpoints: list[str], data: str, json_out: Path | None, 
         err.print(f"[{number}/{len(checkpoints)}] {ckpt}: {rows[-1]['examples']:,} examples")
     output_console().print(scores_table(rows, checkpoints, data))
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(json_out, json.dumps([json_safe(r) for r in rows], indent=2) + "\n")
-        err.print(f"wrote {json_out}")
+        write_rows(json_out, rows)

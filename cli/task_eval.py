@@ -6,7 +6,6 @@ scored (cli/evaluate.py checks it), so a bad line or path costs a second, not a 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -14,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigError
-from ..files import write_atomic
 from ..progress import console as output_console
+from .json_rows import write_rows
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -62,6 +61,4 @@ def evaluate_task(checkpoints: list[str], task_file: Path, *, json_out: Path | N
                   f"{time.perf_counter() - started:.1f} s")
     output_console().print(task_table(rows, checkpoints, task.name, task.kind))
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(json_out, json.dumps(rows, indent=2) + "\n")
-        err.print(f"wrote {json_out}")
+        write_rows(json_out, rows)

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..files import write_atomic
+from ..jsonfile import read_json
 from ..layout import TOKENIZER_FILES
 from ..tokenization.batches import IGNORE_INDEX
 
@@ -109,7 +111,7 @@ def _cached(lab: Lab, job: Job, key: str, compute) -> float:
     """One figure of one job, kept in gates/NAME-seed-S.json so a continued lab does not redo it."""
     safe = re.sub(r"[^\w.+%-]", "_", job.name)
     path = lab.folder / "gates" / f"{safe}-seed-{job.seed}.json"
-    have = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    have = read_json(path, ConfigError, expect=dict) if path.is_file() else {}  # damaged: one line, not a traceback
     if key not in have:
         have[key] = compute()
         path.parent.mkdir(parents=True, exist_ok=True)

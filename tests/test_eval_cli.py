@@ -181,7 +181,7 @@ def test_a_full_disk_while_writing_json_keeps_the_earlier_results_whole(eval_tok
 
 
 def test_json_out_writes_a_diverged_loss_as_null() -> None:
-    from tfkit.cli.evaluate import json_safe
+    from tfkit.cli.json_rows import json_safe
 
     row = json_safe({"checkpoint": "c", "loss": float("nan"), "perplexity": float("inf"), "tokens": 5})
     assert json.loads(json.dumps(row)) == {"checkpoint": "c", "loss": None, "perplexity": None, "tokens": 5}
