@@ -31,6 +31,7 @@ from ..models.io import load_classifier as load_classifier_model, read_checkpoin
 from ..tokenization.labelled import Columns, Examples, read_examples, read_texts
 from ..tokenization.task_batches import task_dataset
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
+from .evaluate import check_batch_size
 from .metrics import task_scores
 
 CHUNK = 256  # texts read, scored and written at a time
@@ -115,11 +116,6 @@ def score_classifier(path: str | Path, data: str, *, batch_size: int, device: to
     return {"checkpoint": str(clf.folder), "arch": clf.model.config.arch, "task": clf.head.task,
             "step": clf.config.get("step"), "examples": len(examples), "skipped": examples.skipped,
             "loss": float(head_loss(pooled, targets, clf.head.task)), **scores}
-
-
-def check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}", params=("batch_size",))
 
 
 def check_out(out: Path, force: bool) -> None:

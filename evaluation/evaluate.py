@@ -158,9 +158,13 @@ def trained_seq_len(config: dict) -> int:
     return min(int(config.get("train_seq_len") or max_len), max_len)
 
 
-def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective: str, batch_size: int) -> None:
+def check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}", params=("batch_size",))
+
+
+def check_options(stride: int | None, seq_len: int, max_seq_len: int, objective: str, batch_size: int) -> None:
+    check_batch_size(batch_size)
     if not 1 <= seq_len <= max_seq_len:
         raise ConfigError(f"seq_len must be in 1..{max_seq_len} (the model's max_seq_len), got {seq_len}",
                           params=("seq_len",))

@@ -21,7 +21,7 @@ from ..models import read_config
 from ..models.io import load_with_tokenizer, read_checkpoint
 from ..runtime import check_precision, pick_device
 from ..trainer.optim import autocast_context
-from .evaluate import checkpoint_precision
+from .evaluate import check_batch_size, checkpoint_precision
 from .loglikelihood import ContinuationScorer, Group
 from .task_file import CLOZE, Task
 
@@ -63,8 +63,7 @@ def load_scorer(path: str | Path, *, batch_size: int = 8, device: str | torch.de
     """The scorer of a causal checkpoint (folder or run folder) and what a results row says about it; dtype
     `auto` scores in the precision the checkpoint trained in."""
     check_precision(dtype, allow_auto=True)
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}", params=("batch_size",))
+    check_batch_size(batch_size)
     device = pick_device(device) if isinstance(device, str) else device
     folder, (model, cfg, tokenizer) = read_checkpoint(path, lambda f: load_with_tokenizer(f, device=device))
     if cfg.arch != "gpt":

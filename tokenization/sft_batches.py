@@ -78,9 +78,10 @@ class SftDataset(_PureDataset):
         self.num_examples = len(self.rows)
         self.num_conversations = len(examples)
         self.num_tokens = int((self.rows[:, 1] != IGNORE_INDEX).sum())  # trained tokens
+        self.positions = restarted_positions(torch.from_numpy(self.rows[:, 2]))  # (N, T): fixed once packed
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
-        rows = torch.from_numpy(self.rows[np.asarray(idx, dtype=np.int64)])  # (B, 3, T)
-        doc_ids = rows[:, 2].contiguous()  # (B, T)
-        return {"input_ids": rows[:, 0].contiguous(), "labels": rows[:, 1].contiguous(), "doc_ids": doc_ids,
-                "position_ids": restarted_positions(doc_ids)}
+        idx = np.asarray(idx, dtype=np.int64)
+        rows = torch.from_numpy(self.rows[idx])  # (B, 3, T)
+        return {"input_ids": rows[:, 0].contiguous(), "labels": rows[:, 1].contiguous(),
+                "doc_ids": rows[:, 2].contiguous(), "position_ids": self.positions[torch.from_numpy(idx)]}

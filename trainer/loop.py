@@ -36,7 +36,7 @@ from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
 from .metrics import mfu, peak_flops
 from .recipe import Recipe
-from .step import replay, run_window, window_length
+from .step import micro_batch_size, replay, run_window, window_length
 
 if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
@@ -131,11 +131,6 @@ class StopFlag:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def micro_batch_size(recipe: Recipe) -> int:
-    """Sequences per micro-batch across all ranks (the `batch_size` handed to dataset.batch)."""
-    return recipe.train.batch_size // recipe.train.grad_accum
 
 
 def stop_voted(stop: StopFlag, info: DistInfo) -> bool:

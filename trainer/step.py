@@ -34,7 +34,7 @@ from .distributed import all_reduce_sum
 from .objectives import move_batch
 from .optim import autocast_context, clip_grad_norm, set_lr
 from .parallel import no_grad_sync
-from .recipe import TrainSection
+from .recipe import Recipe, TrainSection
 from .schedules import lr_at
 
 if TYPE_CHECKING:
@@ -125,13 +125,18 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, lr: Tensor, skip: Tensor) 
         del optimizer.found_inf
 
 
+def micro_batch_size(recipe: Recipe) -> int:
+    """Sequences per micro-batch across all ranks (the `batch_size` handed to dataset.batch)."""
+    return recipe.train.batch_size // recipe.train.grad_accum
+
+
 def run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
     """Up to n update attempts with no read; the next update's batches are prepared during each one.
     One process stops after the update in progress when a signal came; under torchrun every rank goes on
     to the end of the window, where they vote (loop.stop_voted)."""
     grad_accum = loop.recipe.train.grad_accum
     if loop.loader is None:
-        loop.loader = Prefetcher(loop.dataset, loop.recipe.train.batch_size // grad_accum, grad_accum, loop.info)
+        loop.loader = Prefetcher(loop.dataset, micro_batch_size(loop.recipe), grad_accum, loop.info)
     window = Window.open(loop, n)
     for k in range(n):
         if k and stop.signum and not loop.info.enabled:
