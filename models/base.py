@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .attention import Attention, AttnMask, position_mask, self_attention_mask
 from .config import ModelConfig
 from .kv_cache import CrossKV, KVCache, LayerKV
-from .layers import FeedForward, alibi_slopes, make_norm, rope_angles
+from .layers import FeedForward, alibi_slopes, make_norm, rope_angles, rope_at
 
 
 class Block(nn.Module):
@@ -103,8 +103,8 @@ class ModelBase(nn.Module):
             return None
         if position_ids is None:
             return rope_angles(self.config, x.shape[1], x.device)  # (T, D) x2
-        cos, sin = rope_angles(self.config, self.config.max_seq_len, x.device)  # (S, D) x2: any position id
-        return cos[position_ids][:, None], sin[position_ids][:, None]  # (B, 1, T, D) x2
+        cos, sin = rope_at(self.config, position_ids)  # (B, T, D) x2: the angles of these positions only
+        return cos[:, None], sin[:, None]  # (B, 1, T, D) x2
 
     def _per_layer(self, mask: Callable[[int | None], AttnMask]) -> list[AttnMask]:
         """One mask per layer from `mask(window)`: the windowed layers share one, the global ones another,

@@ -77,13 +77,18 @@ def rope_angles(cfg: ModelConfig, length: int, device: torch.device | None = Non
     Computed once per forward and shared by every layer, not stored as a buffer: a buffer would be cast
     with the model to bf16, whose 8-bit mantissa garbles the angles of distant positions.
     """
-    inv_freq, mscale = rope_frequencies(cfg, device)  # (D/2,): theta^(-2i/D), rescaled by model.rope_scaling
-    positions = torch.arange(length, dtype=torch.float32, device=device)  # (T,)
-    angles = torch.outer(positions, inv_freq)  # (T, D/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (T, D): rotate-half layout (GPT-NeoX, Llama)
+    return rope_at(cfg, torch.arange(length, device=device))  # (T, D) each
+
+
+def rope_at(cfg: ModelConfig, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """RoPE cos/sin, fp32, for any tensor of positions (..., ) -> (..., D) each: 0..T-1, or the positions
+    restarted at each packed document (B, T)."""
+    inv_freq, mscale = rope_frequencies(cfg, positions.device)  # (D/2,): theta^(-2i/D), rescaled by rope_scaling
+    angles = positions.float()[..., None] * inv_freq  # (..., D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (..., D): rotate-half layout (GPT-NeoX, Llama)
     if mscale == 1.0:
-        return angles.cos(), angles.sin()  # (T, D) each, fp32
-    return angles.cos() * mscale, angles.sin() * mscale  # (T, D) each: YaRN's sharper softmax
+        return angles.cos(), angles.sin()
+    return angles.cos() * mscale, angles.sin() * mscale  # YaRN's sharper softmax
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
