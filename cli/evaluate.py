@@ -113,7 +113,12 @@ def evaluate(
     """
     from ..evaluation.classify import is_classifier
 
+    if (data is None) == (task is None):
+        raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
     if any(is_classifier(path) for path in checkpoints):  # made by `tfkit finetune`: scored on labelled rows
+        if task is not None:
+            raise ConfigError("--task scores language models; a classifier made by `tfkit finetune` is scored on "
+                              "labelled rows: --data FILE")
         from .evaluate_labelled import evaluate_labelled
 
         return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
@@ -122,8 +127,6 @@ def evaluate(
     from ..tokenization.corpus import check_text_field
     from ..evaluation import evaluate as evaluation
 
-    if (data is None) == (task is None):
-        raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
     if json_out is not None:

@@ -197,6 +197,9 @@ def test_eval_scores_a_classifier_on_labelled_rows_as_its_validation_did(finetun
     for key in ("accuracy", "macro_f1", "matthews"):
         assert math.isclose(row[key], logged[f"val_{key}"], abs_tol=1e-6), key
     assert row["examples"] == logged["val_examples"]
+    task = tmp_path / "task.jsonl"  # a language-model task file names no labels: refused, not a traceback
+    task.write_text('{"context": "a", "choices": ["b", "c"], "gold": 0}\n')
+    one_line_exit_2(run("eval", run_dir, "--task", task), "--task", "--data")
 
 
 def test_predict_streams_one_row_per_input_and_never_overwrites_without_force(finetuned, tmp_path):
