@@ -172,33 +172,49 @@ def pretrain_step(name: str, recipe: str, run_dir: Path, quick: bool, steps: int
     return Step(name, argv, timeout, "pretrain.log", falling_loss(run_dir), needs=needs)
 
 
-def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
-    """The checklist in priority order: environment, tests, training, generation, documents, benchmarks.
+def finetune_step(bert_run: Path, run_dir: Path, quick: bool) -> Step:
+    """`tfkit finetune` of the bundled classifier recipe from `pretrain-bert`'s run (bf16 and compile on a GPU)."""
+    steps = 10 if quick else 150
+    sets = [f"train.init_from={bert_run}", f"train.max_steps={steps}", f"train.log_every={steps // 5}",
+            f"train.eval_every={steps}", f"train.save_every={steps}", f"schedule.warmup_steps={steps // 10}",
+            "log.progress=false", "log.plot=false", "log.tensorboard=false"]
+    sets += ["train.precision=fp32"] if quick else ["train.precision=bf16", "train.compile=true", "optim.lr=5e-5"]
+    argv = [sys.executable, "-m", "tfkit", "finetune", "finetune-classify", "--run-dir", str(run_dir),
+            *[arg for s in sets for arg in ("--set", s)]]
+    return Step("finetune", argv, 180, "generate.log", falling_loss(run_dir), needs="pretrain-bert")
 
-    On a GPU the shipped gpt2-small / bert-base recipes run as published (bf16, compile, their model and
-    tokenizer sizes) but for the batch, the step count and the text the tokenizer trains on; `--quick`
-    runs the tiny recipes on the CPU instead. Timeouts are estimates of what each step needs on one H100,
-    with room; no GPU has run them yet."""
+
+def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
+    """The checklist in priority order: environment, the GPT run and what reads it, tests, BERT, benchmarks.
+
+    A lent machine gives one command of about ten minutes, so the order is what a cut-off run should have
+    done first: the GPT pretrain at full size (bf16, compile, fused AdamW, flash attention) and the steps
+    that need its run (compiled decoding, flex document masks) come before the test suite, then BERT and
+    its fine-tuning, then the benchmark sections. On a GPU the shipped gpt2-small / bert-base recipes run
+    as published (bf16, compile, their model and tokenizer sizes) but for the batch, the step count and the
+    text the tokenizer trains on; `--quick` runs the tiny recipes on the CPU instead. Timeouts are
+    estimates of what each step needs on one H100, with room."""
     py = sys.executable
     gpt, bert = ("gpt-tiny", "bert-tiny") if quick else ("gpt2-small", "bert-base")
     gpt_run, bert_run = work / "gpt", work / "bert"
     reuse_tokenizer = f"tokenizer.path={gpt_run / 'tokenizer'}"
-    gpt_sets = [] if quick else ["train.batch_size=16", "train.grad_accum=1", "tokenizer.max_train_mb=50"]
-    bert_sets = [] if quick else ["train.batch_size=128", "tokenizer.max_train_mb=50"]
+    gpt_sets = [] if quick else ["train.batch_size=16", "train.grad_accum=1", "tokenizer.max_train_mb=20"]
+    bert_sets = [] if quick else ["train.batch_size=128", "tokenizer.max_train_mb=20"]
     new_tokens = "8" if quick else "128"
     steps = [
         Step("env", [py, "-c", ENV_SCRIPT], 60, "env-tests.log", read_env),
-        Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
-             300, "env-tests.log", read_pytest),
-        pretrain_step("pretrain-gpt", gpt, gpt_run, quick, 10 if quick else 300, gpt_sets, 300),
-        pretrain_step("pretrain-bert", bert, bert_run, quick, 10 if quick else 300, bert_sets, 300),
+        pretrain_step("pretrain-gpt", gpt, gpt_run, quick, 10 if quick else 300, gpt_sets, 240),
         Step("generate", [py, "-m", "tfkit", "generate", str(gpt_run), "-p", SAMPLE_PROMPT, "-n", new_tokens,
                           "--min-new-tokens", new_tokens, "-t", "0",
                           *([] if quick else ["--compile", "--dtype", "bf16"])],
-             180, "generate.log", read_generate, needs="pretrain-gpt"),
+             150, "generate.log", read_generate, needs="pretrain-gpt"),
         # On CUDA, document masks run through flex_attention.
         pretrain_step("doc-mask", gpt, work / "doc-mask", quick, 10 if quick else 200,
-                      [*gpt_sets[:2], "data.document_mask=true", reuse_tokenizer], 240, needs="pretrain-gpt"),
+                      [*gpt_sets[:2], "data.document_mask=true", reuse_tokenizer], 180, needs="pretrain-gpt"),
+        Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
+             300, "env-tests.log", read_pytest),
+        pretrain_step("pretrain-bert", bert, bert_run, quick, 10 if quick else 300, bert_sets, 240),
+        finetune_step(bert_run, work / "finetune", quick),
         Step("ddp", [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tfkit",
                      "pretrain", gpt, "--run-dir", str(work / "ddp"), *pretrain_sets(quick, 50),
                      "--set", "train.batch_size=32", "--set", "train.grad_accum=1", "--set", reuse_tokenizer],
@@ -206,7 +222,7 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
              skip=None if gpus >= 2 else f"a two-process torchrun needs two GPUs; this machine has {gpus}"),
     ]
     suite = ["--suite", "cpu", "--quick"] if quick else ["--suite", "gpu"]
-    for section, timeout in (("train", 480), ("attention", 240), ("decode", 300)):
+    for section, timeout in (("attention", 240), ("decode", 300), ("train", 480)):
         json_path = work / f"bench-{section}.json"
         steps.append(Step(f"bench-{section}", [py, "-m", "benchmarks.run", *suite, "--only", section,
                                                "--json", str(json_path)], timeout, "bench.log", read_bench(json_path)))

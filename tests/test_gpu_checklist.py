@@ -138,13 +138,14 @@ def test_pytest_closing_line_as_counts():
 
 def test_the_real_plan_covers_the_checklist_in_priority_order(tmp_path):
     names = [s.name for s in gc.plan(tmp_path, quick=False, gpus=1)]
-    assert names == ["env", "pytest-gpu", "pretrain-gpt", "pretrain-bert", "generate", "doc-mask", "ddp",
-                     "bench-train", "bench-attention", "bench-decode"]
+    assert names == ["env", "pretrain-gpt", "generate", "doc-mask", "pytest-gpu", "pretrain-bert", "finetune", "ddp",
+                     "bench-attention", "bench-decode", "bench-train"]
     steps = {s.name: s for s in gc.plan(tmp_path, quick=False, gpus=1)}
     assert "--compile" in steps["generate"].argv and steps["ddp"].skip
     assert "data.document_mask=true" in steps["doc-mask"].argv
     assert steps["bench-train"].argv[3:6] == ["--suite", "gpu", "--only"]
-    assert not gc.plan(tmp_path, quick=False, gpus=2)[6].skip
+    assert not gc.plan(tmp_path, quick=False, gpus=2)[7].skip
+    assert "train.compile=true" in steps["finetune"].argv and steps["finetune"].needs == "pretrain-bert"
     assert len({s.log for s in steps.values()}) <= 5  # + 2 summaries: within the 8 files a lent machine returns
 
 
@@ -173,7 +174,7 @@ def test_quick_checklist_runs_every_step_on_the_cpu(tmp_path):
     assert {name: s["status"] for name, s in steps.items()} == dict.fromkeys(steps, "ok"), summary
     assert steps["env"]["figures"]["cuda_available"] is False
     assert steps["pytest-gpu"]["figures"].get("passed", 0) == 0 and steps["pytest-gpu"]["figures"]["skipped"] > 0
-    for name in ("pretrain-gpt", "pretrain-bert", "doc-mask"):
+    for name in ("pretrain-gpt", "pretrain-bert", "doc-mask", "finetune"):
         assert steps[name]["figures"]["last_loss"] < steps[name]["figures"]["first_loss"]
     assert all(steps[f"bench-{s}"]["figures"]["rows"] for s in ("train", "attention", "decode"))
     files = list(out.iterdir())
@@ -181,13 +182,14 @@ def test_quick_checklist_runs_every_step_on_the_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_every_pretrain_step_is_a_valid_recipe(tmp_path, quick):
+def test_every_training_step_is_a_valid_recipe(tmp_path, quick):
     """The GPU-sized runs never run in CI: their recipe and --set keys are checked here instead."""
     from tfkit.trainer.recipe import load_recipe
 
     for step in gc.plan(tmp_path, quick=quick, gpus=2):
-        if "pretrain" in step.argv:
-            args = step.argv[step.argv.index("pretrain") + 1:]
+        command = next((c for c in ("pretrain", "finetune") if c in step.argv), None)
+        if command:
+            args = step.argv[step.argv.index(command) + 1:]
             sets = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
             recipe = load_recipe(args[0], sets)
             assert recipe.train.max_steps >= 10, step.name
