@@ -185,15 +185,16 @@ def finetune_step(bert_run: Path, run_dir: Path, quick: bool) -> Step:
 
 
 def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
-    """The checklist in priority order: environment, the GPT run and what reads it, tests, BERT, benchmarks.
+    """The checklist in priority order: environment, GPT and what reads its run, BERT, benchmarks, tests.
 
     A lent machine gives one command of about ten minutes, so the order is what a cut-off run should have
     done first: the GPT pretrain at full size (bf16, compile, fused AdamW, flash attention) and the steps
-    that need its run (compiled decoding, flex document masks) come before the test suite, then BERT and
-    its fine-tuning, then the benchmark sections. On a GPU the shipped gpt2-small / bert-base recipes run
-    as published (bf16, compile, their model and tokenizer sizes) but for the batch, the step count and the
-    text the tokenizer trains on; `--quick` runs the tiny recipes on the CPU instead. Timeouts are
-    estimates of what each step needs on one H100, with room."""
+    that need its run (compiled decoding, flex document masks), BERT and its fine-tuning, the two short
+    benchmark sections, then `pytest -m gpu` (four minutes on an H200) and the long training section. On
+    a GPU the shipped gpt2-small / bert-base recipes run as published (bf16, compile, their model and
+    tokenizer sizes) but for the batch, the step count and the text the tokenizer trains on; `--quick`
+    runs the tiny recipes on the CPU instead. Timeouts are about twice what each step took on an H200
+    (benchmarks/RESULTS.md); a step starts only if its timeout fits in what is left of the budget."""
     py = sys.executable
     gpt, bert = ("gpt-tiny", "bert-tiny") if quick else ("gpt2-small", "bert-base")
     gpt_run, bert_run = work / "gpt", work / "bert"
@@ -201,32 +202,38 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
     gpt_sets = [] if quick else ["train.batch_size=16", "train.grad_accum=1", "tokenizer.max_train_mb=20"]
     bert_sets = [] if quick else ["train.batch_size=128", "tokenizer.max_train_mb=20"]
     new_tokens = "8" if quick else "128"
-    steps = [
+    suite = ["--suite", "cpu", "--quick"] if quick else ["--suite", "gpu"]
+
+    def bench(section: str, timeout: float) -> Step:
+        json_path = work / f"bench-{section}.json"
+        return Step(f"bench-{section}", [py, "-m", "benchmarks.run", *suite, "--only", section, "--json",
+                                         str(json_path)], timeout, "bench.log", read_bench(json_path))
+
+    return [
         Step("env", [py, "-c", ENV_SCRIPT], 60, "env-tests.log", read_env),
-        pretrain_step("pretrain-gpt", gpt, gpt_run, quick, 10 if quick else 300, gpt_sets, 240),
+        pretrain_step("pretrain-gpt", gpt, gpt_run, quick, 10 if quick else 300, gpt_sets, 180),
         Step("generate", [py, "-m", "tfkit", "generate", str(gpt_run), "-p", SAMPLE_PROMPT, "-n", new_tokens,
                           "--min-new-tokens", new_tokens, "-t", "0",
                           *([] if quick else ["--compile", "--dtype", "bf16"])],
-             150, "generate.log", read_generate, needs="pretrain-gpt"),
+             90, "generate.log", read_generate, needs="pretrain-gpt"),
         # On CUDA, document masks run through flex_attention.
         pretrain_step("doc-mask", gpt, work / "doc-mask", quick, 10 if quick else 200,
-                      [*gpt_sets[:2], "data.document_mask=true", reuse_tokenizer], 180, needs="pretrain-gpt"),
-        Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
-             300, "env-tests.log", read_pytest),
-        pretrain_step("pretrain-bert", bert, bert_run, quick, 10 if quick else 300, bert_sets, 240),
+                      [*gpt_sets[:2], "data.document_mask=true", reuse_tokenizer], 150, needs="pretrain-gpt"),
+        pretrain_step("pretrain-bert", bert, bert_run, quick, 10 if quick else 300, bert_sets, 180),
         finetune_step(bert_run, work / "finetune", quick),
+        bench("attention", 90),
+        bench("decode", 150),
+        # `pytest -m gpu` but its quick run of the GPU suite, which the bench steps run at full size
+        Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests", "--deselect",
+                            "tests/test_trainer_gpu.py::test_gpu_benchmark_suite_runs_quick"],
+             300, "env-tests.log", read_pytest),
         Step("ddp", [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tfkit",
                      "pretrain", gpt, "--run-dir", str(work / "ddp"), *pretrain_sets(quick, 50),
                      "--set", "train.batch_size=32", "--set", "train.grad_accum=1", "--set", reuse_tokenizer],
              300, "pretrain.log", falling_loss(work / "ddp"), needs="pretrain-gpt",
              skip=None if gpus >= 2 else f"a two-process torchrun needs two GPUs; this machine has {gpus}"),
+        bench("train", 480),
     ]
-    suite = ["--suite", "cpu", "--quick"] if quick else ["--suite", "gpu"]
-    for section, timeout in (("attention", 240), ("decode", 300), ("train", 480)):
-        json_path = work / f"bench-{section}.json"
-        steps.append(Step(f"bench-{section}", [py, "-m", "benchmarks.run", *suite, "--only", section,
-                                               "--json", str(json_path)], timeout, "bench.log", read_bench(json_path)))
-    return steps
 
 
 def append_log(path: Path, step: Step, output: Path) -> str:
