@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tfkit.tokenization import TokenizerSpec, train_tokenizer
-from tfkit.tokenization.stdlib_corpus import stdlib_documents
+from tfkit.tokenization.stdlib_corpus import iter_stdlib_documents
 from tfkit.trainer import optim
 
 ENGLISH_CHARS = 400_000
@@ -53,9 +53,10 @@ def fp32_by_default():
 @pytest.fixture(scope="session")
 def english_text() -> str:
     """About 400 kB of real English prose, blank-line separated: the docstrings of the running Python's
-    standard library (tfkit's built-in `stdlib:docs` corpus), so it is present wherever tfkit runs."""
+    standard library (tfkit's built-in `stdlib:docs` corpus), so it is present wherever tfkit runs. Read
+    lazily: only the files these 400 kB come from are parsed."""
     text, size = [], 0
-    for doc in stdlib_documents("stdlib:docs:train"):
+    for doc in iter_stdlib_documents("stdlib:docs:train"):
         text.append(doc)
         size += len(doc) + 2
         if size >= ENGLISH_CHARS:

@@ -191,7 +191,7 @@ def test_a_reader_that_stops_early_is_not_an_error(gpt_ckpt: Path) -> None:
     # The output must overflow the pipe (64 KiB on Linux) plus Python's stdout buffer, or the command can
     # write it all and exit 0 before the reader closes: 8,000 headers alone are over 160 KB.
     prompts = [arg for _ in range(8000) for arg in ("-p", "x")]
-    cmd = [sys.executable, "-m", "tfkit", "generate", str(gpt_ckpt), *prompts, "--max-new-tokens", "30", "--seed", "0"]
+    cmd = [sys.executable, "-m", "tfkit", "generate", str(gpt_ckpt), *prompts, "--max-new-tokens", "1", "--seed", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline().startswith(b"==> prompt 1:")
     proc.stdout.close()

@@ -8,12 +8,15 @@ The slow test runs the whole checklist with `--quick` on the CPU."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,18 +42,21 @@ def fake_plan(work: Path) -> list[gc.Step]:
     ]
 
 
-@pytest.fixture
-def checklist_run(tmp_path, monkeypatch, capsys):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def checklist_run(tmp_path_factory):
+    """The fake checklist run once for the module's three tests: (exit code, DIR, what it printed)."""
+    out = tmp_path_factory.mktemp("checklist") / "out"
 
     def planned(work, quick, gpus):
         steps = fake_plan(work)
         steps[1].argv[-1] = str(out / "summary.json")
         return steps
 
-    monkeypatch.setattr(gc, "plan", planned)
-    code = gc.main(["--out", str(out), "--budget-minutes", "5"])
-    return code, out, capsys.readouterr()
+    printed, errors = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(printed), redirect_stderr(errors):
+        patch.setattr(gc, "plan", planned)
+        code = gc.main(["--out", str(out), "--budget-minutes", "5"])
+    return code, out, SimpleNamespace(out=printed.getvalue(), err=errors.getvalue())
 
 
 def test_every_step_is_one_summary_entry_whatever_its_outcome(checklist_run):
@@ -92,16 +98,28 @@ def test_logs_are_few_flat_files_with_each_steps_command_and_output(checklist_ru
     assert "===== needs-crash" not in b  # a skipped step runs nothing
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_a_timeout_ends_what_the_step_started_too(tmp_path):
     """torchrun's workers or a compiler's pool must not run on (and hold the GPU) after their step timed out."""
-    late = tmp_path / "late"
-    child = f"import time; time.sleep(3); open({str(late)!r}, 'w')"
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     argv = [PY, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"]
     checklist = gc.Checklist(tmp_path, tmp_path, quick=True, budget_s=60)
-    result = gc.run_step(gc.Step("spawns", argv, 1, "x.log"), checklist, dict(os.environ))
+    result = gc.run_step(gc.Step("spawns", argv, 2, "x.log"), checklist, dict(os.environ))
     assert result["status"] == "timeout"
-    time.sleep(4)
-    assert not late.exists()
+    pid = int(pid_file.read_text())  # the child started within the step's 2 s
+    deadline = time.monotonic() + 30  # the kill is immediate; this only bounds a broken test
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not running(pid)
 
 
 def test_a_log_keeps_the_tail_of_a_long_output(tmp_path, monkeypatch):

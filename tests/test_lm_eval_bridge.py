@@ -96,10 +96,10 @@ def run_lm_eval(model, folder: Path) -> dict[str, dict]:
     shares the logits of requests whose tokens differ only in the last one and then reads a shorter
     continuation's log-probabilities from the longer one's first positions (a cloze item and the same
     sentence as a multiple-choice item scored -51.9 instead of -52.3, which the HF backend gives that item
-    alone)."""
+    alone). Only the local tasks are indexed: lm-eval's own ~27,000 task files would take most of the time."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(folder))
+    manager = TaskManager(include_path=str(folder), include_defaults=False)
     return {task: lm_eval.simple_evaluate(model=model, tasks=[task], batch_size=4, task_manager=manager, device="cpu",
                                           log_samples=True)
             for task in ("tfkit_mc", "tfkit_cloze")}

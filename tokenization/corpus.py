@@ -43,7 +43,7 @@ from ..jsonfile import kind_of, parse_json
 from .encoding import SNIFF_BYTES, check_text
 from .formats import (DATASET_FILES, dataset_dict_error, dataset_files, decoded_size, open_bytes, read_arrow,
                       read_parquet)
-from .stdlib_corpus import stdlib_documents, stdlib_fingerprint
+from .stdlib_corpus import iter_stdlib_documents, stdlib_documents, stdlib_fingerprint
 
 COMPRESSED = (".txt.gz", ".txt.zst", ".jsonl.gz", ".jsonl.zst")
 SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv", ".parquet", ".arrow", *COMPRESSED)
@@ -301,7 +301,7 @@ def iter_pieces(
     """
     stats = stats if stats is not None else CorpusStats()
     if spec.startswith("stdlib:"):
-        for text in stdlib_documents(spec):
+        for text in iter_stdlib_documents(spec):  # a reader that stops early parses only what it read
             stats.documents += 1
             stats.bytes_read += len(text)
             stats.file_bytes += len(text)

@@ -24,6 +24,7 @@ import io
 import sys
 import sysconfig
 import tokenize
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -92,20 +93,33 @@ def _docstrings(source: str) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=2)
-def _documents(flavour: str) -> tuple[tuple[bool, str], ...]:
-    """(is_valid, text) for every document of a flavour, cached for the life of the process."""
-    docs: list[tuple[bool, str]] = []
+def _iter_documents(flavour: str) -> Iterator[tuple[bool, str]]:
+    """(is_valid, text) for every document of a flavour, reading and parsing files only as they are reached."""
     for rel, path in source_files():
         source = _read_source(path)
         if source is None or not source.strip():
             continue
         valid = is_valid_file(rel)
         if flavour == "code":
-            docs.append((valid, source))
+            yield valid, source
         else:
-            docs.extend((valid, d) for d in _docstrings(source))
-    return tuple(docs)
+            yield from ((valid, d) for d in _docstrings(source))
+
+
+_DOCUMENTS: dict[str, tuple[tuple[bool, str], ...]] = {}  # flavour -> every document, once fully read
+
+
+def _documents(flavour: str) -> Iterator[tuple[bool, str]]:
+    """(is_valid, text) for every document of a flavour: from memory once a reader has gone through them all,
+    else read as the caller goes (a reader that stops early parses only the files it reached)."""
+    if flavour in _DOCUMENTS:
+        yield from _DOCUMENTS[flavour]
+        return
+    seen = []
+    for doc in _iter_documents(flavour):
+        seen.append(doc)
+        yield doc
+    _DOCUMENTS[flavour] = tuple(seen)
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -123,8 +137,14 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 def stdlib_documents(spec: str) -> list[str]:
     """Documents of a `stdlib:...` spec, in deterministic order (sorted files, source order inside)."""
+    return list(iter_stdlib_documents(spec))
+
+
+def iter_stdlib_documents(spec: str) -> Iterator[str]:
+    """`stdlib_documents` as they are read: the `docs` flavour runs every standard-library file through
+    `ast` (seconds of CPU), so a reader that needs the first megabyte should not wait for all of it."""
     flavour, split = parse_spec(spec)
-    return [text for valid, text in _documents(flavour) if split is None or valid == (split == "valid")]
+    return (text for valid, text in _documents(flavour) if split is None or valid == (split == "valid"))
 
 
 def stdlib_fingerprint(spec: str) -> str:
