@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..ranges import POSITIVE, float_problems
+from ..ranges import POSITIVE, float_problems, hints
 
 ARCHS = ("bert", "gpt", "transformer")
 ATTENTIONS = ("flash", "naive")
@@ -209,18 +209,18 @@ class ModelConfig:
         before anything compares them (a string n_layers would otherwise crash `problems()` with a
         TypeError); unknown keys, wrong types and invalid values are reported at once as one ConfigError,
         prefixed by `source` (the file) when given."""
-        hints = typing.get_type_hints(cls)
+        declared = hints(cls)
         problems: list[str] = []
         values: dict[str, Any] = {}
         for key, value in data.items():
-            if key not in hints:
+            if key not in declared:
                 problems.append(f"model.{key}: unknown key")
                 continue
-            expected = type_problem(value, hints[key])
+            expected = type_problem(value, declared[key])
             if expected:
                 problems.append(f"model.{key}: got {value!r}, expected {expected}")
                 continue
-            values[key] = float(value) if hints[key] is float else value  # an int is a valid float
+            values[key] = float(value) if declared[key] is float else value  # an int is a valid float
         config = cls(**values)
         problems += config.problems()  # a key with a wrong type kept its default: no crash here
         if problems:

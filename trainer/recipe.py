@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import os
 import re
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,6 +23,7 @@ from ..errors import ConfigError, shorten
 from ..models.config import type_problem
 from ..models.sizes import sized_config
 from ..ranges import POSITIVE, USUAL_PEAK_LR
+from ..ranges import hints as _hints
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
                        DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection, OptimSection,
@@ -148,7 +147,6 @@ def find_recipe(name_or_path: str) -> Path:
 # pre-norm 3.96. The bundled post-norm recipes (bert-tiny, transformer-tiny) train well at 2e-3.
 POST_NORM_PEAK_LR = 2e-3
 
-_hints = functools.cache(typing.get_type_hints)  # per section class: 63 calls per recipe otherwise
 
 
 MAX_YAML_NODES = 100_000  # a recipe has ~70 keys; YAML aliases can make 9 lines expand to 9**8 values

@@ -17,6 +17,8 @@ import tokenize
 import typing
 from dataclasses import dataclass
 
+from ..ranges import hints as type_hints
+
 
 @dataclass(frozen=True)
 class Key:
@@ -60,8 +62,8 @@ def recipe_keys(section: str | None = None) -> list[Key]:
 
     keys = []
     for name in SECTIONS if section is None else [section]:
-        cls = typing.get_type_hints(Recipe)[name]
-        hints = typing.get_type_hints(cls)
+        cls = type_hints(Recipe)[name]
+        hints = type_hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             hint = hints[f.name]  # list[float] says what it holds; a bare __name__ would say only "list"
