@@ -9,6 +9,7 @@ to double precision; the tests check it against scipy.stats, which tfkit does no
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ def t_cdf(t: float, df: int) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@functools.cache  # a pure function of (p, df), asked again for every line of every verdict table
 def t_quantile(p: float, df: int) -> float:
     """The t with P(T <= t) = p, for 0 < p < 1 and df >= 1: bisection on the CDF to machine precision."""
     if not 0.0 < p < 1.0 or df < 1:
