@@ -28,6 +28,8 @@ from torch import Tensor, nn
 from ..errors import ConfigError, shorten
 
 TASKS = ("classification", "regression")
+# The body's modules a classifier never computes with, by family (`SequenceClassifier.unused_parameters`).
+IDLE_MODULES = {"bert": ("mlm",), "gpt": ("lm_head",), "transformer": ("tgt_embed", "decoder", "dec_norm", "lm_head")}
 POOLINGS = {"bert": ("cls", "mean"), "gpt": ("last", "mean"), "transformer": ("mean",)}  # the first: default
 
 
@@ -147,6 +149,23 @@ class SequenceClassifier(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
         return self.classifier(self.drop(self.pooled(input_ids, attention_mask, token_type_ids)))  # (B, N)
+
+    def unused_parameters(self) -> list[nn.Parameter]:
+        """The body's parameters no pooled vector is computed with: its pretraining head (BERT's MLM head, a
+        decoder's LM head), the encoder-decoder's decoder side, and BERT's pooler under another pooling. A
+        tensor shared with what is used (a tied embedding) is not one of them. The trainer freezes them:
+        DDP waits for a gradient of every trainable parameter, and would wait for these forever."""
+        arch = self.body.config.arch
+        idle = [f"body.{name}." for name in IDLE_MODULES[arch] if getattr(self.body, name, None) is not None]
+        if arch == "bert" and self.pooling != "cls":
+            idle.append("body.pooler.")
+        used, unused = set(), {}
+        for name, param in self.named_parameters(remove_duplicate=False):  # a tied tensor under each name
+            if name.startswith(tuple(idle)):
+                unused[id(param)] = param
+            else:
+                used.add(id(param))
+        return [param for key, param in unused.items() if key not in used]
 
 
 def pool_windows(logits: Tensor, owners: Tensor, num_examples: int) -> Tensor:

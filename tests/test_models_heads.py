@@ -37,6 +37,20 @@ def test_logits_have_one_row_per_text(arch, pooling, task, outputs):
 
 
 @pytest.mark.parametrize("arch, pooling", CASES)
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_the_unused_parameters_are_those_autograd_never_reaches(arch, pooling, tie):
+    """What the trainer freezes for DDP is what a forward and backward leave without a gradient (autograd
+    as the oracle): the pretraining heads, the decoder side, an unpooled pooler; never a tied embedding."""
+    model = classifier(arch, pooling, tie_embeddings=tie).train()
+    ids = torch.randint(0, 61, (3, 9))
+    model(ids, attention_mask=torch.ones(3, 9, dtype=torch.bool)).sum().backward()
+    untouched = {name for name, p in model.named_parameters() if p.grad is None}
+    unused = {id(p) for p in model.unused_parameters()}
+    assert {name for name, p in model.named_parameters() if id(p) in unused} == untouched
+    assert bool(untouched) != (arch == "gpt" and tie)  # a tied GPT's LM head is its embedding: all used
+
+
+@pytest.mark.parametrize("arch, pooling", CASES)
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 def test_a_texts_logits_do_not_depend_on_the_padding_it_is_batched_with(arch, pooling, positions):
     model = classifier(arch, pooling, positions=positions)

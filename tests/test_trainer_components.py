@@ -159,6 +159,25 @@ def test_optimizer_state_round_trips_by_parameter_name():
         assert torch.equal(a["state"][i]["exp_avg_sq"], b["state"][i]["exp_avg_sq"])
 
 
+def test_an_optimizer_state_with_parameters_never_stepped_loads_where_they_are_frozen():
+    """A fine-tuning checkpoint from before the trainer froze a classifier body's unused head holds that
+    head in its optimizer's groups, with no state (it never had a gradient): it resumes. A parameter that
+    was stepped there and is not trained here is a mismatch, named."""
+    model = _model("gpt", tie_embeddings=False)
+    opt = build_optimizer(model, OptimSection(), torch.device("cpu"))
+    model(torch.randint(0, 97, (2, 8)), head=False).sum().backward()  # lm_head gets no gradient
+    opt.step()
+    named = ckpt.optimizer_state_by_name(model, opt)
+    assert "lm_head.weight" not in named["state"] and "lm_head.weight" in named["param_groups"][0]["params"]
+    model.lm_head.weight.requires_grad_(False)
+    frozen = build_optimizer(model, OptimSection(), torch.device("cpu"))
+    ckpt.load_optimizer_state_by_name(model, frozen, named)
+    assert torch.equal(frozen.state[model.embed.tok.weight]["exp_avg"], opt.state[model.embed.tok.weight]["exp_avg"])
+    model.embed.tok.weight.requires_grad_(False)
+    with pytest.raises(CheckpointError, match="not trained here: .'embed.tok.weight'"):
+        ckpt.load_optimizer_state_by_name(model, build_optimizer(model, OptimSection(), torch.device("cpu")), named)
+
+
 def test_ranks_build_the_same_weights_then_draw_their_own_dropout_masks():
     """Every rank builds its model from train.seed, then `seed_rank` gives each rank r > 0 its own dropout
     stream; rank 0 keeps its stream, so one process trains (and resumes) exactly as it did before ranks."""

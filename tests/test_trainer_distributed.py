@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
@@ -73,3 +74,46 @@ def test_compiled_fsdp_matches_one_eager_process(english_text, tmp_path):
             if key in a:
                 assert b[key] == pytest.approx(a[key], abs=1e-4), (a["step"], key, a[key], b[key])
     assert eager.final.loss == pytest.approx(two[-1]["val_loss"], abs=1e-4)
+
+
+FINETUNE = ["--set", "train.max_steps=4", "--set", "train.eval_every=2", "--set", "train.save_every=4",
+            "--set", "train.batch_size=8", "--set", "model.dropout=0.0", "--set", "task.dropout=0.0",
+            "--set", "train.precision=fp32", "--set", "data.seq_len=32", "--set", "log.progress=false",
+            "--set", "log.plot=false", "--set", "train.keep_best=true"]
+
+
+@pytest.fixture(scope="module")
+def bert_run(english_text, tmp_path_factory):
+    """A briefly pretrained tiny BERT, the body the fine-tuning runs start from."""
+    folder = tmp_path_factory.mktemp("bert")
+    recipe = write_recipe(folder, english_text, "bert", train={"max_steps": 2, "eval_every": 2, "save_every": 2})
+    pretrain(load_recipe(str(recipe)), run_dir=folder / "run")
+    return folder / "run"
+
+
+@pytest.mark.parametrize("mode, pooling", [("ddp", "cls"), ("fsdp", "mean")])
+def test_fine_tuning_in_two_gloo_processes_matches_one_process(bert_run, tmp_path, mode, pooling):
+    """The classifier's unused body parameters (the MLM head, the pooler under mean pooling) are frozen, so
+    DDP does not wait for their gradients; FSDP gathers the classifier whole for its checkpoints. Both
+    give the single process's losses, accuracies and best weights."""
+    from safetensors.torch import load_file
+
+    args = ["finetune", "finetune-classify", "--set", f"train.init_from={bert_run}", "--set",
+            f"train.distributed={mode}", "--set", f"task.pooling={pooling}", *FINETUNE]
+    one = subprocess.run([sys.executable, "-m", "tfkit", *args, "--run-dir", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "tfkit", *args, "--run-dir", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert two.returncode == 0, two.stderr[-3000:]
+    rows = [read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two")]
+    assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] and len(rows[0]) == 4
+    for a, b in zip(*rows):
+        for key in ("loss", "val_loss", "val_accuracy", "val_macro_f1"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], abs=1e-5), (a["step"], key)
+    best = [load_file(str(tmp_path / run / "best" / "model.safetensors")) for run in ("one", "two")]
+    assert best[0].keys() == best[1].keys() and any(k.startswith("classifier.") for k in best[0])
+    for name in best[0]:
+        assert torch.allclose(best[0][name], best[1][name], atol=1e-5), name

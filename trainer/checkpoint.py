@@ -92,15 +92,19 @@ def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) 
 
 
 def load_optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict) -> None:
-    """Inverse of `optimizer_state_by_name`; a parameter-name mismatch is a CheckpointError."""
+    """Inverse of `optimizer_state_by_name`; a parameter-name mismatch is a CheckpointError. A saved
+    parameter this optimizer does not hold is dropped if it never had a state (a parameter the checkpoint's
+    run held but never stepped, as a classifier body's pretraining head before the trainer froze it)."""
     names = _param_names(model)
     index = {names[id(p)]: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     missing = sorted(set(index) - {n for g in sd["param_groups"] for n in g["params"]})
-    if missing or len(sd["param_groups"]) != len(optimizer.param_groups):
-        raise CheckpointError(f"optimizer state does not match this model (parameters missing: {missing[:5]})")
+    stepped = sorted(set(sd["state"]) - set(index))
+    if missing or stepped or len(sd["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"optimizer state does not match this model (parameters missing: {missing[:5]}, "
+                              f"not trained here: {stepped[:5]})")
     optimizer.load_state_dict({
         "state": {index[n]: s for n, s in sd["state"].items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]],
+        "param_groups": [{**g, "params": [index[n] for n in g["params"] if n in index]} for g in sd["param_groups"]],
     })
 
 

@@ -145,8 +145,11 @@ def task_loss(model: nn.Module, batch: dict[str, Tensor], regression: bool,
 
 def unreached_parameters(model: nn.Module, objective: str) -> list[nn.Parameter]:
     """Parameters an objective never computes with: BERT's pooler (trained by next-sentence prediction,
-    which tfkit's MLM pretraining leaves out, as RoBERTa does). The trainer freezes them, because DDP
-    waits for a gradient of every trainable parameter and would otherwise fail on the first step."""
+    which tfkit's MLM pretraining leaves out, as RoBERTa does), and a classifier body's pretraining head
+    (`SequenceClassifier.unused_parameters`). The trainer freezes them, because DDP waits for a gradient
+    of every trainable parameter and would otherwise fail on the first step."""
+    if objective in ("classify", "regress"):
+        return model.unused_parameters()
     if objective == "mlm" and isinstance(getattr(model, "pooler", None), nn.Module):
         return list(model.pooler.parameters())
     return []

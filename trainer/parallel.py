@@ -55,7 +55,7 @@ class Parallel:
             for block in transformer_blocks(model):
                 fully_shard(block)
             fully_shard(model)
-            if model.config.arch == "bert":  # mlm_loss calls these instead of forward
+            if loss_module.objective.name == "mlm":  # mlm_loss calls these instead of forward
                 for name in ("encode", "mlm_logits"):
                     register_fsdp_forward_method(model, name)
             return loss_module
@@ -88,11 +88,14 @@ class Parallel:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from ..models import build_model
+        from ..models.heads import SequenceClassifier
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.info.is_main:
             return None
         copy = build_model(cfg)
+        if isinstance(model, SequenceClassifier):  # a fine-tuning run: the body and its head
+            copy = SequenceClassifier(copy, model.head_config)
         copy.load_state_dict(full)
         return copy
 
