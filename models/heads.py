@@ -19,7 +19,7 @@ pooling, the dropout and the labels as `id2label` / `label2id`, the keys any too
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ class HeadConfig:
     labels: tuple[str, ...] = ()  # class names by id (classification); () for regression
     pooling: str | None = None  # cls | last | mean; None = the family's own (POOLINGS' first)
     dropout: float = 0.1  # on the pooled vector, before the classifier (BERT's fine-tuning default)
+    bias: bool | None = None  # a bias on the classifier; None = as the body has biases (a Llama has none)
 
     @property
     def num_labels(self) -> int:
@@ -65,7 +66,8 @@ class HeadConfig:
 
     def to_dict(self) -> dict:
         """The head's section of config.json; `id2label` keys are strings, as JSON (and transformers) has them."""
-        return {"task": self.task, "pooling": self.pooling, "dropout": self.dropout, "num_labels": self.num_labels,
+        return {"task": self.task, "pooling": self.pooling, "dropout": self.dropout, "bias": self.bias,
+                "num_labels": self.num_labels,
                 "id2label": {str(i): name for i, name in enumerate(self.labels)},
                 "label2id": {name: i for i, name in enumerate(self.labels)}}
 
@@ -80,8 +82,11 @@ class HeadConfig:
                               "under the ids 0..n-1")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise ConfigError(f"{source}: head.dropout is {dropout!r}, expected a number")
+        bias = data.get("bias", True)  # a head saved before the key always had a bias; null: as its body
+        if bias is not None and not isinstance(bias, bool):
+            raise ConfigError(f"{source}: head.bias is {bias!r}, expected true, false or null")
         return cls(task=data.get("task", "classification"), labels=tuple(id2label[i] for i in ids),
-                   pooling=data.get("pooling"), dropout=float(dropout))
+                   pooling=data.get("pooling"), dropout=float(dropout), bias=bias)
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -111,11 +116,13 @@ class SequenceClassifier(nn.Module):
         problems = head.problems(cfg.arch)
         if problems:
             raise ConfigError("; ".join(problems))
+        head = replace(head, bias=cfg.bias if head.bias is None else head.bias)  # config.json records the choice
         self.body, self.head_config, self.pooling = body, head, head.pooling_for(cfg.arch)
         self.drop = nn.Dropout(head.dropout)
-        self.classifier = nn.Linear(cfg.d_model, head.num_labels)
+        self.classifier = nn.Linear(cfg.d_model, head.num_labels, bias=head.bias)
         nn.init.normal_(self.classifier.weight, 0.0, cfg.init_std)  # as HF initialises its heads
-        nn.init.zeros_(self.classifier.bias)
+        if head.bias:
+            nn.init.zeros_(self.classifier.bias)
 
     @property
     def config(self):

@@ -7,8 +7,9 @@ left out; the task head is mapped here, and only when HF's class computes the sa
 - gpt -> `GPT2ForSequenceClassification`, or `LlamaForSequenceClassification` (Qwen3's, Mistral's) for the
   RoPE layouts: the last real token, then `score`, which has no bias. HF finds that token as the rightmost
   one that is not `pad_token_id`, so config.json gets the tokenizer's pad id (the id tfkit fine-tuning pads
-  with). A non-zero classifier bias is folded into GPT-2's final LayerNorm bias (`fold_bias`); Llama's
-  RMSNorm has none to carry it, so there it is refused: dropping it would change every logit.
+  with). A classifier on a bias-free body (a Llama's) has no bias either, as `score`; a GPT-2's has one,
+  folded into its final LayerNorm bias (`fold_bias`). An older Llama classifier with a non-zero bias is
+  refused: its RMSNorm has none to carry it, and dropping it would change every logit.
 config.json carries `id2label` / `label2id` / `num_labels` / `problem_type` (`single_label_classification`
 or `regression`), which is also what import reads back; a multi-label head has no tfkit equivalent.
 """
@@ -60,8 +61,8 @@ def fold_bias(family: str, state: dict[str, Tensor]) -> dict[str, Tensor]:
     becomes ln_f's bias + delta with W delta = b (W (N, C), rank N <= C): the same logits, the exported
     last hidden states shifted by delta (an HFInteropWarning says so). Llama's RMSNorm has no bias: a
     non-zero classifier bias there is a ConfigError."""
-    bias = state["classifier.bias"]  # (N,)
-    if family == "bert" or not bool(bias.ne(0).any()):
+    bias = state.get("classifier.bias")  # (N,), or None: a head without one
+    if family == "bert" or bias is None or not bool(bias.ne(0).any()):
         return state
     name = CLASSIFIER_ARCHITECTURES[family]
     if family == "gpt2":
@@ -99,6 +100,8 @@ def classifier_to_hf(family: str, cfg: ModelConfig, head: HeadConfig, state: dic
     for rule in RULES[family](cfg):  # the LM / MLM head: HF's classifier has none
         if rule.group == "head":
             hf_state.pop(rule.hf, None)
+    if "classifier.bias" not in state:  # BERT's classifier has a bias: a head without one computes with zeros
+        state = {**state, "classifier.bias": torch.zeros_like(state["classifier.weight"][:, 0])}
     hf_state.update({hf: state[name].contiguous() for hf, name in _head_names(family).items()})
     labels = head.labels or ("LABEL_0",)  # a regressor's one output, named as transformers names it
     hf_config.update(architectures=[CLASSIFIER_ARCHITECTURES[family]], num_labels=head.num_labels,
@@ -129,19 +132,16 @@ def split_classifier(hf_config: dict, source: str | Path) -> tuple[dict, HeadCon
     if dropout is None:  # BERT's classifier then uses hidden_dropout_prob
         dropout = hf_config.get("hidden_dropout_prob", 0.1)
     head = HeadConfig.from_dict({"task": "regression" if regression else "classification", "dropout": dropout,
-                                 "id2label": {} if regression else id2label}, str(source))
+                                 "id2label": {} if regression else id2label, "bias": family == "bert"}, str(source))
     return {**hf_config, "architectures": [BODY_ARCHITECTURES[family]]}, head
 
 
 def take_head_weights(family: str, hf_state: dict[str, Tensor], arch: str) -> dict[str, Tensor]:
     """The classifier's weights (tfkit names), removed from `hf_state`; CheckpointError naming those missing.
-    GPT-2's and Llama's `score` has no bias: the tfkit classifier's is zero."""
+    GPT-2's and Llama's `score` has no bias, nor has the head `split_classifier` reads for them."""
     names = _head_names(family)
     missing = [hf for hf in names if hf not in hf_state]
     if missing:
         raise CheckpointError(f"{arch} weights are missing: {', '.join(missing)}")
     # BERT's pooler stays: the body's conversion reads it (hf_names.py's "pooler" rules)
-    state = {name: hf_state.pop(hf) for hf, name in names.items() if not name.startswith("body.")}
-    if family != "bert":
-        state["classifier.bias"] = torch.zeros(state["classifier.weight"].shape[0], dtype=state["classifier.weight"].dtype)
-    return state
+    return {name: hf_state.pop(hf) for hf, name in names.items() if not name.startswith("body.")}

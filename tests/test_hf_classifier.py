@@ -35,19 +35,20 @@ def run(*args):
 
 
 def write_classifier(folder: Path, family: str, task: str = "classification", pooling: str | None = None,
-                     bias: float = 0.0, **model) -> SequenceClassifier:
-    """A tiny classifier checkpoint as `tfkit finetune` writes one, with trained-looking (random) weights."""
+                     bias: float = 0.0, head_bias: bool | None = None, **model) -> SequenceClassifier:
+    """A tiny classifier checkpoint as `tfkit finetune` writes one, with trained-looking (random) weights;
+    `head_bias` True gives a bias-free body a classifier bias, as fine-tuning did before it followed the body."""
     overrides, default_pooling, _ = LAYOUTS[family]
     torch.manual_seed(0)
     head = HeadConfig(task=task, labels=LABELS if task == "classification" else (), pooling=pooling or default_pooling,
-                      dropout=0.1)
+                      dropout=0.1, bias=head_bias)
     classifier = SequenceClassifier(build_model(tiny_cfg(**{**overrides, **model})), head).eval()
     with torch.no_grad():
         for param in classifier.parameters():  # no zero biases, unit norms: every weight must be copied to match
             param.add_(torch.randn_like(param) * 0.05)
-        if family != "bert":
+        if family != "bert" and classifier.classifier.bias is not None:
             classifier.classifier.bias.fill_(bias)
-    save_model(classifier, folder, extra={"head": head.to_dict()})
+    save_model(classifier, folder, extra={"head": classifier.head_config.to_dict()})
     return classifier
 
 
@@ -118,8 +119,9 @@ def test_a_gpt2_classifiers_bias_moves_into_the_final_layernorm_with_the_same_lo
     torch.testing.assert_close(tfkit_logits(load_classifier(tmp_path / "back")[0]), expected, atol=1e-5, rtol=1e-4)
 
 
-def test_a_llama_classifier_with_a_bias_hf_lacks_is_refused(tmp_path):
-    write_classifier(tmp_path / "ckpt", "llama", bias=0.25)
+def test_a_llama_classifier_has_no_bias_as_hfs_score_and_an_older_one_with_a_bias_is_refused(tmp_path):
+    assert write_classifier(tmp_path / "new", "llama").classifier.bias is None  # follows the bias-free body
+    write_classifier(tmp_path / "ckpt", "llama", bias=0.25, head_bias=True)
     result = run("export-hf", tmp_path / "ckpt", "--out", tmp_path / "hf")
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert "classifier.bias is not zero (largest |value| 0.25)" in result.stderr and "score has no bias" in result.stderr

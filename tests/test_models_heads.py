@@ -145,10 +145,22 @@ def test_labels_round_trip_through_config_json_as_id2label_and_label2id():
     assert HeadConfig.from_dict(saved) == head
     for damaged, message in [({"id2label": {"0": "a", "2": "b"}}, "head.id2label is {'0': 'a', '2': 'b'}, expected"),
                              ({"id2label": ["a", "b"]}, "head.id2label is ['a', 'b'], expected class names"),
-                             ({"id2label": {"0": "a"}, "dropout": "high"}, "head.dropout is 'high', expected")]:
+                             ({"id2label": {"0": "a"}, "dropout": "high"}, "head.dropout is 'high', expected"),
+                             ({"id2label": {"0": "a"}, "bias": "yes"}, "head.bias is 'yes', expected true")]:
         with pytest.raises(ConfigError) as excinfo:
             HeadConfig.from_dict(damaged, source="ckpt/config.json")
         assert str(excinfo.value).startswith(f"ckpt/config.json: {message}")
+
+
+def test_the_classifier_bias_follows_the_body_and_an_older_head_keeps_its_own():
+    """A bias-free body (a Llama's) gets a bias-free classifier, as HF's `score`; config.json records the
+    choice, and a head saved before the key existed had a bias, which its weights hold."""
+    llama = SequenceClassifier(build_model(tiny_cfg("gpt", bias=False, norm="rmsnorm")), HeadConfig(labels=LABELS))
+    assert llama.classifier.bias is None and llama.head_config.to_dict()["bias"] is False
+    assert classifier("bert").classifier.bias is not None and classifier("bert").head_config.bias is True
+    older = {k: v for k, v in llama.head_config.to_dict().items() if k != "bias"}
+    kept = SequenceClassifier(build_model(tiny_cfg("gpt", bias=False, norm="rmsnorm")), HeadConfig.from_dict(older))
+    assert kept.classifier.bias is not None
 
 
 def test_regression_loss_compares_each_output_with_its_own_target():
