@@ -39,6 +39,9 @@ class Shape:
 
 FULL = Shape(d_model=768, n_layers=12, n_heads=16, vocab_size=32768, contexts=(128, 2048), steps=64)
 QUICK = Shape(d_model=256, n_layers=4, n_heads=8, vocab_size=8192, contexts=(64, 512), steps=16)
+# A 1B-class shape (Llama 3.2 1B's width, depth and heads), where a B=16 step at a 2048-token context
+# reads about as many cache bytes as weight bytes: the case where fewer KV heads should pay.
+ONE_B = Shape(d_model=2048, n_layers=16, n_heads=32, vocab_size=32768, contexts=(2048, 2048), steps=32)
 BATCHES = (1, 16)
 WARMUP = 3  # untimed decode steps before the timed ones (compiling, recording a CUDA graph)
 
@@ -79,6 +82,19 @@ def decode_tokens_per_sec(model: torch.nn.Module, batch: int, context: int, step
         token = step(model, token, position, cache).argmax(-1, keepdim=True)  # (B, 1)
     sync(device)
     return batch * steps / (time.perf_counter() - start)
+
+
+def predicted_speedup(mha: torch.nn.Module, other: torch.nn.Module, batch: int, context: int,
+                      dtype: torch.dtype) -> float:
+    """How much faster a decode step of `other` should be than `mha`'s if it is bound by the bytes it must
+    read: every weight once, and the whole KV cache (batch x context tokens); the cache is what fewer
+    key/value heads shrink, the weights are what they cannot."""
+    element = torch.empty((), dtype=dtype).element_size()
+
+    def step_bytes(model: torch.nn.Module) -> int:
+        return model.num_params() * element + batch * context * kv_cache_bytes_per_token(model.config, dtype)
+
+    return step_bytes(mha) / step_bytes(other)
 
 
 def to_hf(model: torch.nn.Module) -> torch.nn.Module | None:

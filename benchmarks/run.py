@@ -77,6 +77,8 @@ def decode_rows(ctx: Context) -> list[Row]:
                                       f"L={mha.n_layers}, B={batch} T={context}, {shape.steps} steps",
                             "tok/s", best[name][(batch, context)], best["MHA"][(batch, context)],
                             note=f"KV cache {kv / mha.kv_heads:.3g}x", extra={"repeats": repeats}))
+    if ctx.suite == "gpu" and ctx.compile:
+        rows += bytes_bound_rows(ctx, dtype)
     # HF generate where decoding matters most, the largest cell; with --compile also at batch 1, where a
     # step is the matrix-vector products and the compiled step is meant to be twice as fast.
     hf_cells = [cells[-1]] + ([cells[0]] if ctx.compile else [])
@@ -100,6 +102,36 @@ def decode_rows(ctx: Context) -> list[Row]:
                    for _ in range(repeats))
         rows.append(Row("decode", f"tfkit MHA compiled vs HF generate (same weights), B={batch} T={context}",
                         "tok/s", rate, hf[(batch, context)], goal=DECODE_GOAL, extra={"repeats": repeats}))
+    return rows
+
+
+def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
+    """GQA and MQA against MHA where the KV cache is a large share of what a step reads (goal 5): a
+    1B-class shape at B=16 and a 2048-token context, the step compiled (CUDA graphs), as `generate
+    --compile` runs it. Goal: 80% of the gain the bytes predict (decode.predicted_speedup)."""
+    from . import decode
+
+    shape = decode.Shape(256, 2, 8, 4096, (256, 256), 4) if ctx.quick else decode.ONE_B
+    batch, context = (4, 256) if ctx.quick else (16, 2048)
+    torch.manual_seed(0)
+    models = {name: build_model(decode.config(shape, kv, shape.steps)).to(ctx.device, dtype).eval()
+              for name, kv in decode.variants(shape).items()}
+    best = dict.fromkeys(models, 0.0)
+    for _ in range(1 if ctx.quick else 2):
+        for name, model in models.items():
+            ctx.log(f"decode: {name} compiled, d={shape.d_model} L={shape.n_layers}, B={batch} T={context}")
+            best[name] = max(best[name], decode.decode_tokens_per_sec(model, batch, context, shape.steps,
+                                                                      ctx.device, compile=True))
+    rows = []
+    for name in ("GQA", "MQA"):
+        predicted = decode.predicted_speedup(models["MHA"], models[name], batch, context, dtype)
+        goal = Goal(f">= 80% of the bytes' gain ({predicted:.2f}x)", 1 + 0.8 * (predicted - 1))
+        rows.append(Row("decode", f"{name} ({models[name].config.kv_heads} kv heads) vs MHA ({shape.n_heads}), "
+                                  f"compiled, d={shape.d_model} L={shape.n_layers}, B={batch} T={context}", "tok/s",
+                        best[name], best["MHA"], goal=goal,
+                        note=f"bytes per step predict {predicted:.2f}x; "
+                             f"{models['MHA'].num_params() / 1e9:.2f}B parameters",
+                        extra={"predicted": predicted}))
     return rows
 
 

@@ -76,7 +76,7 @@ def bm():
     benchmarks/ is not an installed package. The path is restored after this module's tests."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
-        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft")
+        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft", "decode")
         yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
 
 
@@ -226,3 +226,18 @@ def test_sft_section_measures_both_steps(bm):
     (row,) = bm.sft.run(ctx)
     assert row.section == "sft" and "GPT2LMHeadModel" in row.case and row.ratio > 0
     assert set(row.extra["samples_s"]) == {"tfkit", "hf"} and 0 < row.extra["trained_fraction"] < 1
+
+
+def test_the_decode_prediction_counts_every_weight_and_the_whole_cache(bm):
+    """Goal 5's yardstick: a step reads the weights once and the cache of batch x context tokens; fewer KV
+    heads shrink only the cache, so the predicted gain grows with the context and MQA's exceeds GQA's."""
+    from tfkit.models import build_model, kv_cache_bytes_per_token
+
+    shape = bm.decode.Shape(64, 2, 8, 512, (32, 32), 2)
+    mha, gqa, mqa = (build_model(bm.decode.config(shape, kv, 2)) for kv in (8, 2, 1))
+    weights = mha.num_params() * 2  # bf16
+    expected = (weights + 4 * 32 * kv_cache_bytes_per_token(mha.config)) / \
+        (gqa.num_params() * 2 + 4 * 32 * kv_cache_bytes_per_token(gqa.config))
+    assert bm.decode.predicted_speedup(mha, gqa, 4, 32, torch.bfloat16) == pytest.approx(expected)
+    assert 1 < bm.decode.predicted_speedup(mha, gqa, 4, 32, torch.bfloat16) < \
+        bm.decode.predicted_speedup(mha, gqa, 4, 320, torch.bfloat16) < bm.decode.predicted_speedup(mha, mqa, 4, 320, torch.bfloat16)
