@@ -13,12 +13,14 @@ fused on CUDA) under the same autocast. HF models are built locally from config 
 - `gpt` (GPT-2 layout) vs `GPT2LMHeadModel`;
 - `gpt` with RoPE + RMSNorm + SwiGLU + n_kv_heads < n_heads vs `LlamaForCausalLM` (GQA);
 - `bert` (MLM) vs `BertForMaskedLM`;
-- CPU only: `gpt` vs `reference_gpt.ReferenceGPT`, the minimal nanoGPT-style model a lean research
-  codebase trains (one fused qkv Linear, SDPA `is_causal`, plain cross-entropy), stepped as nanoGPT
-  steps it: forward with targets, backward, clip, its own AdamW (`configure_optimizers`: nanoGPT's
-  groups, fused kernel). HF pays for generality; this baseline shows what is left without it. Measured in
+- `gpt` vs `reference_gpt.ReferenceGPT`, the minimal nanoGPT-style model a lean research codebase
+  trains (one fused qkv Linear, SDPA `is_causal`, plain cross-entropy), stepped as nanoGPT steps it:
+  forward with targets, backward, clip, its own AdamW (`configure_optimizers`: nanoGPT's groups, fused
+  kernel). HF pays for generality; this baseline shows what is left without it. CPU: nanoGPT's shape in
   fp32 and, on a CPU that multiplies bf16 natively (where `train.precision: auto` trains in bf16), with
-  bf16 autocast on both sides.
+  bf16 autocast on both sides; GPU: GPT-2 124M in bf16 (goal 1.25x compiled);
+- GPU only: tfkit's chunked fused head (`objective.fused_loss: on`) against its plain head (off) on GPT-2
+  124M: the measurement `FUSED_LOSS_AUTO`'s CUDA default should follow.
 
 On GPU, MFU uses tfkit's `flops_per_token` (model FLOPs, PaLM's convention) for both sides, so the two
 MFUs are in proportion to tokens/s even where tfkit skips work (the MLM head on unmasked rows).
@@ -61,6 +63,8 @@ class Case:
     goal_eager: Goal | None = None
     goal_compiled: Goal | None = None
     baseline: str = "hf"  # hf (the HuggingFace model of cfg's shape) | reference (reference_gpt.ReferenceGPT)
+    # | plain-head (tfkit itself with objective.fused_loss off: what the fused head is measured against)
+    fused_loss: str = "auto"  # tfkit's objective.fused_loss
 
 
 def llama_like(cfg: ModelConfig, n_kv_heads: int) -> ModelConfig:
@@ -97,7 +101,11 @@ def cases(ctx: Context) -> list[Case]:
     if ctx.quick:
         gpt, bert = dataclasses.replace(gpt, n_layers=2), dataclasses.replace(bert, n_layers=2)
     goal = Goal(">= 1.3x HF compiled", 1.3)
-    return [Case("gpt 124M vs HF GPT2LMHeadModel", gpt, 16, 1024, "bf16", goal_compiled=goal),
+    nanogpt = dataclasses.replace(gpt, activation="gelu")  # nanoGPT's exact GELU, so the two compute the same
+    return [Case("gpt 124M vs reference GPT (nanoGPT-style)", nanogpt, 16, 1024, "bf16",
+                 goal_compiled=Goal(">= 1.25x reference GPT", 1.25), baseline="reference"),
+            Case("gpt 124M fused loss vs plain head", gpt, 16, 1024, "bf16", baseline="plain-head", fused_loss="on"),
+            Case("gpt 124M vs HF GPT2LMHeadModel", gpt, 16, 1024, "bf16", goal_compiled=goal),
             Case("gpt 124M GQA (4 kv) vs HF LlamaForCausalLM", llama_like(gpt, 4), 16, 1024, "bf16"),
             Case("bert-base MLM vs HF BertForMaskedLM", bert, 256, 128, "bf16", goal_compiled=goal),
             Case("bert-base MLM vs HF BertForMaskedLM", bert, 64, 512, "bf16", goal_compiled=goal)]
@@ -172,7 +180,7 @@ class FixedBatch:
 def tfkit_step(case: Case, batch: dict[str, Tensor], device: torch.device, compile: bool) -> tuple[Callable, nn.Module]:
     """One call = one `train_step` of tfkit's loop, built the way trainer.run builds it, in a window of one
     update whose record is read at once (as at a log row), so each call ends when the update has."""
-    recipe = Recipe(objective=ObjectiveSection(name=OBJECTIVE_FOR_ARCH[case.cfg.arch]),
+    recipe = Recipe(objective=ObjectiveSection(name=OBJECTIVE_FOR_ARCH[case.cfg.arch], fused_loss=case.fused_loss),
                     train=TrainSection(batch_size=case.batch, precision=case.precision, compile=compile))
     model = build_model(case.cfg).to(device)
     module = LossModule(model, recipe.objective)
@@ -228,7 +236,14 @@ def reference_step(case: Case, batch: dict[str, Tensor], device: torch.device,
     return step, model
 
 
-BASELINES = {"hf": hf_step, "reference": reference_step}
+def plain_head_step(case: Case, batch: dict[str, Tensor], device: torch.device,
+                    compile: bool) -> tuple[Callable, nn.Module]:
+    """One call = one tfkit step with the plain head (objective.fused_loss: off): the logits, then
+    cross-entropy, which torch.compile fuses its own way; against it, the chunked fused head (goal 6)."""
+    return tfkit_step(dataclasses.replace(case, fused_loss="off"), batch, device, compile)
+
+
+BASELINES = {"hf": hf_step, "reference": reference_step, "plain-head": plain_head_step}
 
 
 def measure(ctx: Context, case: Case, compiled: bool) -> Row:
