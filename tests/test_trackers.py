@@ -37,7 +37,10 @@ def recipe_file(root: Path, text: str, **log) -> Path:
 
 
 def wandb_records(path: Path) -> list:
-    """Every record of a .wandb file (`:W&B` header, then LevelDB log records: crc, length, type)."""
+    """Every record of a .wandb file (`:W&B` header, then LevelDB log records: crc, length, type). W&B's
+    service process writes the file; `teardown` waits for it to finish (seen once on a loaded host: the
+    file read right after `finish` did not hold the run record yet)."""
+    wandb.teardown()
     data, pos, out, pending = path.read_bytes(), HEADER, [], b""
     assert data[:4] == b":W&B"
     while pos + HEADER <= len(data):
