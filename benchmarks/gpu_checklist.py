@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -130,13 +131,18 @@ def read_pytest(output: str) -> dict:
 
 
 def read_generate(output: str) -> dict:
-    """Why generation stopped, as `tfkit generate` says on stderr (a compile fallback warns there too)."""
+    """Why generation stopped and how fast, as `tfkit generate` says on stderr (a compile fallback warns
+    there too): the steady ms per token is goal 4's figure (at most 5 ms at B=1 on GPT-2 124M)."""
     lines = output.splitlines()
     stopped = [line for line in lines if line.startswith("stopped:")]
     if not stopped:
         raise StepFailed("no 'stopped:' line: generation did not finish")
-    return {"stopped": stopped[-1].removeprefix("stopped:").strip(),
-            "warnings": sum("warning" in line.lower() for line in lines)}
+    figures = {"stopped": stopped[-1].removeprefix("stopped:").strip(),
+               "warnings": sum("warning" in line.lower() for line in lines)}
+    speed = re.search(r"^speed: .*?, ([\d.]+) ms per token", output, re.M)
+    if speed:
+        figures["ms_per_token"] = float(speed.group(1))
+    return figures
 
 
 def read_bench(path: Path) -> Callable[[str], dict]:

@@ -9,6 +9,7 @@ a continuation can itself hold newlines and blank lines, so only the headers spl
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -53,6 +54,37 @@ class TextStream:
     def finish(self) -> None:
         text = self.text()
         typer.echo(text[len(self.printed):] if text.startswith(self.printed) else "\n" + text)
+
+
+class Pace:
+    """The time each new token arrived (wrapping the streaming callback, if any), for the `speed:` line:
+    the whole generation's time, and the steady per-token time after the first WARM tokens, which carry
+    the prefill and, with --compile, the compilation and CUDA-graph capture."""
+
+    WARM = 4
+
+    def __init__(self, inner=None) -> None:
+        self.inner, self.start, self.times = inner, time.perf_counter(), []
+
+    def __call__(self, row: int, token: int) -> None:
+        self.times.append(time.perf_counter())
+        if self.inner is not None:
+            self.inner(row, token)
+
+    def line(self, rows: int) -> str:
+        """`speed: N tokens in S s, M ms per token after the first 4` (one prompt), or tokens per second
+        over the batch (several: rows finish at different steps)."""
+        n = len(self.times)
+        if n == 0:
+            return "speed: no new token"
+        total = self.times[-1] - self.start
+        text = f"speed: {n} token{'s' * (n != 1)} in {total:.2f} s"
+        if rows > 1:
+            return f"{text} ({n / max(total, 1e-9):,.0f} tokens/s over {rows} prompts)"
+        if n > self.WARM:
+            steady = (self.times[-1] - self.times[self.WARM - 1]) / (n - self.WARM)
+            text += f", {1e3 * steady:.2f} ms per token after the first {self.WARM}"
+        return text
 
 
 def prompt_header(number: int, prompt: str) -> str:
@@ -164,10 +196,12 @@ def print_answer(model, tokenizer, message: str, system: str | None, max_new_tok
                           "with data.format: chat")
     prompt, end = frame_chat(tokenizer, message, system)
     stream = TextStream(tokenizer, prompt)
-    (answer,) = generate_ids(model, [prompt], max_new_tokens, eos_id=end, on_token=stream, **sampling)
+    pace = Pace(stream)
+    (answer,) = generate_ids(model, [prompt], max_new_tokens, eos_id=end, on_token=pace, **sampling)
     stream.finish()
     reason = stop_reason(len(prompt), len(answer), max_new_tokens, model.config.max_seq_len)
     err.print(f"stopped: {reason.replace('end of text', 'end of turn', 1)}")
+    err.print(pace.line(1))
 
 
 def print_continuations(model, tokenizer, texts: list[str], max_new_tokens: int, sampling: dict) -> None:
@@ -182,15 +216,18 @@ def print_continuations(model, tokenizer, texts: list[str], max_new_tokens: int,
     sources = [s for _, s in framed] if cfg.arch == "transformer" else None
     eos = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.sep_id
     stream = TextStream(tokenizer, prompts[0]) if len(prompts) == 1 else None
-    outputs = generate_ids(model, prompts, max_new_tokens, eos_id=eos, on_token=stream, source_ids=sources,
+    pace = Pace(stream)
+    outputs = generate_ids(model, prompts, max_new_tokens, eos_id=eos, on_token=pace, source_ids=sources,
                            pad_id=tokenizer.pad_id or 0, **sampling)
     reasons = [stop_reason(len(p), len(ids), max_new_tokens, cfg.max_seq_len) for p, ids in zip(prompts, outputs)]
     if stream is not None:
         stream.finish()
         err.print(f"stopped: {reasons[0]}")
+        err.print(pace.line(1))
         return
     for number, (text, ids, prompt_ids) in enumerate(zip(texts, outputs, prompts), start=1):
         typer.echo(("\n" if number > 1 else "") + prompt_header(number, text))
         typer.echo(continuation(tokenizer, prompt_ids, ids))
     for number, reason in enumerate(reasons, start=1):
         err.print(f"prompt {number} stopped: {reason}")
+    err.print(pace.line(len(prompts)))

@@ -76,6 +76,17 @@ def test_stdout_is_exactly_the_greedy_continuation_from_a_run_folder(gpt_ckpt: P
     assert "loaded" in result.stderr and "loaded" not in result.stdout
 
 
+def test_stderr_says_how_fast_the_tokens_came(gpt_ckpt: Path) -> None:
+    """One prompt: the whole time and the steady time per token after the first 4 (prefill, compilation);
+    several: tokens per second over the batch. Never on stdout, which carries only the text."""
+    one = invoke([str(gpt_ckpt), "-p", "To be", "-n", "10", "--min-new-tokens", "10", "-t", "0"])
+    assert one.exit_code == 0, one.output
+    assert re.search(r"^speed: 10 tokens in [\d.]+ s, [\d.]+ ms per token after the first 4$", one.stderr, re.M)
+    several = invoke([str(gpt_ckpt), "-p", "To be", "-p", "All:", "-n", "3", "--min-new-tokens", "3", "-t", "0"])
+    assert re.search(r"^speed: 6 tokens in [\d.]+ s \([\d,]+ tokens/s over 2 prompts\)$", several.stderr, re.M)
+    assert "speed" not in one.stdout + several.stdout
+
+
 def test_several_prompts_are_split_by_header_lines_and_seed_repeats(gpt_ckpt: Path) -> None:
     args = [str(gpt_ckpt), "-p", "To be", "-p", "All:", "-n", "6", "--seed", "3", "--top-k", "20", "--top-p", "0.9"]
     first, again = invoke(args), invoke(args)

@@ -148,6 +148,13 @@ def test_falling_loss_reads_metrics_jsonl(tmp_path):
         read("")
 
 
+def test_generate_is_read_for_its_stop_and_its_pace():
+    out = "loaded x\nstopped: --max-new-tokens 128 reached\nspeed: 128 tokens in 1.20 s, 3.50 ms per token after the first 4\n"
+    assert gc.read_generate(out) == {"stopped": "--max-new-tokens 128 reached", "warnings": 0, "ms_per_token": 3.5}
+    with pytest.raises(gc.StepFailed, match="no 'stopped:' line"):
+        gc.read_generate("loaded x\n")
+
+
 def test_pytest_closing_line_as_counts():
     assert gc.read_pytest("..s\n3 passed, 11 skipped, 2479 deselected in 17.41s\n") == {
         "passed": 3, "skipped": 11, "deselected": 2479}
