@@ -10,7 +10,8 @@ datasets' `eval_batches`, and adds what a comparison table needs:
   for each kind of tokenizer). Unlike perplexity, bits per byte do not depend on the tokenizer;
 - MLM: masked-token loss/accuracy with masks drawn from `seed` (not the run's training seed), so every
   checkpoint sharing a tokenizer is scored on the same masked tokens; `data_fingerprint` (sha256 of every
-  evaluated batch) proves two rows saw identical inputs and targets;
+  evaluated batch's tokens and targets, not of the document layout a checkpoint reads them with) proves two
+  rows saw identical inputs and targets;
 - causal models with `stride`: sliding-window perplexity per document, each token scored once with at
   least seq_len - stride tokens of context (documents longer than the context are not cut blind), each
   document seen from its own start, never after another document's tail;
@@ -55,6 +56,9 @@ from ..trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection
 from ..trainer.source import trained_precision
 from .model_overrides import with_model_overrides
 from .scoring_progress import ScoringProgress
+
+
+LAYOUT_KEYS = ("doc_ids", "position_ids")  # how a checkpoint reads the rows: not part of their data_fingerprint
 
 
 def default_cache_dir() -> Path:
@@ -253,7 +257,7 @@ def _score(model, batches: Iterator[dict], loss_spec: ObjectiveSection, byte_tab
     for batch in batches:
         if (max_batches is not None and t.batches >= max_batches) or (max_tokens is not None and t.scored >= max_tokens):
             break
-        for name in sorted(batch):
+        for name in sorted(set(batch) - set(LAYOUT_KEYS)):  # the tokens and targets, whatever layout reads them
             t.digest.update(name.encode() + batch[name].numpy().tobytes())
         labels = batch["labels"]
         if t.batches == 0:

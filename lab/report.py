@@ -30,9 +30,9 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         " A comparison involving a run whose outputs change with tokens its mask hides while it trains (the "
         "mask_leak probe, train mode) is invalid for a causal model. A probe claim holds when its value is "
         "within the bound in every seed. `A trains where B does not` is read from the gates seed by seed: it "
-        "holds when A trained and B did not in every seed, does not hold when B trained in every seed, is "
-        "mixed otherwise, is reversed when B trained and A did not in every seed, and is not tested where A "
-        "did not train.")
+        "holds when A trained and B did not in every seed, does not hold when B trained in every seed, and is "
+        "mixed otherwise; where A did not train it is not tested (reversed when A failed and B trained in every "
+        "seed).")
 
 
 def _cell(stats: dict | None) -> str:

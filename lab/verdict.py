@@ -13,8 +13,8 @@ every line prints:
 - `trains: A, fails: B` (A trains at a setting where B does not, e.g. QK-norm at a learning rate where the
   same model without it diverges) is read from the gates, seed by seed, since a run that failed has no
   loss worth a difference: it holds when A trained and B did not in every seed, does not hold when B
-  trained in every seed, is mixed otherwise, and is reversed when B trained and A did not in every seed.
-  Where A failed in some seed it is not tested: then nothing trains at that setting to show the claim.
+  trained in every seed, and is mixed otherwise. Where A failed in some seed it is not tested (the setting
+  does not let the claim show), except that A failing and B training in every seed is reversed.
 With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers and no verdict word; a
 comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train", and
 one involving a run whose outputs change with tokens its mask hides in training (the mask_leak probe, e.g.

@@ -48,11 +48,14 @@ def test_a_document_masked_checkpoint_scores_what_it_validated(masked_run, tmp_p
     config = json.loads((checkpoint / "config.json").read_text())
     assert trained_layout(config) == {"document_mask": True, "reset_positions": True}
     kwargs = dict(batch_size=8, max_batches=2, seq_len=32, cache_dir=tmp_path / "cache", show_progress=False)
-    assert evaluate(checkpoint, str(valid), **kwargs)["loss"] == pytest.approx(val_loss, abs=1e-5)
+    masked = evaluate(checkpoint, str(valid), **kwargs)
+    assert masked["loss"] == pytest.approx(val_loss, abs=1e-5)
     del config["data"]["document_mask"]  # the same weights scored as if they had trained attending across
     (checkpoint / "config.json").write_text(json.dumps(config))
     try:
-        assert abs(evaluate(checkpoint, str(valid), **kwargs)["loss"] - val_loss) > 1e-4  # 12 steps: 4e-4
+        across = evaluate(checkpoint, str(valid), **kwargs)
+        assert abs(across["loss"] - val_loss) > 1e-4  # 12 steps: 4e-4
+        assert across["data_fingerprint"] == masked["data_fingerprint"]  # the same tokens, read two ways
     finally:
         config["data"]["document_mask"] = True
         (checkpoint / "config.json").write_text(json.dumps(config))
