@@ -251,8 +251,8 @@ def _started_from(lab: Lab, job: Job) -> Job:
     source = _job(lab, job.source, job.seed)
     message = "" if source.kind == "convert" else divergence(lab.folder / source.folder)
     if message:
-        raise ConfigError(f"lab {lab.folder}: {job.kind} {job.key} starts from {source.key}, which diverged ({message}); "
-                          "it has no checkpoint to start from")
+        raise ConfigError(f"lab {lab.folder}: {job.kind} {job.key} starts from {source.key}, which diverged "
+                          f"({message}); it has no checkpoint to start from")
     return source
 
 

@@ -37,14 +37,15 @@ def run_scale(lab: Lab, rows: dict) -> dict:
     label, seed, out = next(iter(lab.evals)), lab.seeds[0], {}
     for job in (j for j in lab.jobs if j.seed == seed and j.kind != "convert"):
         checkpoint, recipe = checkpoint_of(lab, job), lab.recipes[job.key]
-        tokenizer = checkpoint if (checkpoint / CONFIG).is_file() else recipe.tokenizer.path  # a divergence: no checkpoint
+        has_checkpoint = (checkpoint / CONFIG).is_file()  # not after a divergence
+        tokenizer = checkpoint if has_checkpoint else recipe.tokenizer.path
         train = prepare_tokens(recipe.data.train, load_tokenizer(tokenizer), lab.folder / "data",
                                text_field=recipe.data.text_field, show_progress=False)
         params = [s["params"] for s in rows[job.name]["scores"][label].values() if "params" in s]  # any seed's
         out[job.name] = {"kind": job.kind, "params": params[0] if params else None,
                          "tokens": tokens_seen(lab.folder / job.folder / "metrics.jsonl"),
                          "train_tokens": train.num_tokens, "steps": recipe.train.max_steps,
-                         "precision": read_config(checkpoint).get("precision") if tokenizer == checkpoint else None}
+                         "precision": read_config(checkpoint).get("precision") if has_checkpoint else None}
     return out
 
 

@@ -189,7 +189,8 @@ def untrained(results: dict, name: str) -> str:
 def _gate_figures(seed: str, g: dict) -> str:
     if g.get("why"):  # stopped by the trainer: no checkpoint, no figures
         return f"seed {seed}: {g['status']} ({g['why']})"
-    return f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} and step 0 {g['step0']:.3f}"
+    return (f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} and step 0 "
+            f"{g['step0']:.3f}")
 
 
 def leaking(results: dict, name: str) -> str:

@@ -24,9 +24,10 @@ def test_the_packing_figures_by_hand():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("base: gpt-tiny\nwhole_documents: yes please\nvariants: {a: []}\n", "whole_documents: got 'yes please', expected true or false"),
-    ("base: bert-tiny\nwhole_documents: true\nvariants: {a: []}\n", "whole_documents: scores documents with causal "
-                                                                     "sliding windows, but a/seed-1337 trains objective.name=mlm"),
+    ("base: gpt-tiny\nwhole_documents: yes please\nvariants: {a: []}\n",
+     "whole_documents: got 'yes please', expected true or false"),
+    ("base: bert-tiny\nwhole_documents: true\nvariants: {a: []}\n",
+     "whole_documents: scores documents with causal sliding windows, but a/seed-1337 trains objective.name=mlm"),
 ])
 def test_a_bad_whole_documents_setting_is_one_line(tmp_path, text, message):
     spec = tmp_path / "bad.yaml"
