@@ -10,9 +10,15 @@ datasets' `eval_batches`, and adds what a comparison table needs:
   for each kind of tokenizer). Unlike perplexity, bits per byte do not depend on the tokenizer;
 - MLM: masked-token loss/accuracy with masks drawn from `seed` (not the run's training seed), so every
   checkpoint sharing a tokenizer is scored on the same masked tokens; `data_fingerprint` (sha256 of every
-  evaluated batch) proves two rows saw identical inputs and targets;
+  evaluated batch's tokens and targets, not of the document layout a checkpoint reads them with) proves two
+  rows saw identical inputs and targets;
 - causal models with `stride`: sliding-window perplexity per document, each token scored once with at
-  least seq_len - stride tokens of context (documents longer than the context are not cut blind);
+  least seq_len - stride tokens of context (documents longer than the context are not cut blind), each
+  document seen from its own start, never after another document's tail;
+- a checkpoint trained with a document mask (`data.document_mask`, `data.reset_positions`, recorded in its
+  config.json) is scored under the same layout: packed blocks carry its doc_ids and restarted positions,
+  so its loss is the one its training validated, and a sliding window keeps the separator before a
+  document out of that document, as training did (the separator ends the document before it);
 - params, kv_cache_bytes_per_token (at bf16, as convert-mqa-to-gqa reports it), tokens_per_sec (tokens fed through the
   model per second of forward passes), and the precision the forward passes ran in (`dtype`).
 """
@@ -27,7 +33,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -39,6 +45,7 @@ from ..models.io import load_with_tokenizer, read_checkpoint
 from ..runtime import PRECISIONS, check_precision, pick_device
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.corpus import CorpusWarning
+from ..tokenization.packing import restarted_positions
 from ..tokenization.shards import TokenShards, prepare_tokens
 from ..tokenization.train import TfkitTokenizer
 from ..tokenization.token_bytes import byte_coverage, token_byte_lengths
@@ -51,14 +58,26 @@ from .model_overrides import with_model_overrides
 from .scoring_progress import ScoringProgress
 
 
+LAYOUT_KEYS = ("doc_ids", "position_ids")  # how a checkpoint reads the rows: not part of their data_fingerprint
+
+
 def default_cache_dir() -> Path:
     """Token shards of evaluation corpora, shared by every checkpoint with the same tokenizer."""
     root = os.environ.get("TFKIT_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "tfkit")
     return Path(root).expanduser() / "eval-tokens"
 
 
-def sliding_windows(shards: TokenShards, seq_len: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
-    """(window of <= seq_len+1 tokens, labels to skip) over each document, framed as in training.
+class Window(NamedTuple):
+    """One scoring window of a document: up to seq_len+1 tokens, the first `skip` labels already scored by
+    the window before (context only), and `lead`: 1 when the window opens with the separator put before
+    the document (the end of the document before it, in training's layout), else 0."""
+    tokens: np.ndarray
+    skip: int
+    lead: int
+
+
+def sliding_windows(shards: TokenShards, seq_len: int, stride: int) -> Iterator[Window]:
+    """The windows over each document, framed as in training.
 
     A document is scored as `SEP doc SEP` (it starts after a separator, as in training, and its end is
     predicted too), or `BOS doc SEP` where the tokenizer starts documents with a BOS of its own (then
@@ -74,43 +93,54 @@ def sliding_windows(shards: TokenShards, seq_len: int, stride: int) -> Iterator[
         scored_until, begin = 1, 0  # position of the next token to score
         while scored_until < len(seq):
             end = min(begin + seq_len + 1, len(seq))
-            yield seq[begin:end], scored_until - (begin + 1)
+            yield Window(seq[begin:end], scored_until - (begin + 1), len(sep) if begin == 0 else 0)
             scored_until, begin = end, begin + stride
 
 
-def window_batches(windows: Iterator[tuple[np.ndarray, int]], seq_len: int, batch_size: int) -> Iterator[dict]:
+def window_batches(windows: Iterator[Window], seq_len: int, batch_size: int, *, document_mask: bool = False,
+                   reset_positions: bool = False) -> Iterator[dict]:
     """CLM batches (input_ids, labels) of windows right-padded to seq_len; padding and context get -100.
+    With `document_mask`, also doc_ids (B, T) (and with `reset_positions`, position_ids (B, T)) that keep a
+    window's leading separator a document of its own, as in the packed rows the checkpoint trained on.
 
     Right padding never changes a causal model's outputs at the real positions before it."""
-    rows: list[tuple[np.ndarray, int]] = []
+    rows: list[Window] = []
     for window in windows:
         rows.append(window)
         if len(rows) == batch_size:
-            yield _window_batch(rows, seq_len)
+            yield _window_batch(rows, seq_len, document_mask, reset_positions)
             rows = []
     if rows:
-        yield _window_batch(rows, seq_len)
+        yield _window_batch(rows, seq_len, document_mask, reset_positions)
 
 
-def _window_batch(rows: list[tuple[np.ndarray, int]], seq_len: int) -> dict[str, Tensor]:
+def _window_batch(rows: list[Window], seq_len: int, document_mask: bool, reset_positions: bool) -> dict[str, Tensor]:
     input_ids = torch.zeros(len(rows), seq_len, dtype=torch.long)  # (B, T)
     labels = torch.full((len(rows), seq_len), IGNORE_INDEX, dtype=torch.long)  # (B, T)
-    for b, (seq, skip) in enumerate(rows):
+    doc_ids = torch.ones(len(rows), seq_len, dtype=torch.long)  # (B, T): the document, padding included
+    for b, (seq, skip, lead) in enumerate(rows):
         n = len(seq) - 1
         input_ids[b, :n] = torch.from_numpy(seq[:-1])
         labels[b, skip:n] = torch.from_numpy(seq[1 + skip:])
-    return {"input_ids": input_ids, "labels": labels}
+        doc_ids[b, :lead] = 0  # the separator ends the document before: outside this one's attention
+    batch = {"input_ids": input_ids, "labels": labels}
+    if document_mask:
+        batch["doc_ids"] = doc_ids
+        if reset_positions:
+            batch["position_ids"] = restarted_positions(doc_ids)  # (B, T): the document starts at 0
+    return batch
 
 
 def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, seq_len: int, batch_size: int,
                  stride: int | None, seed: int, cache_dir: Path, show_progress: bool,
-                 text_field: str = "text", pair_fields: tuple[str, str] = ("source", "target")
-                 ) -> tuple[Iterator[dict], int | None]:
+                 text_field: str = "text", pair_fields: tuple[str, str] = ("source", "target"),
+                 document_mask: bool = False, reset_positions: bool = False) -> tuple[Iterator[dict], int | None]:
     """(the batches to score, how many there are when known): the tokenization datasets in evaluation
     order, or sliding windows.
 
     `text_field` is the JSON/JSONL key holding each document's text; seq2seq pairs are read with the
-    (source, target) keys the checkpoint trained with, `pair_fields`."""
+    (source, target) keys the checkpoint trained with, `pair_fields`. `document_mask` / `reset_positions`:
+    the packed layout the checkpoint trained with (`trained_layout`)."""
     if objective == "seq2seq" and is_pair_data(data_spec, pair_fields[0]):
         dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, source_field=pair_fields[0],
                                            target_field=pair_fields[1], max_src_len=seq_len, max_tgt_len=seq_len)
@@ -119,12 +149,13 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
                           "are not scored", CorpusWarning, stacklevel=2)
         return _all_batches(dataset, batch_size, data_spec, seq_len)
     shards = prepare_tokens(data_spec, tokenizer, cache_dir, text_field=text_field, show_progress=show_progress)
+    packing = {"document_mask": document_mask, "reset_positions": reset_positions}
     if stride is not None:
-        return window_batches(sliding_windows(shards, seq_len, stride), seq_len, batch_size), None
+        return window_batches(sliding_windows(shards, seq_len, stride), seq_len, batch_size, **packing), None
     if objective == "clm":
-        dataset = ClmDataset.from_shards(shards, seq_len, seed)
+        dataset = ClmDataset.from_shards(shards, seq_len, seed, **packing)
     elif objective == "mlm":
-        dataset = MlmDataset.from_shards(shards, tokenizer, seq_len, seed)
+        dataset = MlmDataset.from_shards(shards, tokenizer, seq_len, seed, **packing)
     else:
         dataset = Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
     return _all_batches(dataset, batch_size, data_spec, seq_len)
@@ -156,6 +187,15 @@ def trained_seq_len(config: dict) -> int:
     transformer-tiny checkpoint (trained at 64, max 128) scored 6.02 at 128 against 4.53 at 64."""
     max_len = config["model"]["max_seq_len"]
     return min(int(config.get("train_seq_len") or max_len), max_len)
+
+
+def trained_layout(config: dict) -> dict[str, bool]:
+    """{document_mask, reset_positions}: how the packed rows a checkpoint trained on were laid out, from its
+    config.json's data record (both False where it says nothing: imports, checkpoints from before the
+    record, runs without a document mask)."""
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    mask = data.get("document_mask") is True
+    return {"document_mask": mask, "reset_positions": mask and data.get("reset_positions") is True}
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -217,7 +257,7 @@ def _score(model, batches: Iterator[dict], loss_spec: ObjectiveSection, byte_tab
     for batch in batches:
         if (max_batches is not None and t.batches >= max_batches) or (max_tokens is not None and t.scored >= max_tokens):
             break
-        for name in sorted(batch):
+        for name in sorted(set(batch) - set(LAYOUT_KEYS)):  # the tokens and targets, whatever layout reads them
             t.digest.update(name.encode() + batch[name].numpy().tobytes())
         labels = batch["labels"]
         if t.batches == 0:
@@ -269,7 +309,8 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size,
                                   stride=stride, seed=seed,
                                   cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-                                  show_progress=show_progress, text_field=text_field, pair_fields=pair_fields)
+                                  show_progress=show_progress, text_field=text_field, pair_fields=pair_fields,
+                                  **trained_layout(config))
     total = total if total is None or max_batches is None else min(total, max_batches)
     progress = ScoringProgress(folder.name, total, max_tokens, enabled=show_progress)
     t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,

@@ -31,8 +31,9 @@ from ..progress import console as output_console, progress_bar
 from ..trainer.recipe import Recipe, load_recipe
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .spec import LabSpec
-from .scoring import eval_label, pick_best, read_curves, score_job
-from .gates import check_runs
+from .scoring import eval_label, first_batch, labels, pick_best, read_curves, score_job
+from .documents import document_figures
+from .gates import check_runs, divergence, diverged_scores, record_divergence
 from .scale import run_scale
 from . import probes as measure
 
@@ -84,6 +85,11 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
             if factor * recipe.data.seq_len > recipe.model.max_seq_len:
                 raise ConfigError(f"{spec.path}: probes.lengths: {factor}x data.seq_len={recipe.data.seq_len} exceeds "
                                   f"model.max_seq_len={recipe.model.max_seq_len} of {key}; raise model.max_seq_len")
+    if spec.whole_documents:
+        for key, recipe in recipes.items():
+            if recipe.objective.name != "clm":
+                raise ConfigError(f"{spec.path}: whole_documents: scores documents with causal sliding windows, but "
+                                  f"{key} trains objective.name={recipe.objective.name}; it needs clm")
     _check_conversions(spec, recipes, jobs)
     folder = Path(out) if out else default_folder(spec.claim)
     _claim_folder(folder, spec, options)
@@ -174,13 +180,19 @@ def final_checkpoint(run_dir: Path, steps: int) -> Path:
 
 
 def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float]:
-    """One training (fresh, or continued from its last checkpoint); its output goes to `log_path`.
+    """One training (fresh, or continued from its last checkpoint); its output goes to `log_path`. One the
+    trainer stops on non-finite updates is recorded in its folder (gates.record_divergence), not raised.
     Returns (the signal that interrupted it or 0, seconds). Module-level: worker processes run it."""
+    from ..trainer.loop import TrainingDiverged
     from ..trainer.run import pretrain
 
-    started = time.perf_counter()
+    started, interrupted = time.perf_counter(), 0
     with open(log_path, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
-        interrupted = pretrain(recipe, run_dir=run_dir, resume="auto").interrupted
+        try:
+            interrupted = pretrain(recipe, run_dir=run_dir, resume="auto").interrupted
+        except TrainingDiverged as exc:
+            print(f"lab: {exc}")
+            record_divergence(run_dir, str(exc))
     return interrupted, time.perf_counter() - started
 
 
@@ -207,8 +219,8 @@ def _train_phase(lab: Lab, jobs: list[Job], progress: Progress, timing: dict) ->
     for job in jobs:
         recipe, run_dir = lab.recipes[job.key], lab.folder / job.folder
         if job.kind == "uptrain":
-            recipe.train.init_from = str(checkpoint_of(lab, _job(lab, job.source, job.seed)))
-        if (final_checkpoint(run_dir, recipe.train.max_steps) / CONFIG).is_file():
+            recipe.train.init_from = str(checkpoint_of(lab, _started_from(lab, job)))
+        if (final_checkpoint(run_dir, recipe.train.max_steps) / CONFIG).is_file() or divergence(run_dir):
             progress.step(f"{job.kind} {job.key}", None)
         else:
             pending.append((job, recipe, run_dir))
@@ -233,6 +245,17 @@ def _finished(job: Job, interrupted: int, seconds: float, progress: Progress, ti
     progress.step(f"{job.kind} {job.key}", time.perf_counter() - seconds)
 
 
+def _started_from(lab: Lab, job: Job) -> Job:
+    """The job whose checkpoint `job` (a conversion or an uptraining) starts from; one that diverged left
+    none, which stops the lab with its reason."""
+    source = _job(lab, job.source, job.seed)
+    message = "" if source.kind == "convert" else divergence(lab.folder / source.folder)
+    if message:
+        raise ConfigError(f"lab {lab.folder}: {job.kind} {job.key} starts from {source.key}, which diverged "
+                          f"({message}); it has no checkpoint to start from")
+    return source
+
+
 def checkpoint_of(lab: Lab, job: Job) -> Path:
     """The checkpoint a finished job left: the final step of a run, or a converted folder."""
     if job.kind == "convert":
@@ -248,7 +271,7 @@ def _convert(lab: Lab, job: Job, progress: Progress) -> None:
         progress.step(f"convert {job.key}", None)
         return
     started = time.perf_counter()
-    convert_checkpoint(checkpoint_of(lab, _job(lab, job.source, job.seed)), out, job.kv_heads, job.method, seed=job.seed)
+    convert_checkpoint(checkpoint_of(lab, _started_from(lab, job)), out, job.kv_heads, job.method, seed=job.seed)
     progress.step(f"convert {job.key}", started)
 
 
@@ -271,8 +294,11 @@ def run(lab: Lab) -> dict:
         _train_phase(lab, [j for j in lab.jobs if j.kind == "uptrain"], progress, timing)
         rows: dict = {}
         for job in lab.jobs:
-            started = time.perf_counter()
-            scores, fresh = score_job(lab, job, checkpoint_of(lab, job), scoring_recipe(lab, job))
+            started, message = time.perf_counter(), job.kind != "convert" and divergence(lab.folder / job.folder)
+            if message:  # no checkpoint: its scores say so (gates.diverged_scores)
+                scores, fresh = {label: diverged_scores(message) for label in labels(lab)}, False
+            else:
+                scores, fresh = score_job(lab, job, checkpoint_of(lab, job), scoring_recipe(lab, job))
             row = rows.setdefault(job.name, {"kind": job.kind, "scores": {}})
             for label, value in scores.items():
                 row["scores"].setdefault(label, {})[str(job.seed)] = value
@@ -280,19 +306,20 @@ def run(lab: Lab) -> dict:
         sweep = pick_best(lab, rows)
         probes = run_probes(lab, rows, progress)
         gates, scale = check_runs(lab, rows, sweep), run_scale(lab, rows)
+        documents = document_figures(lab) if lab.spec.whole_documents else {}
     finally:
         progress.close()
     s = lab.spec
     return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
             "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale, "sweep": sweep,
-            "timing_s": timing, "cost": s.cost}
+            "documents": documents, "timing_s": timing, "cost": s.cost}
 
 
 def probe_units(lab: Lab) -> int:
     p = lab.spec.probes
-    runs = sum(len((p[key] or {}).get("runs", [lab.spec.reference])) for key in ("flash_equality", "mask_leak")
-               if key in p)
+    runs = sum(len((p[key] or {}).get("runs", [lab.spec.reference]))
+               for key in ("flash_equality", "mask_leak", "attention_logits") if key in p)
     decode = len((p.get("decode_speed") or {}).get("runs", [lab.spec.reference])) if "decode_speed" in p else 0
     return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p) + decode
 
@@ -301,10 +328,16 @@ def _job(lab: Lab, name: str, seed: int) -> Job:
     return next(j for j in lab.jobs if j.name == name and j.seed == seed)
 
 
+def _probed(lab: Lab, name: str, seeds: list[int]) -> list[Job]:
+    """The jobs of run `name` a probe measures: those of `seeds` that left a checkpoint (not a divergence)."""
+    jobs = [_job(lab, name, seed) for seed in seeds]
+    return [j for j in jobs if j.kind == "convert" or not divergence(lab.folder / j.folder)]
+
+
 def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
     """The spec's probes (probes.py): attention reliance per seed and eval text (the ablated model is also
-    a row of the table), flash/naive logit equality per seed, activation memory once, decode speed once per
-    named run."""
+    a row of the table), flash/naive logit equality, the mask leak and the largest attention logit per seed
+    on the first batch of the first eval text, activation memory once, decode speed once per named run."""
     p, out = lab.spec.probes, {}
     if "attention_reliance" in p:
         cfg = p["attention_reliance"] or {}
@@ -312,8 +345,8 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
         threshold = float(cfg.get("threshold", 0.25))
         ablated_name = f"{name}-no-attn"
         values: dict = {}
-        for seed in lab.seeds:
-            started, job = time.perf_counter(), _job(lab, name, seed)
+        for job in _probed(lab, name, lab.seeds):
+            started, seed = time.perf_counter(), job.seed
             folder = lab.folder / "probes" / ablated_name / f"seed-{seed}"
             measure.ablate_attention(checkpoint_of(lab, job), folder)
             probe_job = Job(ablated_name, seed, "probe")
@@ -326,44 +359,34 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
             progress.step(f"probe attention reliance {job.key}", started if fresh else None)
         out["attention_reliance"] = {"run": name, "threshold": threshold, "values": values}
     for key, name, measure_fn in (("flash_equality", "flash_max_diff", measure.flash_max_diff),
-                                  ("mask_leak", "mask_leak", measure.mask_leak)):
+                                  ("mask_leak", "mask_leak", measure.mask_leak),
+                                  ("attention_logits", "attention_logits", measure.attention_logits)):
         if key not in p:
             continue
         values = {}
         for run in (p[key] or {}).get("runs", [lab.spec.reference]):
-            for seed in lab.seeds:
-                started, job = time.perf_counter(), _job(lab, run, seed)
+            for job in _probed(lab, run, lab.seeds):
+                started, seed = time.perf_counter(), job.seed
                 recipe, label = scoring_recipe(lab, job), next(iter(lab.evals))
-                batch = first_batch(lab, checkpoint_of(lab, job), lab.evals[label], recipe)
+                batch = first_batch(checkpoint_of(lab, job), lab.evals[label], recipe, lab.folder / "data")
                 values.setdefault(run, {})[str(seed)] = measure_fn(checkpoint_of(lab, job), batch)
                 progress.step(f"probe {name} {job.key}", started)
         out[name] = {"values": values}
     if "memory" in p:
         cfg = p["memory"] or {}
-        started, job = time.perf_counter(), _job(lab, cfg.get("run", lab.spec.reference), lab.seeds[0])
         lengths = [64, 128] if lab.options.quick else list(cfg.get("seq_lens", [256, 512, 1024, 2048]))
-        out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
-        progress.step(f"probe activation memory {job.key}", started)
+        for job in _probed(lab, cfg.get("run", lab.spec.reference), lab.seeds)[:1]:  # its architecture, once
+            started = time.perf_counter()
+            out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
+            progress.step(f"probe activation memory {job.key}", started)
     if "decode_speed" in p:
         cfg, out["decode_speed"] = p["decode_speed"] or {}, {"values": {}}
         sizes = [1, 2] if lab.options.quick else [int(b) for b in cfg.get("batch_sizes", [1, 8])]
         new_tokens = 4 if lab.options.quick else int(cfg.get("new_tokens", 32))
-        for run in cfg.get("runs", [lab.spec.reference]):  # the first seed's weights: speed does not depend on them
-            started, job = time.perf_counter(), _job(lab, run, lab.seeds[0])
-            out["decode_speed"]["values"][run] = measure.decode_speed(
-                checkpoint_of(lab, job), sizes, int(cfg.get("context", 128)), new_tokens)
-            progress.step(f"probe decode speed {job.key}", started)
+        for run in cfg.get("runs", [lab.spec.reference]):  # one seed's weights: speed does not depend on them
+            for job in _probed(lab, run, lab.seeds)[:1]:
+                started = time.perf_counter()
+                out["decode_speed"]["values"][run] = measure.decode_speed(
+                    checkpoint_of(lab, job), sizes, int(cfg.get("context", 128)), new_tokens)
+                progress.step(f"probe decode speed {job.key}", started)
     return out
-
-
-def first_batch(lab: Lab, checkpoint: Path, text: str, recipe: Recipe) -> dict:
-    """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with."""
-    from ..tokenization.train import load_tokenizer
-    from ..evaluation.evaluate import eval_batches
-    from ..models import read_config
-
-    objective = read_config(checkpoint).get("objective", "clm")
-    batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
-                              batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
-                              cache_dir=lab.folder / "data", show_progress=False)
-    return next(iter(batches))

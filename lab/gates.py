@@ -12,7 +12,12 @@ training (from scratch, or uptraining) of every seed is checked, on the tokens i
 A run did not learn when its loss is not below the unigram figure by MIN_GAIN; it diverged when its loss
 is not finite or, trained from scratch, above its step-0 loss by more than MIN_GAIN (a run whose weights
 never moved, lr 0, ends at its step-0 loss: it did not learn). A comparison involving such a run, or
-a conversion or uptraining of one, reads "not tested: <variant> did not train" with the figures."""
+a conversion or uptraining of one, reads "not tested: <variant> did not train" with the figures.
+
+A training the trainer stopped (`TrainingDiverged`: train.max_bad_steps non-finite updates in a row) leaves
+no final checkpoint. The lab records the trainer's message in the run folder (DIVERGED_FILE) instead of
+stopping: the run's scores are not finite, its gate reads "diverged" with that message, and a lab whose
+claim is that a run fails (`trains`/`fails`) still gets its verdict."""
 
 from __future__ import annotations
 
@@ -39,6 +44,23 @@ if TYPE_CHECKING:
     from .plan import Job
 
 MIN_GAIN = 0.05  # nats per token below the unigram figure a run must reach to count as having learned
+DIVERGED_FILE = "diverged.json"  # in a run folder: the trainer stopped it on non-finite updates
+
+
+def record_divergence(run_dir: Path, message: str) -> None:
+    """Keep the trainer's reason in the run folder: the lab goes on, and a continued lab does not retrain it."""
+    write_atomic(run_dir / DIVERGED_FILE, json.dumps({"message": message}) + "\n")
+
+
+def divergence(run_dir: Path) -> str:
+    """The trainer's message for a training it stopped on non-finite updates, or "" (module doc)."""
+    path = run_dir / DIVERGED_FILE
+    return str(read_json(path, ConfigError, expect=dict).get("message", "diverged")) if path.is_file() else ""
+
+
+def diverged_scores(message: str) -> dict:
+    """The scores of a run with no final checkpoint: not finite, with the reason."""
+    return {"loss": math.nan, "bits_per_byte": math.nan, "diverged": message}
 
 
 def gate(loss: float, unigram: float, step0: float | None, from_scratch: bool) -> str:
@@ -130,6 +152,11 @@ def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
     for job in lab.jobs:
         entry = runs.setdefault(job.name, {"kind": job.kind, "source": job.source, "seeds": {}})
         if job.kind == "convert":
+            continue
+        message = divergence(lab.folder / job.folder)
+        if message:  # stopped by the trainer: nothing to hold against the unigram and step-0 figures
+            entry["seeds"][str(job.seed)] = {"loss": math.nan, "unigram": None, "step0": None, "status": "diverged",
+                                             "why": message}
             continue
         checkpoint, recipe = checkpoint_of(lab, job), scoring_recipe(lab, job)
         material = (checkpoint / "tokenizer.json").read_bytes() if (checkpoint / "tokenizer.json").is_file() else b""

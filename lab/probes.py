@@ -15,6 +15,10 @@
   tensors measures that on any device, deterministically, without a GPU's allocator statistics.
 - `decode_speed`: greedy decoding tokens/s at each batch size and the KV-cache bytes per token: what
   fewer key/value heads buy at inference, beside what they cost in loss.
+- `attention_logits`: the largest |attention logit| (q·k times the score scale, before the softmax) a
+  query of any layer and head gives a key its mask lets it see. Their growth at a high learning rate is
+  the instability QK-norm is for (Dehghani et al., 2023, section 3.1; Wortsman et al., 2023, section
+  3.1): logits in the hundreds make the softmax one-hot, and its gradient vanishes.
 """
 
 from __future__ import annotations
@@ -163,3 +167,35 @@ def decode_speed(checkpoint: Path, batch_sizes: list[int], context: int, new_tok
         rates[str(batch)] = batch * new_tokens / best
     return {"kv_bytes_per_token": kv_cache_bytes_per_token(cfg), "context": context, "new_tokens": new_tokens,
             "tokens_per_sec": rates}
+
+
+@torch.no_grad()
+def attention_logits(checkpoint: Path, batch: dict) -> float:
+    """max |q·k · scale| over every self-attention layer, head and visible query-key pair of one batch (module
+    doc), recomputed from each layer's input with the layer's own projections, QK-norm and RoPE."""
+    from ..models.attention import Attention
+
+    model, _ = load_model(checkpoint)
+    model.eval()
+    found: list[float] = []
+
+    def hook(module: Attention, args: tuple, kwargs: dict, _out) -> None:
+        if kwargs.get("context") is not None:  # cross-attention: no query-key growth to speak of here
+            return
+        x, mask = args[0], args[1]  # (B, T, C), AttnMask
+        q = module.queries(x, kwargs.get("rope"))  # (B, H, T, D)
+        k, _ = module.keys_values(x, kwargs.get("rope"))  # (B, H_kv, T, D)
+        k = k.repeat_interleave(module.n_heads // module.n_kv_heads, dim=1)  # (B, H, T, D)
+        scores = (q @ k.transpose(-2, -1)).float()  # (B, H, T, T)
+        scores = scores / math.sqrt(q.shape[-1]) if module.scale is None else scores * module.scale
+        seen = mask.tensor if mask.tensor is None or mask.tensor.dtype == torch.bool else mask.tensor.isfinite()
+        scores = scores.abs() if seen is None else scores.abs().masked_fill(~seen, 0.0)  # (B, H, T, T)
+        found.append(float(scores.amax()))
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Attention)]
+    try:
+        _logits(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return max(found)

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_atomic
 from ..jsonfile import read_json
+from .documents import document_lines
 from .scale import scale_lines
 from .spec import LabSpec, load_spec
 from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
@@ -28,7 +29,10 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         "verdict; a comparison involving a run that did not train (see 'Did every run train?') is not tested."
         " A comparison involving a run whose outputs change with tokens its mask hides while it trains (the "
         "mask_leak probe, train mode) is invalid for a causal model. A probe claim holds when its value is "
-        "within the bound in every seed.")
+        "within the bound in every seed. `A trains where B does not` is read from the gates seed by seed: it "
+        "holds when A trained and B did not in every seed, does not hold when B trained in every seed, and is "
+        "mixed otherwise; where A did not train it is not tested (reversed when A failed and B trained in every "
+        "seed).")
 
 
 def _cell(stats: dict | None) -> str:
@@ -66,19 +70,24 @@ def gate_lines(results: dict) -> list[str]:
            f"from scratch, more than {g['min_gain']:g} above step 0. A comparison involving a run that did not "
            "train is not tested.", "",
            "| run | kind | loss | unigram | step 0 | trained |", "| --- | --- | --- | --- | --- | --- |"]
+    stopped = []
     for name, run in g["runs"].items():
         seeds = run["seeds"]
         if not seeds:
             continue
-        mean = {k: sum(v[k] for v in seeds.values()) / len(seeds) for k in ("loss", "unigram", "step0")}
+        known = {k: [v[k] for v in seeds.values() if v[k] is not None] for k in ("loss", "unigram", "step0")}
+        mean = {k: f"{sum(v) / len(v):.3f}" if v else "-" for k, v in known.items()}  # a divergence has no figures
+        stopped += [f"- {name}, seed {seed}: {v['why']}" for seed, v in seeds.items() if v.get("why")]
         failed = {}
         for seed, v in seeds.items():
             if v["status"] != "trained":
                 failed.setdefault(v["status"], []).append(seed)
         problems = "; ".join(f"{status}: seed {', '.join(which)}" for status, which in failed.items())
         trained = f"{len(seeds) - sum(map(len, failed.values()))}/{len(seeds)}" + (f" ({problems})" if problems else "")
-        out.append(f"| {name} | {run['kind']} | {mean['loss']:.3f} | {mean['unigram']:.3f} | {mean['step0']:.3f} | "
-                   f"{trained} |")
+        out.append(f"| {name} | {run['kind']} | {mean['loss']} | {mean['unigram']} | {mean['step0']} | {trained} |")
+    if stopped:
+        out += ["", "Trainings the trainer stopped on non-finite updates (no final checkpoint; their loss is nan):",
+                ""] + stopped
     return out
 
 
@@ -92,9 +101,13 @@ def probe_lines(results: dict) -> list[str]:
                        f"(seeds {', '.join(seeds)}; threshold {p['threshold']:g})")
     for key, what in (("flash_max_diff", "flash vs naive attention: max |logit difference|"),
                       ("mask_leak", "mask leak (train mode): max |output change| at positions the mask hides "
-                                    "changes from")):
+                                    "changes from"),
+                      ("attention_logits", "largest |attention logit| (q·k scaled, before the softmax) on the first "
+                                           "eval batch")):
         for run, seeds in probes.get(key, {}).get("values", {}).items():
-            out.append(f"- {what}, {run}: " + ", ".join(f"{v:.2e}" for v in seeds.values()))
+            out.append(f"- {what}, {run}: " + ", ".join(f"{v:.3g}" if key == "attention_logits" else f"{v:.2e}"
+                                                         for v in seeds.values())
+                       + f" (seeds {', '.join(seeds)})")
     if "memory" in probes:
         m = probes["memory"]
         out.append(f"- activation memory of one training step (batch 1), {m['run']}: naive / flash = "
@@ -138,6 +151,9 @@ def render(results: dict) -> str:
     lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
     if r["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
+    documents = document_lines(r)
+    if documents:
+        lines += ["", "## Documents in packed rows", ""] + documents
     gates = gate_lines(r)
     if gates:
         lines += ["", "## Did every run train?", ""] + gates

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..layout import CONFIG
+
 if TYPE_CHECKING:
     from .engine import Lab
 
@@ -35,12 +37,15 @@ def run_scale(lab: Lab, rows: dict) -> dict:
     label, seed, out = next(iter(lab.evals)), lab.seeds[0], {}
     for job in (j for j in lab.jobs if j.seed == seed and j.kind != "convert"):
         checkpoint, recipe = checkpoint_of(lab, job), lab.recipes[job.key]
-        train = prepare_tokens(recipe.data.train, load_tokenizer(checkpoint), lab.folder / "data",
+        has_checkpoint = (checkpoint / CONFIG).is_file()  # not after a divergence
+        tokenizer = checkpoint if has_checkpoint else recipe.tokenizer.path
+        train = prepare_tokens(recipe.data.train, load_tokenizer(tokenizer), lab.folder / "data",
                                text_field=recipe.data.text_field, show_progress=False)
-        out[job.name] = {"kind": job.kind, "params": rows[job.name]["scores"][label][str(seed)]["params"],
+        params = [s["params"] for s in rows[job.name]["scores"][label].values() if "params" in s]  # any seed's
+        out[job.name] = {"kind": job.kind, "params": params[0] if params else None,
                          "tokens": tokens_seen(lab.folder / job.folder / "metrics.jsonl"),
-                         "train_tokens": train.num_tokens, "precision": read_config(checkpoint).get("precision"),
-                         "steps": recipe.train.max_steps}
+                         "train_tokens": train.num_tokens, "steps": recipe.train.max_steps,
+                         "precision": read_config(checkpoint).get("precision") if has_checkpoint else None}
     return out
 
 
@@ -60,8 +65,8 @@ def scale_lines(results: dict) -> list[str]:
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in scale.items():
         tokens = s["tokens"]
-        per_param = f"{tokens / s['params']:.3g}" if tokens else "-"
+        per_param = f"{tokens / s['params']:.3g}" if tokens and s["params"] else "-"
         epochs = f"{tokens / s['train_tokens']:.3g}" if tokens and s["train_tokens"] else "-"
-        out.append(f"| {name} | {s['kind']} | {_count(s['params'])} | {s['steps']:,} | "
+        out.append(f"| {name} | {s['kind']} | {_count(s['params']) if s['params'] else '-'} | {s['steps']:,} | "
                    f"{_count(tokens) if tokens else '-'} | {per_param} | {epochs} | {s['precision'] or '-'} |")
     return out

@@ -3,11 +3,19 @@
 `evaluate` (evaluation/evaluate.py) is run with one fixed seed, the lab's token cache and the eval batch
 settings of the recipe that trained the checkpoint, so two checkpoints with the same tokenizer are
 scored on identical batches (the `data_fingerprint` of each score says so). Each checkpoint's scores go
-to scores/NAME-seed-S.json as soon as they exist: a resumed lab scores only what is missing."""
+to scores/NAME-seed-S.json as soon as they exist: a resumed lab scores only what is missing.
+
+A checkpoint is scored under the packed layout it trained with (`evaluate` reads its document mask and
+restarted positions from config.json). With `whole_documents`, every eval text is also scored document by
+document (column LABEL@whole): each document from its own start, never after another document's tail, in
+windows of data.seq_len tokens that advance by half a window (evaluate's sliding windows, so every token
+past a document's first window keeps half a window of its own document as context), up to as many scored
+tokens as the packed score takes (eval.batches x batch size x seq_len)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,12 +39,18 @@ def eval_label(text: str) -> str:
     return Path(text).stem or text
 
 
-def labels(lab: Lab) -> dict[str, tuple[str, int]]:
-    """label -> (eval text, length factor): each eval text, and with the lengths probe each text scored
-    at `factor` times the training length (`docs-valid@2x`)."""
-    out = {label: (text, 1) for label, text in lab.evals.items()}
+WHOLE = "@whole"  # the suffix of a whole-document column
+
+
+def labels(lab: Lab) -> dict[str, tuple[str, int, bool]]:
+    """label -> (eval text, length factor, whole documents): each eval text, with the lengths probe each
+    text scored at `factor` times the training length (`docs-valid@2x`), and with `whole_documents` each
+    text scored document by document (`docs-valid@whole`)."""
+    out = {label: (text, 1, False) for label, text in lab.evals.items()}
     for factor in lab.spec.probes.get("lengths") or []:
-        out.update({f"{label}@{factor}x": (text, factor) for label, text in lab.evals.items()})
+        out.update({f"{label}@{factor}x": (text, factor, False) for label, text in lab.evals.items()})
+    if lab.spec.whole_documents:
+        out.update({f"{label}{WHOLE}": (text, 1, True) for label, text in lab.evals.items()})
     return out
 
 
@@ -45,12 +59,20 @@ def scores_file(lab: Lab, job: Job) -> Path:
     return lab.folder / "scores" / f"{safe}-seed-{job.seed}.json"
 
 
-def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, cache_dir: Path) -> dict:
+def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, cache_dir: Path,
+                     whole: bool = False) -> dict:
+    """The kept metrics of `checkpoint` on `text`: packed blocks of `factor` x data.seq_len tokens, or with
+    `whole` document by document (module doc)."""
     from ..evaluation.evaluate import evaluate
 
-    result = evaluate(checkpoint, text, batch_size=recipe.eval.batch_size or recipe.train.batch_size,
-                      max_batches=recipe.eval.batches, seq_len=recipe.data.seq_len * factor, seed=0,
-                      cache_dir=cache_dir, show_progress=False)
+    batch_size, seq_len = recipe.eval.batch_size or recipe.train.batch_size, recipe.data.seq_len * factor
+    if whole:
+        result = evaluate(checkpoint, text, batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2),
+                          max_tokens=recipe.eval.batches * batch_size * seq_len, seed=0,
+                          cache_dir=cache_dir, show_progress=False)
+    else:
+        result = evaluate(checkpoint, text, batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
+                          seed=0, cache_dir=cache_dir, show_progress=False)
     return {k: result[k] for k in KEPT}
 
 
@@ -68,8 +90,8 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
     path = scores_file(lab, job)
     have = _read_scores(path) if path.is_file() else {}
     missing = {k: v for k, v in labels(lab).items() if k not in have}
-    for label, (text, factor) in missing.items():
-        have[label] = score_checkpoint(checkpoint, text, recipe, factor, lab.folder / "data")
+    for label, (text, factor, whole) in missing.items():
+        have[label] = score_checkpoint(checkpoint, text, recipe, factor, lab.folder / "data", whole)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(have, indent=2) + "\n")
     return have, bool(missing)
@@ -101,10 +123,24 @@ def pick_best(lab: Lab, rows: dict) -> dict:
 
     def mean_score(run: str) -> float:
         values = [s[metric] for s in rows[run]["scores"][label].values()]
-        return sum(values) / len(values)
+        mean = sum(values) / len(values)
+        return mean if math.isfinite(mean) else math.inf  # a run that diverged is nobody's best
 
     best = {variant: min(runs, key=mean_score) for variant, runs in sweep_runs(lab.spec).items()}
     for variant, run in best.items():
         rows[variant] = {"kind": "best", "best_of": run, "scores": rows[run]["scores"]}
     ((key, values),) = lab.spec.sweep.items()
     return {"key": key, "values": values, "best": best}
+
+
+def first_batch(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> dict:
+    """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with."""
+    from ..evaluation.evaluate import eval_batches
+    from ..models import read_config
+    from ..tokenization.train import load_tokenizer
+
+    objective = read_config(checkpoint).get("objective", "clm")
+    batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
+                              batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
+                              cache_dir=cache_dir, show_progress=False)
+    return next(iter(batches))

@@ -18,11 +18,11 @@ import yaml
 from ..errors import ConfigError
 from ..trainer.recipe import AliasBomb, safe_load
 
-TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "variants", "convert",
-            "uptrain", "probes", "expect", "cost", "quick", "sweep")
+TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "whole_documents", "variants",
+            "convert", "uptrain", "probes", "expect", "cost", "quick", "sweep")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
-PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed")
+PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed", "attention_logits")
 # The settings of each probe (`lengths` is a bare list): what the engine reads, checked before any training.
 RUN, RUNS, COUNT, COUNTS, NUMBER = "a variant name", "a list of variant names", "a positive integer", \
     "a non-empty list of positive integers", "a number"
@@ -32,8 +32,10 @@ PROBE_SETTINGS = {
     "mask_leak": {"runs": RUNS},
     "memory": {"run": RUN, "seq_lens": COUNTS},
     "decode_speed": {"runs": RUNS, "batch_sizes": COUNTS, "context": COUNT, "new_tokens": COUNT},
+    "attention_logits": {"runs": RUNS},
 }
-PROBE_NAMES = ("attention_reliance", "flash_max_diff", "mask_leak", "memory_ratio")  # what `expect: probe:` may name
+PROBE_NAMES = ("attention_reliance", "flash_max_diff", "mask_leak", "memory_ratio",
+               "attention_logits")  # what `expect: probe:` may name
 DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
 
 
@@ -42,7 +44,8 @@ class Expectation:
     """One ordering the literature predicts. Exactly one form is set:
     better/than (A's metric lower than B's by more than `margin`), not_worse/than (A's metric at most
     `margin` above B's), same (A and B within `tol`), probe (a probe value of `run` below or above a
-    threshold). verdict.py says how each is decided."""
+    threshold), trains/fails (run A trains where run B does not: B's failure, which the gates would
+    otherwise turn into "not tested", is the predicted outcome). verdict.py says how each is decided."""
     source: str
     better: str | None = None
     not_worse: str | None = None
@@ -55,13 +58,19 @@ class Expectation:
     above: float | None = None
     on: str | None = None  # eval label; None = the first eval set
     margin: float = DEFAULT_MARGIN
+    trains: str | None = None
+    fails: str | None = None
 
     @property
     def pair(self) -> tuple[str, str]:
         """(A, B) of a comparison: its verdict is read from the differences A - B."""
+        if self.trains:
+            return self.trains, self.fails
         return self.same or (self.better or self.not_worse, self.than)
 
     def describe(self) -> str:
+        if self.trains:
+            return f"{self.trains} trains where {self.fails} does not"
         if self.better:
             return f"{self.better} < {self.than}"
         if self.not_worse:
@@ -83,6 +92,7 @@ class LabSpec:
     reference: str = ""
     metric: str = "loss"
     eval: list[str] = field(default_factory=list)  # empty = the base recipe's data.valid
+    whole_documents: bool = False  # also score each eval text document by document (columns LABEL@whole)
     variants: dict[str, list[str]] = field(default_factory=dict)
     convert: dict[str, Any] | None = None  # {from, kv_heads: [..], methods: [..]}
     uptrain: dict[str, Any] | None = None  # {fractions: [..], set: [..]}
@@ -200,6 +210,10 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
                    title=str(raw.get("title") or ""), source=str(raw.get("source") or ""),
                    set=_strings(raw.get("set"), "set", problems), variants=variants,
                    eval=_strings(raw.get("eval"), "eval", problems), quick=_strings(raw.get("quick"), "quick", problems))
+    whole = raw.get("whole_documents", False)
+    if not isinstance(whole, bool):
+        problems.append(f"whole_documents: got {whole!r}, expected true or false")
+    spec.whole_documents = whole is True
     spec.reference = str(raw.get("reference") or next(iter(variants), ""))
     spec.metric = str(raw.get("metric", "loss"))
     if spec.metric not in METRICS:
@@ -300,20 +314,28 @@ def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
 
 
 EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
-               "source")
+               "trains", "fails", "source")
+FORMS = ("better", "not_worse", "same", "probe", "trains")
 
 
 def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
     item = _mapping(item, key, EXPECT_KEYS, problems)
     if not item:
-        problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same or probe, and source")
+        problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same, probe or trains/fails, "
+                        "and source")
         return []
     exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
-    forms = [f for f in ("better", "not_worse", "same", "probe") if f in item]
+    forms = [f for f in FORMS if f in item]
     if len(forms) != 1:
-        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same or probe, "
-                        f"got {forms or 'none'}")
+        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe or trains "
+                        f"(with fails), got {forms or 'none'}")
         return []
+    partner = {"better": "than", "not_worse": "than", "trains": "fails"}
+    for name in ("than", "fails"):
+        if name in item and partner.get(forms[0]) != name:
+            problems.append(f"{key}.{name}: belongs to " + ("better or not_worse" if name == "than" else "trains")
+                            + f", not to {forms[0]}")
+            return []
     if not exp.source:
         problems.append(f"{key}.source: every expectation names its source (paper, section)")
     for name in ("tol", "margin", "below", "above"):
@@ -326,6 +348,11 @@ def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> l
         setattr(exp, forms[0], item.get(forms[0]))
         exp.than = item.get("than")
         referenced = [(forms[0], item.get(forms[0])), ("than", exp.than)]
+    elif forms == ["trains"]:
+        exp.trains, exp.fails = item.get("trains"), item.get("fails")
+        referenced = [("trains", exp.trains), ("fails", exp.fails)]
+        if exp.trains == exp.fails:
+            problems.append(f"{key}: trains and fails name the same run {exp.trains!r}")
     elif forms == ["same"]:
         pair = item["same"]
         if not (isinstance(pair, list) and len(pair) == 2):

@@ -10,6 +10,11 @@ every line prints:
   is reversed when it lies above +margin;
 - `same: [A, B]` is a TOST equivalence test: it holds when the whole interval lies inside (-tol, +tol)
   (two one-sided t tests at 2.5% each), differs when it lies wholly outside, is inconclusive otherwise.
+- `trains: A, fails: B` (A trains at a setting where B does not, e.g. QK-norm at a learning rate where the
+  same model without it diverges) is read from the gates, seed by seed, since a run that failed has no
+  loss worth a difference: it holds when A trained and B did not in every seed, does not hold when B
+  trained in every seed, and is mixed otherwise. Where A failed in some seed it is not tested (the setting
+  does not let the claim show), except that A failing and B training in every seed is reversed.
 With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers and no verdict word; a
 comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train", and
 one involving a run whose outputs change with tokens its mask hides in training (the mask_leak probe, e.g.
@@ -40,8 +45,8 @@ def _num(x: float) -> str:
 class Verdict:
     claim: str  # what the literature expects, e.g. "kv2-mean < kv2-first"
     on: str  # the eval label it was judged on ("" for a probe without one)
-    status: str  # holds | reversed | differs | inconclusive | mixed (probes) | no verdict | not tested | invalid
-    #              | missing
+    status: str  # holds | reversed | differs | inconclusive | mixed (probes, trains/fails) | does not hold
+    #              (trains/fails) | no verdict | not tested | invalid | missing
     n: int  # seeds compared
     mean: float | None  # mean paired difference (or probe value)
     lo: float | None  # the 95% interval of `mean` (None below 2 seeds, and for probes)
@@ -52,9 +57,12 @@ class Verdict:
     probe: bool = False  # the numbers are probe values, not differences
     holding: int = 0  # probes: seeds where the threshold held
     sd: float | None = None
+    figures: str = ""  # trains/fails: each run's gate outcome and losses, which stand in for a difference
 
     @property
     def numbers(self) -> str:
+        if self.figures:
+            return self.figures
         if self.probe:
             spread = f" ± {self.sd:.3g}" if self.sd else ""
             return f"value {self.mean:.3g}{spread}, {self.holding}/{self.n} seeds within the bound"
@@ -173,11 +181,16 @@ def untrained(results: dict, name: str) -> str:
     while name in runs:
         failed = {seed: g for seed, g in runs[name]["seeds"].items() if g["status"] != "trained"}
         if failed:
-            figures = "; ".join(f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} "
-                                f"and step 0 {g['step0']:.3f}" for seed, g in failed.items())
-            return f"{name} did not train ({figures})"
+            return f"{name} did not train ({'; '.join(_gate_figures(seed, g) for seed, g in failed.items())})"
         name = runs[name].get("source")
     return ""
+
+
+def _gate_figures(seed: str, g: dict) -> str:
+    if g.get("why"):  # stopped by the trainer: no checkpoint, no figures
+        return f"seed {seed}: {g['status']} ({g['why']})"
+    return (f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} and step 0 "
+            f"{g['step0']:.3f}")
 
 
 def leaking(results: dict, name: str) -> str:
@@ -191,11 +204,62 @@ def leaking(results: dict, name: str) -> str:
             "(mask_leak, train mode): it sees later tokens while it trains")
 
 
+def seed_gates(results: dict, name: str) -> dict:
+    """{seed: gate} of run `name`, or of the run it stands for (a conversion's source, a swept variant's best
+    run): the outcomes gates.py recorded; {} when the lab has none."""
+    runs = results.get("gates", {}).get("runs", {})
+    while name in runs and not runs[name]["seeds"]:
+        name = runs[name].get("source")
+    return runs[name]["seeds"] if name in runs else {}
+
+
+def _outcomes(name: str, gates: dict) -> str:
+    """'B trained 0/3 (diverged: seeds 1, 2; did not learn: seed 3), loss 7.1, 6.9, 6.8': one run's gates."""
+    failed: dict[str, list[str]] = {}
+    for seed, g in gates.items():
+        if g["status"] != "trained":
+            failed.setdefault(g["status"], []).append(seed)
+    which = "; ".join(f"{status}: seed{'s' if len(s) > 1 else ''} {', '.join(s)}" for status, s in failed.items())
+    trained = len(gates) - sum(map(len, failed.values()))
+    losses = ", ".join(f"{g['loss']:.3f}" for g in gates.values())
+    return f"{name} trained {trained}/{len(gates)}{f' ({which})' if which else ''}, loss {losses}"
+
+
+def judge_training(exp: Expectation, results: dict, label: str) -> Verdict:
+    """A trains where B does not, seed by seed from the gates (module doc); the figures are both runs' gate
+    outcomes and losses, with the unigram and step-0 figures they were held against."""
+    a, b = exp.pair
+    ga, gb = seed_gates(results, a), seed_gates(results, b)
+    seeds = [s for s in ga if s in gb]
+    if not seeds:
+        return Verdict(exp.describe(), label, "missing", 0, None, None, None, exp.source)
+    ga, gb = ({s: g[s] for s in seeds} for g in (ga, gb))
+    figures = f"{_outcomes(a, ga)}; {_outcomes(b, gb)}"
+    known = [(s, g[s]) for g in (gb, ga) for s in seeds if g[s]["unigram"] is not None]  # a divergence has none
+    if known:
+        seed, first = known[0]
+        figures += f"; against unigram {first['unigram']:.3f} and step 0 {first['step0']:.3f} (seed {seed})"
+    a_ok, b_ok = ([g[s]["status"] == "trained" for s in seeds] for g in (ga, gb))
+    why = undecided(len(seeds), _quick(results))
+    if why:
+        status = "no verdict"
+    elif not any(a_ok) and all(b_ok):
+        status = "reversed"
+    elif not all(a_ok):
+        status, why = "not tested", untrained(results, a)
+    else:
+        status = "holds" if not any(b_ok) else "does not hold" if all(b_ok) else "mixed"
+    return Verdict(exp.describe(), label, status, len(seeds), None, None, None, exp.source, why=why,
+                   figures=figures)
+
+
 def judge(exp: Expectation, results: dict) -> Verdict:
     """The verdict on one expectation from the lab's results (module doc for the rule)."""
     label = exp.on or next(iter(results["evals"]))
     if exp.probe:
         return judge_probe(exp, results, label)
+    if exp.trains:
+        return judge_training(exp, results, results.get("gates", {}).get("label", label))
     a, b = exp.pair
     deltas = paired(results["rows"], a, b, label, results["metric"])
     if not deltas:

@@ -201,25 +201,30 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return proj(x).view(B, T, n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
+    def queries(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """(B, H, T, D) queries of x (B, T, C): projected, QK-normed, rotated; what the scores are made of."""
+        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
+        if self.q_norm is not None:
+            q = self.q_norm(q)  # (B, H, T, D): QK-norm comes before RoPE
+        return q if rope is None else apply_rope(q, *rope)
+
+    def keys_values(self, source: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """(B, H_kv, S, D) keys (projected, QK-normed, rotated) and values of source (B, S, C)."""
+        k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+        v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+        if self.k_norm is not None:
+            k = self.k_norm(k)  # (B, H_kv, S, D)
+        return (k if rope is None else apply_rope(k, *rope)), v
+
     def forward(self, x: Tensor, mask: AttnMask, *, context: Tensor | None = None,
                 rope: tuple[Tensor, Tensor] | None = None, cache: LayerKV | CrossKV | None = None,
                 start_pos: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         B, T, C = x.shape
-        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
-        if self.q_norm is not None:
-            q = self.q_norm(q)  # (B, H, T, D): QK-norm comes before RoPE
-        if rope is not None:
-            q = apply_rope(q, *rope)
+        q = self.queries(x, rope)  # (B, H, T, D)
         if isinstance(cache, CrossKV) and cache.k is not None:
             k, v = cache.k, cache.v  # (B, H_kv, S, D): the encoder memory's keys/values, computed once
         else:
-            source = x if context is None else context
-            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-            v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-            if self.k_norm is not None:
-                k = self.k_norm(k)  # (B, H_kv, S, D)
-            if rope is not None:
-                k = apply_rope(k, *rope)
+            k, v = self.keys_values(x if context is None else context, rope)  # (B, H_kv, S, D) each
             if isinstance(cache, CrossKV):
                 cache.store(k, v)
             elif cache is not None:

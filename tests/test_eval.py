@@ -132,7 +132,8 @@ def test_sliding_windows_score_every_token_once_with_context() -> None:
     shards = TokenShards(tokens, np.array([0, 8, 11, 21]), 30, 0, {})
     seq_len, stride = 4, 2
     scored: list[int] = []
-    for d, (window, skip) in enumerate(sliding_windows(shards, seq_len, stride)):
+    for d, (window, skip, lead) in enumerate(sliding_windows(shards, seq_len, stride)):
+        assert lead == (len(scored) in (0, 8, 11))  # a document's first window opens with the separator
         assert len(window) <= seq_len + 1
         scored += window[1 + skip:].tolist()
         if skip:

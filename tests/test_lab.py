@@ -15,7 +15,7 @@ from tfkit.lab.verdict import coverage_warning, judge, summary
 runner = CliRunner()
 
 SHIPPED = ("gqa-uptrain", "flash-exact", "masks", "prepost-warmup", "qk-scale", "positions", "norms", "embed-scale",
-           "tie", "mlm-mask", "tokenizers", "muon-vs-adamw")
+           "tie", "mlm-mask", "tokenizers", "muon-vs-adamw", "document-mask", "qk-norm")
 
 
 def lab(*args: str):

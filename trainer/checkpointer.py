@@ -104,7 +104,9 @@ class Checkpointer:
                  "cpu_threads": torch.get_num_threads(),  # a resumed `auto` run computes with as many
                  "precision": r.train.precision,  # and in the same precision (source.source_precision)
                  "data": {"train": r.data.train, "valid": r.data.valid, "valid_fraction": r.data.valid_fraction,
-                          "text_field": r.data.text_field}}  # what `data.train: null` of a run started from it reads
+                          "text_field": r.data.text_field,  # what `data.train: null` of a run started from it reads
+                          # the packed layout it trained on, which `tfkit eval` scores it under
+                          "document_mask": r.data.document_mask, "reset_positions": r.data.reset_positions}}
         if r.objective.name == "seq2seq":  # what `tfkit eval` reads pairs with
             extra["pair_fields"] = [r.data.source_field, r.data.target_field]
         head = getattr(self.model, "head_config", None)
