@@ -13,7 +13,8 @@ with the same weights:
   fused kernels are measured against, in time and (on GPU) peak memory.
 
 GPU: B=8, 16 heads, d_head 64 and 128, bf16, T = 1024 ... 8192, causal and not. CPU: fp32, B=1, 8 heads,
-d_head 64, T = 128 ... 2048, causal, time only: PyTorch has no per-call peak of host memory.
+d_head 64, T = 128 ... 2048, causal, time only: PyTorch has no per-call peak of host memory. Then, at each
+causal length, a sliding-window layer (`model.window` 256) against full causal attention.
 """
 
 from __future__ import annotations
@@ -168,10 +169,42 @@ def measure(ctx: Context, shape: Shape) -> list[Row]:
     return rows
 
 
+WINDOW = 256  # model.window of the windowed rows: a query sees the 256 keys up to it
+
+
+def window_row(ctx: Context, shape: Shape) -> Row:
+    """A causal sliding-window layer (model.window) against full causal attention, fwd+bwd, same weights:
+    what a window saves as T grows. On CUDA the band is a flex_attention block mask (blocks outside it are
+    skipped); on the CPU it is a dense boolean mask into SDPA, which still computes every score."""
+    d_model = shape.heads * shape.head_dim
+    cfg = ModelConfig(arch="gpt", d_model=d_model, n_heads=shape.heads, max_seq_len=shape.seq_len)
+    dev = ctx.device
+    torch.manual_seed(0)
+    layer = Attention(cfg).to(dev, shape.dtype)
+    x = torch.randn(shape.batch, shape.seq_len, d_model, device=dev, dtype=shape.dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    full = self_attention_mask(shape.seq_len, causal=True, device=dev, dtype=shape.dtype)
+    band = self_attention_mask(shape.seq_len, causal=True, device=dev, dtype=shape.dtype, window=WINDOW)
+    fns = {"window": fwd_bwd(lambda t: layer(t, band), layer, x, grad),
+           "full": fwd_bwd(lambda t: layer(t, full), layer, x, grad)}
+    label = f"B={shape.batch} H={shape.heads} d={shape.head_dim} T={shape.seq_len} {str(shape.dtype)[6:]} fwd+bwd"
+    ctx.log(f"attention: window {WINDOW}, {label}")
+    samples = time_interleaved(fns, dev, warmup=1 if ctx.quick else 2, rounds=2 if ctx.quick else 6, calls=1,
+                               timer=ctx.timer)
+    ms = {name: 1e3 * median(s) for name, s in samples.items()}
+    note = ("time only on CPU (a dense band mask)" if dev.type != "cuda" else
+            "peak {:,.0f} vs {:,.0f} MB (flex block mask)".format(*(peak_memory_mb(fns[n], dev) for n in fns)))
+    return Row("attention", f"window {WINDOW} vs full causal attention, {label}", "ms", ms["window"], ms["full"],
+               higher_is_better=False, note=note, paired=paired_ratio(samples["window"], samples["full"]))
+
+
 def run(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     for shape in shapes(ctx):
         rows += measure(ctx, shape)
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
+    for shape in shapes(ctx):  # the windowed layer as T grows: causal shapes of the first head size
+        if shape.causal and shape.head_dim == shapes(ctx)[0].head_dim and shape.seq_len > WINDOW // 4:
+            rows.append(window_row(ctx, shape))
     return rows
