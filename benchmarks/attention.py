@@ -29,6 +29,7 @@ from torch import Tensor
 
 from tfkit.models import ModelConfig
 from tfkit.models.attention import Attention, self_attention_mask
+from tfkit.models.band import worth_banding
 
 from .common import Context, Goal, Row, is_oom, median, paired_ratio, peak_memory_mb, sync, time_interleaved
 
@@ -175,7 +176,7 @@ WINDOW = 256  # model.window of the windowed rows: a query sees the 256 keys up 
 def window_row(ctx: Context, shape: Shape) -> Row:
     """A causal sliding-window layer (model.window) against full causal attention, fwd+bwd, same weights:
     what a window saves as T grows. On CUDA the band is a flex_attention block mask (blocks outside it are
-    skipped); on the CPU it is a dense boolean mask into SDPA, which still computes every score."""
+    skipped); elsewhere, from T = 4 windows, chunks of a window of queries (models/band.py)."""
     d_model = shape.heads * shape.head_dim
     cfg = ModelConfig(arch="gpt", d_model=d_model, n_heads=shape.heads, max_seq_len=shape.seq_len)
     dev = ctx.device
@@ -192,7 +193,8 @@ def window_row(ctx: Context, shape: Shape) -> Row:
     samples = time_interleaved(fns, dev, warmup=1 if ctx.quick else 2, rounds=2 if ctx.quick else 6, calls=1,
                                timer=ctx.timer)
     ms = {name: 1e3 * median(s) for name, s in samples.items()}
-    note = ("time only on CPU (a dense band mask)" if dev.type != "cuda" else
+    note = ("time only on CPU" + (", chunked band" if band.band and worth_banding(shape.seq_len, WINDOW) else "")
+            if dev.type != "cuda" else
             "peak {:,.0f} vs {:,.0f} MB (flex block mask)".format(*(peak_memory_mb(fns[n], dev) for n in fns)))
     return Row("attention", f"window {WINDOW} vs full causal attention, {label}", "ms", ms["window"], ms["full"],
                higher_is_better=False, note=note, paired=paired_ratio(samples["window"], samples["full"]))

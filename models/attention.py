@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .band import banded_attention, worth_banding
 from .flex import flex_attention, flex_block_mask
 from .kv_cache import CrossKV, LayerKV
 from .layers import apply_rope, make_norm
@@ -57,11 +58,14 @@ class AttnMask:
     is_causal: the tensor is exactly the square causal mask, so SDPA may build it itself (is_causal=True)
         and pick the fastest kernel; the naive path still uses the tensor.
     block: the same rule as a flex_attention BlockMask (CUDA, document masks: models/flex.py), or None.
+    band: (window, causal) when the tensor is exactly a sliding window and nothing else, so the fused path
+        may compute it a chunk of queries at a time (models/band.py), or None.
     """
 
     tensor: Tensor | None = None
     is_causal: bool = False
     block: object | None = None
+    band: tuple[int, bool] | None = None
 
 
 def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None = None,
@@ -89,7 +93,8 @@ def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None 
     block = None
     if not plain and key_padding is None and alibi is None and positions.is_cuda:
         block = flex_block_mask(q_len, doc_ids, causal=causal, window=window, device=positions.device)  # or None
-    return AttnMask(tensor, is_causal=causal and plain, block=block)
+    only_band = window is not None and key_padding is None and alibi is None and doc_ids is None
+    return AttnMask(tensor, is_causal=causal and plain, block=block, band=(window, causal) if only_band else None)
 
 
 def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Tensor | None = None,
@@ -143,6 +148,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: 
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         gqa = False
+    if mask.band is not None and q.shape[-2] == k.shape[-2] and worth_banding(q.shape[-2], mask.band[0]):
+        return banded_attention(q, k, v, *mask.band, dropout_p, scale, gqa)  # (B, H, T, D)
     if mask.is_causal:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
                                               enable_gqa=gqa)
