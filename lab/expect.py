@@ -113,10 +113,11 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
     if not exp.source:
         problems.append(f"{key}.source: every expectation names its source (paper, section)")
     for name in ("tol", "margin", "below", "above"):
-        run_named = name in ("below", "above") and isinstance(item.get(name), str)  # another run's value
-        if name in item and not run_named and (isinstance(item[name], bool) or not isinstance(item[name], (int, float))):
-            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number" + (" or a run name" if name in
-                                                                                     ("below", "above") else ""))
+        bound = name in ("below", "above")
+        if bound and isinstance(item.get(name), str):  # another run's value: checked with the run names below
+            continue
+        if name in item and (isinstance(item[name], bool) or not isinstance(item[name], (int, float))):
+            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number" + (" or a run name" if bound else ""))
             return []
     exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
     referenced = []

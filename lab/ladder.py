@@ -96,7 +96,8 @@ def render_ladder(results: dict) -> str:
     lines += [f"The same lab at {', '.join(steps)} steps (every run from scratch, its schedule over its own steps; "
               f"{len(first['seeds'])} paired seed(s)); each rung's full report is in steps-N/results.md. "
               "Verdicts are read at each rung by the rule stated there.", "",
-              f"| steps | tokens seen ({ref}) | parameters | tokens / parameter | epochs |", "| --- | --- | --- | --- | --- |"]
+              f"| steps | tokens seen ({ref}) | parameters | tokens / parameter | epochs |",
+              "| --- | --- | --- | --- | --- |"]
     for n in steps:
         s = (rungs[n].get("scale") or {}).get(ref) or {}
         tokens, params, train = s.get("tokens"), s.get("params"), s.get("train_tokens")

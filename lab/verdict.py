@@ -205,8 +205,8 @@ def judge_probe_pair(exp: Expectation, results: dict, label: str) -> Verdict:
     if not seeds:
         return Verdict(exp.describe(), "", "missing", 0, None, None, None, exp.source)
     iv = paired_interval([a[s] - b[s] for s in seeds])
-    figures = (f"{exp.run} {mean_sd([a[s] for s in seeds])[0]:.3g}, {exp.versus} {mean_sd([b[s] for s in seeds])[0]:.3g}"
-               f"; {_difference(iv.mean, iv.lo, iv.hi, iv.n)}")
+    means = [mean_sd([values[s] for s in seeds])[0] for values in (a, b)]
+    figures = f"{exp.run} {means[0]:.3g}, {exp.versus} {means[1]:.3g}; {_difference(iv.mean, iv.lo, iv.hi, iv.n)}"
     failed = [x for x in (untrained(results, exp.run), untrained(results, exp.versus)) if x]
     if failed and not _quick(results):
         status, why = "not tested", "; ".join(failed)

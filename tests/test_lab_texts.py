@@ -39,7 +39,8 @@ def test_every_comparison_gives_the_other_text_and_flags_opposite_directions():
                           "b": {"docs-valid": [5.3, 5.42, 5.5], "code-valid": [6.2, 6.33, 6.4]}})
     verdict = judge(Expectation(source="s", better="a", than="b"), agree)
     assert verdict.status == "holds" and [o["on"] for o in verdict.others] == ["code-valid"]
-    assert "— on code-valid: Δ -0.21, 95% CI [-0.253, -0.167], n = 3 — s" in verdict.line and "texts disagree" not in verdict.line
+    assert "— on code-valid: Δ -0.21, 95% CI [-0.253, -0.167], n = 3 — s" in verdict.line
+    assert "texts disagree" not in verdict.line
     against = results_with({"a": {"docs-valid": [5.0, 5.1, 5.2], "code-valid": [6.5, 6.6, 6.72]},
                             "b": {"docs-valid": [5.3, 5.42, 5.5], "code-valid": [6.2, 6.33, 6.4]}})
     flagged = judge(Expectation(source="s", better="a", than="b"), against)
@@ -66,7 +67,8 @@ def attention(values: dict) -> dict:
 ])
 def test_a_probe_bound_naming_a_run_is_a_paired_comparison_of_layer_means(a, status):
     b = [[2.0, 2.2], [2.1, 2.3], [2.0, 2.1]]
-    results = results_with({"a": {"docs-valid": [5, 5, 5]}, "b": {"docs-valid": [5, 5, 5]}}, attention({"a": a, "b": b}))
+    losses = {"docs-valid": [5, 5, 5]}
+    results = results_with({"a": losses, "b": losses}, attention({"a": a, "b": b}))
     verdict = judge(Expectation(source="s", probe="attention_entropy", run="a", below="b"), results)
     assert verdict.status == status and verdict.n == 3
     assert verdict.line.startswith(f"attention_entropy of a < b's: {status} — a ")
@@ -123,7 +125,8 @@ def test_a_bad_probe_or_column_setting_is_one_line(tmp_path, body, message):
 
 
 def test_the_lengths_probe_refuses_a_bidirectional_model(tmp_path):
-    line = one_line(tmp_path, "base: bert-tiny\nvariants: {a: []}\nprobes: {lengths: [2]}\nquick: [model.max_seq_len=64]\n")
+    line = one_line(tmp_path, "base: bert-tiny\nvariants: {a: []}\nprobes: {lengths: [2]}\n"
+                              "quick: [model.max_seq_len=64]\n")
     assert "probes.lengths: splits each row at the training length" in line and "objective.name=mlm" in line
 
 
