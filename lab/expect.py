@@ -117,7 +117,8 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         if bound and isinstance(item.get(name), str):  # another run's value: checked with the run names below
             continue
         if name in item and (isinstance(item[name], bool) or not isinstance(item[name], (int, float))):
-            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number" + (" or a run name" if bound else ""))
+            also = " or a run name" if bound else ""
+            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number{also}")
             return []
     exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
     referenced = []
