@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
+from tfkit.lab.scoring import is_degradation
 from tfkit.lab.spec import bundled_specs, load_spec
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ def test_every_shipped_spec_runs_quick(claim, tmp_path):
         assert decode["scratch-kv2"]["kv_bytes_per_token"] * 2 == decode["mha"]["kv_bytes_per_token"]
     for row in results["rows"].values():  # a degradation column holds past - within of the same rows
         for label, seeds in row["scores"].items():
-            if label.endswith("x") and "@" in label and "diverged" not in seeds["1337"]:
+            if is_degradation(label) and "diverged" not in seeds["1337"]:
                 s = seeds["1337"]
                 assert s["loss"] == pytest.approx(s["past_loss"] - s["within_loss"]) and s["tokens"] > 0, label
     for key in ("attention", "residual_update"):  # one value per layer (--quick: one layer) of every probed run
