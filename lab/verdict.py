@@ -212,9 +212,10 @@ def judge_probe_pair(exp: Expectation, results: dict, label: str) -> Verdict:
         status, why = "not tested", "; ".join(failed)
     else:
         why = undecided(iv.n, _quick(results))
-        below = exp.below is not None
-        status = "no verdict" if why else ("holds" if (iv.hi < 0 if below else iv.lo > 0)
-                                           else "reversed" if (iv.lo > 0 if below else iv.hi < 0) else "inconclusive")
+        side = -1 if iv.hi < 0 else 1 if iv.lo > 0 else 0  # where the whole interval lies against 0
+        predicted = -1 if exp.below is not None else 1
+        status = "no verdict" if why else "holds" if side == predicted else "reversed" if side == -predicted \
+            else "inconclusive"
     return Verdict(exp.describe(), "", status, iv.n, iv.mean, iv.lo, iv.hi, exp.source, why=why, sd=iv.sd,
                    figures=figures)
 
