@@ -212,10 +212,7 @@ def judge_probe_pair(exp: Expectation, results: dict, label: str) -> Verdict:
         status, why = "not tested", "; ".join(failed)
     else:
         why = undecided(iv.n, _quick(results))
-        side = -1 if iv.hi < 0 else 1 if iv.lo > 0 else 0  # where the whole interval lies against 0
-        predicted = -1 if exp.below is not None else 1
-        status = "no verdict" if why else "holds" if side == predicted else "reversed" if side == -predicted \
-            else "inconclusive"
+        status = "no verdict" if why else _probe_side(iv, -1 if exp.below is not None else 1)
     return Verdict(exp.describe(), "", status, iv.n, iv.mean, iv.lo, iv.hi, exp.source, why=why, sd=iv.sd,
                    figures=figures)
 
@@ -333,6 +330,13 @@ def judge(exp: Expectation, results: dict) -> Verdict:
     return Verdict(exp.describe(), label, status, iv.n, iv.mean, iv.lo, iv.hi, exp.source,
                    reliance_warning(results, label), why=why, sd=iv.sd, others=others,
                    disagree=disagreement(label, iv, others))
+
+
+def _probe_side(iv: Interval, predicted: int) -> str:
+    """holds when the whole interval lies on the `predicted` side of 0 (-1 below, +1 above), reversed when
+    on the other, inconclusive when it holds 0."""
+    side = -1 if iv.hi < 0 else 1 if iv.lo > 0 else 0
+    return "holds" if side == predicted else "reversed" if side == -predicted else "inconclusive"
 
 
 def counterparts(results: dict, label: str) -> list[str]:

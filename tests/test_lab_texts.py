@@ -82,6 +82,10 @@ def test_a_probe_comparison_needs_three_seeds_and_trained_runs():
     values = attention({"a": [[1.0], [1.1]], "b": [[2.0], [2.1]]})
     two = results_with({"a": {"docs-valid": [5, 5]}, "b": {"docs-valid": [5, 5]}}, values, seeds=2)
     assert judge(Expectation(source="s", probe="attention_entropy", run="a", below="b"), two).status == "no verdict"
+    one = results_with({}, attention({"a": [[1.0]], "b": [[2.0]]}), seeds=1)
+    line = judge(Expectation(source="s", probe="attention_entropy", run="a", below="b"), one).line
+    assert line == ("attention_entropy of a < b's: no verdict (1 seed; a verdict needs 3) — a 1, b 2; Δ -1, n = 1 "
+                    "(no interval from one seed) — s")
     three = results_with({}, attention({"a": [[1.0], [1.1], [1.0]], "b": [[2.0], [2.1], [2.0]]}))
     three["gates"] = {"runs": {"a": {"kind": "train", "source": None, "seeds": {str(s): {
         "status": "did not learn", "loss": 6.8, "unigram": 6.79, "step0": 8.3} for s in (1, 2, 3)}}}}
