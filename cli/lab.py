@@ -36,7 +36,9 @@ def run(
     evals: Annotated[Optional[list[str]], typer.Option("--eval", help="A held-out text to score on (repeatable); "
                                                        "default: the spec's, else the base recipe's data.valid.")] = None,
     seeds: Annotated[int, typer.Option("--seeds", help="Paired seeds per variant; a verdict needs at least 3.")] = 3,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="train.max_steps of every run from scratch.")] = None,
+    steps: Annotated[Optional[list[int]], typer.Option("--steps", help="train.max_steps of every run from scratch; "
+                                                       "repeat it for a ladder: the whole lab at each step count "
+                                                       "(folders steps-N), verdicts side by side.")] = None,
     overrides: Overrides = None,
     jobs: Annotated[int, typer.Option("--jobs", help="Trainings run at the same time (processes).")] = 1,
     out: Annotated[Optional[Path], typer.Option("--out", help="Lab folder; an existing lab of the same claim and "
@@ -51,8 +53,19 @@ def run(
     from ..lab.spec import load_spec
 
     spec = load_spec(claim)
-    options = LabOptions(seeds=seeds, steps=steps, data=data, evals=list(evals or []), sets=list(overrides or []),
-                         jobs=jobs, quick=quick)
+    ladder = list(steps or [])
+    options = LabOptions(seeds=seeds, steps=ladder[0] if len(ladder) == 1 else None, data=data,
+                         evals=list(evals or []), sets=list(overrides or []), jobs=jobs, quick=quick)
+    if len(ladder) > 1:
+        from ..lab.engine import default_folder
+        from ..lab.ladder import run_ladder
+
+        out = out or default_folder(spec.claim)
+        console.print(f"lab {spec.claim}: a ladder of {len(ladder)} labs at {', '.join(map(str, sorted(ladder)))} "
+                      f"steps over {seeds} seed(s); folder {out}", highlight=False, markup=False)
+        folder, results = run_ladder(spec, options, ladder, out)
+        _show(folder, results, MARKDOWN)
+        return
     lab = prepare(spec, options, out)
     trainings = sum(j.kind != "convert" for j in lab.jobs)
     cost = f", about {spec.cost['cpu_minutes']} CPU-minutes at full size" if spec.cost.get("cpu_minutes") else ""
@@ -64,10 +77,12 @@ def run(
 
 @app.command("report")
 def report(folder: Annotated[Path, typer.Argument(help="A lab folder (holding results.json).")]) -> None:
-    """Rebuild results.md, the verdicts and the plots of a lab folder from its results.json."""
+    """Rebuild results.md, the verdicts and the plots of a lab folder (or of every rung of a --steps ladder and
+    the ladder's summary) from its results.json."""
+    from ..lab.ladder import LADDER_FILE, report_ladder
     from ..lab.report import MARKDOWN, report_folder
 
-    _show(folder, report_folder(folder), MARKDOWN)
+    _show(folder, report_ladder(folder) if (folder / LADDER_FILE).is_file() else report_folder(folder), MARKDOWN)
 
 
 def _show(folder: Path, results: dict, markdown: str) -> None:

@@ -134,13 +134,15 @@ def _window_batch(rows: list[Window], seq_len: int, document_mask: bool, reset_p
 def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, seq_len: int, batch_size: int,
                  stride: int | None, seed: int, cache_dir: Path, show_progress: bool,
                  text_field: str = "text", pair_fields: tuple[str, str] = ("source", "target"),
-                 document_mask: bool = False, reset_positions: bool = False) -> tuple[Iterator[dict], int | None]:
+                 document_mask: bool = False, reset_positions: bool = False,
+                 masking: dict | None = None) -> tuple[Iterator[dict], int | None]:
     """(the batches to score, how many there are when known): the tokenization datasets in evaluation
     order, or sliding windows.
 
     `text_field` is the JSON/JSONL key holding each document's text; seq2seq pairs are read with the
     (source, target) keys the checkpoint trained with, `pair_fields`. `document_mask` / `reset_positions`:
-    the packed layout the checkpoint trained with (`trained_layout`)."""
+    the packed layout the checkpoint trained with (`trained_layout`). `masking` (MLM): `MlmDataset`'s
+    mask_prob / mask_replace / whole_word instead of its defaults (15%, 80/10/10)."""
     if objective == "seq2seq" and is_pair_data(data_spec, pair_fields[0]):
         dataset = Seq2SeqDataset.from_file(data_spec, tokenizer, seed, source_field=pair_fields[0],
                                            target_field=pair_fields[1], max_src_len=seq_len, max_tgt_len=seq_len)
@@ -155,7 +157,7 @@ def eval_batches(tokenizer: TfkitTokenizer, data_spec: str, objective: str, *, s
     if objective == "clm":
         dataset = ClmDataset.from_shards(shards, seq_len, seed, **packing)
     elif objective == "mlm":
-        dataset = MlmDataset.from_shards(shards, tokenizer, seq_len, seed, **packing)
+        dataset = MlmDataset.from_shards(shards, tokenizer, seq_len, seed, **packing, **(masking or {}))
     else:
         dataset = Seq2SeqDataset.denoising(shards, tokenizer, seed, max_src_len=seq_len, max_tgt_len=seq_len)
     return _all_batches(dataset, batch_size, data_spec, seq_len)
@@ -282,7 +284,7 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
              max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
              device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
              cache_dir: str | Path | None = None, show_progress: bool = True, text_field: str = "text",
-             overrides: list[str] | None = None, best: bool = False) -> dict:
+             overrides: list[str] | None = None, best: bool = False, masking: dict | None = None) -> dict:
     """Score one checkpoint (folder, or run folder: its latest checkpoint, its best/ with `best`) on
     `data_spec`; returns the metrics dict (module doc).
 
@@ -295,6 +297,8 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     `text_field` is the JSON/JSONL key holding the text. `overrides` (`model.KEY=VALUE`, eval's --set)
     evaluate the weights under another setting of a model key that keeps every weight
     (evaluation/model_overrides.py). `show_progress`: a bar on a terminal, a line now and then off one.
+    `masking` (MLM checkpoints): the masking to score under, `eval_batches`' (the lab scores a model on the
+    corruption it trained with); None = the common 15% with 80/10/10.
     """
     precision = check_precision(dtype, allow_auto=True)
     device = device if isinstance(device, torch.device) else pick_device(device)
@@ -310,7 +314,7 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
                                   stride=stride, seed=seed,
                                   cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
                                   show_progress=show_progress, text_field=text_field, pair_fields=pair_fields,
-                                  **trained_layout(config))
+                                  masking=masking if objective == "mlm" else None, **trained_layout(config))
     total = total if total is None or max_batches is None else min(total, max_batches)
     progress = ScoringProgress(folder.name, total, max_tokens, enabled=show_progress)
     t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,

@@ -2,8 +2,10 @@
 
 A claim is a YAML spec (`recipes/lab/*.yaml`, or the user's own file): a base recipe, named variants as
 lists of overrides, optional conversion and uptraining steps, probes, and the ordering the literature
-expects. `spec` loads and checks it, `plan` expands it into runs, `engine` trains and scores them (one
-tokenizer and one token cache per lab, the same batches for every variant of a seed), `probes` measures
+expects. `spec` loads and checks it (`expect`: the expectations), `plan` expands it into runs, `engine`
+trains and scores them (one tokenizer and one token cache per lab, the same batches for every variant of a
+seed; `scoring` and `lengths` the columns), `probing` runs the probes (`probes`, `mechanisms`) that measure
 what losses alone do not show, `verdict` turns paired differences into a verdict (read from the paired t
-interval `stats` computes) and `report` writes results.json, results.md and the plots.
+interval `stats` computes), `report` writes results.json, results.md and the plots, and `ladder` runs a
+whole lab at several step counts.
 """

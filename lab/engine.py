@@ -31,11 +31,11 @@ from ..progress import console as output_console, progress_bar
 from ..trainer.recipe import Recipe, load_recipe
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .spec import LabSpec
-from .scoring import eval_label, first_batch, labels, pick_best, read_curves, score_job
+from .scoring import eval_label, labels, pick_best, read_curves, score_job
 from .documents import document_figures
 from .gates import check_runs, divergence, diverged_scores, record_divergence
 from .scale import run_scale
-from . import probes as measure
+from .probing import probe_units, run_probes
 
 LAB_FILE = "lab.json"
 SPEC_COPY = "spec.yaml"
@@ -70,7 +70,7 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
     seeds = seed_values(base.train.seed, options.seeds)
     jobs = plan_jobs(spec, seeds)
     recipes = resolve_recipes(spec, options, jobs)
-    texts = options.evals or spec.eval or ([base.data.valid] if base.data.valid else [])
+    texts = options.evals or spec.eval or default_evals(base.data.valid)
     if not texts:
         raise ConfigError(f"{spec.path}: no held-out text to score on: pass evals FILE (data.valid is null)",
                           params=("evals",))
@@ -82,9 +82,18 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
         evals[label] = text
     for factor in spec.probes.get("lengths") or []:
         for key, recipe in recipes.items():
+            if recipe.objective.name != "clm":
+                raise ConfigError(f"{spec.path}: probes.lengths: splits each row at the training length, which only a "
+                                  f"causal model computes as on a 1x row; {key} trains "
+                                  f"objective.name={recipe.objective.name}")
             if factor * recipe.data.seq_len > recipe.model.max_seq_len:
                 raise ConfigError(f"{spec.path}: probes.lengths: {factor}x data.seq_len={recipe.data.seq_len} exceeds "
                                   f"model.max_seq_len={recipe.model.max_seq_len} of {key}; raise model.max_seq_len")
+    if spec.own_masking:
+        for key, recipe in recipes.items():
+            if recipe.objective.name != "mlm":
+                raise ConfigError(f"{spec.path}: own_masking: scores each model under the masking it trained with, "
+                                  f"but {key} trains objective.name={recipe.objective.name}; it needs mlm")
     if spec.whole_documents:
         for key, recipe in recipes.items():
             if recipe.objective.name != "clm":
@@ -94,6 +103,19 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
     folder = Path(out) if out else default_folder(spec.claim)
     _claim_folder(folder, spec, options)
     return Lab(spec, options, folder, jobs, recipes, evals, seeds)
+
+
+def default_evals(valid: str | None) -> list[str]:
+    """The eval texts of a lab that names none: the held-out slice of its own data (the base recipe's
+    data.valid) and one other text, so a verdict says whether it holds beyond the text it was read on.
+    Beside stdlib:docs (prose) the other text is stdlib:code:valid: the Python source of the same held-out
+    files, never trained on (the stdlib split is per file), prose among code, a shift of distribution
+    without a leak. Beside stdlib:code it is stdlib:docs:valid, and beside a user's own text the built-in
+    prose, stdlib:docs:valid; both are on every machine tfkit runs on."""
+    if not valid:
+        return []
+    other = "stdlib:code:valid" if valid.startswith("stdlib:docs") else "stdlib:docs:valid"
+    return [valid] if other == valid else [valid, other]
 
 
 def _check_conversions(spec: LabSpec, recipes: dict[str, Recipe], jobs: list[Job]) -> None:
@@ -110,8 +132,14 @@ def _check_conversions(spec: LabSpec, recipes: dict[str, Recipe], jobs: list[Job
 
 def _claim_folder(folder: Path, spec: LabSpec, options: LabOptions) -> None:
     """A new folder, or a lab of the same claim and options (which is then continued, never mixed)."""
-    record = {"claim": spec.claim, "options": options.to_dict()}
-    marker = folder / LAB_FILE
+    claim_folder(folder, spec, {"claim": spec.claim, "options": options.to_dict()}, LAB_FILE)
+
+
+def claim_folder(folder: Path, spec: LabSpec, record: dict, marker_name: str) -> None:
+    """Make `folder` hold `record` in its marker file `marker_name` (with a copy of the spec), or accept it
+    when it holds the same record already (a lab, or a ladder of labs, continued); anything else is one
+    error, so a user's folder is never written into and two labs are never mixed."""
+    marker = folder / marker_name
     if marker.is_file():
         found = read_json(marker, ConfigError)
         if not isinstance(found.get("options"), dict):
@@ -123,7 +151,7 @@ def _claim_folder(folder: Path, spec: LabSpec, options: LabOptions) -> None:
                               params=("out",))
         return
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ConfigError(f"out {folder}: exists and is not a lab folder (no {LAB_FILE}); choose another out",
+        raise ConfigError(f"out {folder}: exists and is not a lab folder (no {marker_name}); choose another out",
                           params=("out",))
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / SPEC_COPY, spec.path.read_text(encoding="utf-8"))
@@ -248,7 +276,7 @@ def _finished(job: Job, interrupted: int, seconds: float, progress: Progress, ti
 def _started_from(lab: Lab, job: Job) -> Job:
     """The job whose checkpoint `job` (a conversion or an uptraining) starts from; one that diverged left
     none, which stops the lab with its reason."""
-    source = _job(lab, job.source, job.seed)
+    source = job_named(lab, job.source, job.seed)
     message = "" if source.kind == "convert" else divergence(lab.folder / source.folder)
     if message:
         raise ConfigError(f"lab {lab.folder}: {job.kind} {job.key} starts from {source.key}, which diverged "
@@ -278,7 +306,7 @@ def _convert(lab: Lab, job: Job, progress: Progress) -> None:
 def scoring_recipe(lab: Lab, job: Job) -> Recipe:
     """The recipe whose eval settings score `job`: its own, or (a conversion) its source's."""
     while job.kind == "convert":
-        job = _job(lab, job.source, job.seed)
+        job = job_named(lab, job.source, job.seed)
     return lab.recipes[job.key]
 
 
@@ -316,77 +344,5 @@ def run(lab: Lab) -> dict:
             "documents": documents, "timing_s": timing, "cost": s.cost}
 
 
-def probe_units(lab: Lab) -> int:
-    p = lab.spec.probes
-    runs = sum(len((p[key] or {}).get("runs", [lab.spec.reference]))
-               for key in ("flash_equality", "mask_leak", "attention_logits") if key in p)
-    decode = len((p.get("decode_speed") or {}).get("runs", [lab.spec.reference])) if "decode_speed" in p else 0
-    return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p) + decode
-
-
-def _job(lab: Lab, name: str, seed: int) -> Job:
+def job_named(lab: Lab, name: str, seed: int) -> Job:
     return next(j for j in lab.jobs if j.name == name and j.seed == seed)
-
-
-def _probed(lab: Lab, name: str, seeds: list[int]) -> list[Job]:
-    """The jobs of run `name` a probe measures: those of `seeds` that left a checkpoint (not a divergence)."""
-    jobs = [_job(lab, name, seed) for seed in seeds]
-    return [j for j in jobs if j.kind == "convert" or not divergence(lab.folder / j.folder)]
-
-
-def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
-    """The spec's probes (probes.py): attention reliance per seed and eval text (the ablated model is also
-    a row of the table), flash/naive logit equality, the mask leak and the largest attention logit per seed
-    on the first batch of the first eval text, activation memory once, decode speed once per named run."""
-    p, out = lab.spec.probes, {}
-    if "attention_reliance" in p:
-        cfg = p["attention_reliance"] or {}
-        name = cfg.get("run", lab.spec.reference)
-        threshold = float(cfg.get("threshold", 0.25))
-        ablated_name = f"{name}-no-attn"
-        values: dict = {}
-        for job in _probed(lab, name, lab.seeds):
-            started, seed = time.perf_counter(), job.seed
-            folder = lab.folder / "probes" / ablated_name / f"seed-{seed}"
-            measure.ablate_attention(checkpoint_of(lab, job), folder)
-            probe_job = Job(ablated_name, seed, "probe")
-            scores, fresh = score_job(lab, probe_job, folder, scoring_recipe(lab, job))
-            row = rows.setdefault(ablated_name, {"kind": "probe", "scores": {}})
-            for label, value in scores.items():
-                row["scores"].setdefault(label, {})[str(seed)] = value
-                base = rows[name]["scores"][label][str(seed)]["loss"]
-                values.setdefault(label, {})[str(seed)] = value["loss"] - base
-            progress.step(f"probe attention reliance {job.key}", started if fresh else None)
-        out["attention_reliance"] = {"run": name, "threshold": threshold, "values": values}
-    for key, name, measure_fn in (("flash_equality", "flash_max_diff", measure.flash_max_diff),
-                                  ("mask_leak", "mask_leak", measure.mask_leak),
-                                  ("attention_logits", "attention_logits", measure.attention_logits)):
-        if key not in p:
-            continue
-        values = {}
-        for run in (p[key] or {}).get("runs", [lab.spec.reference]):
-            for job in _probed(lab, run, lab.seeds):
-                started, seed = time.perf_counter(), job.seed
-                recipe, label = scoring_recipe(lab, job), next(iter(lab.evals))
-                batch = first_batch(checkpoint_of(lab, job), lab.evals[label], recipe, lab.folder / "data")
-                values.setdefault(run, {})[str(seed)] = measure_fn(checkpoint_of(lab, job), batch)
-                progress.step(f"probe {name} {job.key}", started)
-        out[name] = {"values": values}
-    if "memory" in p:
-        cfg = p["memory"] or {}
-        lengths = [64, 128] if lab.options.quick else list(cfg.get("seq_lens", [256, 512, 1024, 2048]))
-        for job in _probed(lab, cfg.get("run", lab.spec.reference), lab.seeds)[:1]:  # its architecture, once
-            started = time.perf_counter()
-            out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
-            progress.step(f"probe activation memory {job.key}", started)
-    if "decode_speed" in p:
-        cfg, out["decode_speed"] = p["decode_speed"] or {}, {"values": {}}
-        sizes = [1, 2] if lab.options.quick else [int(b) for b in cfg.get("batch_sizes", [1, 8])]
-        new_tokens = 4 if lab.options.quick else int(cfg.get("new_tokens", 32))
-        for run in cfg.get("runs", [lab.spec.reference]):  # one seed's weights: speed does not depend on them
-            for job in _probed(lab, run, lab.seeds)[:1]:
-                started = time.perf_counter()
-                out["decode_speed"]["values"][run] = measure.decode_speed(
-                    checkpoint_of(lab, job), sizes, int(cfg.get("context", 128)), new_tokens)
-                progress.step(f"probe decode speed {job.key}", started)
-    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..files import atomic_file
+from .scoring import is_degradation
 from .verdict import mean_sd
 
 
@@ -50,7 +51,9 @@ def _curves(ax, results: dict) -> bool:
 
 
 def _bars(ax, results: dict) -> bool:
-    stats = results["summary"]
+    """The metric per row and eval text; degradation columns (LABEL@Nx, a difference near 0) are left out."""
+    stats = {name: {label: cell for label, cell in row.items() if not is_degradation(label)}
+             for name, row in results["summary"].items()}
     names = list(stats)
     labels = list(dict.fromkeys(label for row in stats.values() for label in row))
     width = 0.8 / max(len(labels), 1)

@@ -173,7 +173,7 @@ def decode_speed(checkpoint: Path, batch_sizes: list[int], context: int, new_tok
 def attention_logits(checkpoint: Path, batch: dict) -> float:
     """max |q·k · scale| over every self-attention layer, head and visible query-key pair of one batch (module
     doc), recomputed from each layer's input with the layer's own projections, QK-norm and RoPE."""
-    from ..models.attention import Attention
+    from .mechanisms import model_inputs
 
     model, _ = load_model(checkpoint)
     model.eval()
@@ -194,7 +194,7 @@ def attention_logits(checkpoint: Path, batch: dict) -> float:
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Attention)]
     try:
-        _logits(model, batch)
+        model_inputs(model, batch)  # under the checkpoint's own layout (its document mask)
     finally:
         for handle in handles:
             handle.remove()

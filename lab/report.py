@@ -12,6 +12,8 @@ from ..errors import ConfigError
 from ..files import write_atomic
 from ..jsonfile import read_json
 from .documents import document_lines
+from .mechanism_lines import lengths_lines, mechanism_lines, own_masking_lines
+from .scoring import is_degradation
 from .scale import scale_lines
 from .spec import LabSpec, load_spec
 from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
@@ -27,6 +29,9 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         "at 2.5%) holds when it lies inside ±tol and differs when it lies wholly outside; anything else is "
         f"inconclusive. Below {MIN_SEEDS} seeds, and in a quick lab, a line gives the numbers and no "
         "verdict; a comparison involving a run that did not train (see 'Did every run train?') is not tested."
+        " Each comparison is judged on its eval text and also gives Δ on the lab's other eval texts; a line is "
+        "flagged 'texts disagree' where two texts' intervals lie wholly on opposite sides of 0. A probe bound "
+        "that names another run is judged like a loss, on the paired interval of the probe's per-seed differences."
         " A comparison involving a run whose outputs change with tokens its mask hides while it trains (the "
         "mask_leak probe, train mode) is invalid for a causal model. A probe claim holds when its value is "
         "within the bound in every seed. `A trains where B does not` is read from the gates seed by seed: it "
@@ -49,7 +54,8 @@ def _delta(stats: dict | None) -> str:
 def table(results: dict, stats: dict) -> list[str]:
     """Markdown rows: variant x eval label, mean ± sd over seeds and the paired delta to the reference."""
     labels = list(dict.fromkeys(label for row in stats.values() for label in row))
-    head = ["variant", "kind"] + [x for label in labels for x in (label, f"Δ {label}")]
+    names = [f"{label} (past - within)" if is_degradation(label) else label for label in labels]
+    head = ["variant", "kind"] + [x for name in names for x in (name, f"Δ {name}")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for name, row in results["rows"].items():
         cells = [name + (" (ref)" if name == results["reference"] else ""), row["kind"]]
@@ -157,8 +163,14 @@ def render(results: dict) -> str:
     gates = gate_lines(r)
     if gates:
         lines += ["", "## Did every run train?", ""] + gates
-    probes = probe_lines(r)
-    if probes:
+    lengths = lengths_lines(r)
+    if lengths:
+        lines += ["", "## Past the training length", ""] + lengths
+    own = own_masking_lines(r)
+    if own:
+        lines += ["", "## Each model on its own masking", ""] + own
+    probes = "\n".join(probe_lines(r) + mechanism_lines(r)).strip("\n").split("\n")
+    if probes != [""]:
         lines += ["", "## Probes", ""] + probes
     if r.get("timing_s"):
         total = sum(r["timing_s"].values())

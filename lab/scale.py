@@ -49,7 +49,7 @@ def run_scale(lab: Lab, rows: dict) -> dict:
     return out
 
 
-def _count(n: float) -> str:
+def short_count(n: float) -> str:
     for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if n >= size:
             return f"{n / size:.3g}{unit}"
@@ -67,6 +67,6 @@ def scale_lines(results: dict) -> list[str]:
         tokens = s["tokens"]
         per_param = f"{tokens / s['params']:.3g}" if tokens and s["params"] else "-"
         epochs = f"{tokens / s['train_tokens']:.3g}" if tokens and s["train_tokens"] else "-"
-        out.append(f"| {name} | {s['kind']} | {_count(s['params']) if s['params'] else '-'} | {s['steps']:,} | "
-                   f"{_count(tokens) if tokens else '-'} | {per_param} | {epochs} | {s['precision'] or '-'} |")
+        out.append(f"| {name} | {s['kind']} | {short_count(s['params']) if s['params'] else '-'} | {s['steps']:,} | "
+                   f"{short_count(tokens) if tokens else '-'} | {per_param} | {epochs} | {s['precision'] or '-'} |")
     return out

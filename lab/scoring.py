@@ -10,7 +10,14 @@ restarted positions from config.json). With `whole_documents`, every eval text i
 document (column LABEL@whole): each document from its own start, never after another document's tail, in
 windows of data.seq_len tokens that advance by half a window (evaluate's sliding windows, so every token
 past a document's first window keeps half a window of its own document as context), up to as many scored
-tokens as the packed score takes (eval.batches x batch size x seq_len)."""
+tokens as the packed score takes (eval.batches x batch size x seq_len).
+
+With `probes: {lengths: [...]}`, column LABEL@Nx holds the degradation past the training length at rows of
+N x data.seq_len tokens (lengths.py), not an overall loss. With `own_masking`, an MLM checkpoint is also
+scored under the masking it trained with (column LABEL@own: its own mask_prob, mask_replace and whole-word
+setting, drawn with the same fixed seed), beside the common one every checkpoint is scored under (the
+recipe's defaults, 15% with 80/10/10 unless the spec's `set` changes them): a model trained at 40% or with
+[MASK] only is then seen on its own task too, not only on the one the reference trained for."""
 
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ConfigError
 from ..files import write_atomic
@@ -40,18 +47,35 @@ def eval_label(text: str) -> str:
 
 
 WHOLE = "@whole"  # the suffix of a whole-document column
+OWN = "@own"  # the suffix of a column scored under each checkpoint's own masking
 
 
-def labels(lab: Lab) -> dict[str, tuple[str, int, bool]]:
-    """label -> (eval text, length factor, whole documents): each eval text, with the lengths probe each
-    text scored at `factor` times the training length (`docs-valid@2x`), and with `whole_documents` each
-    text scored document by document (`docs-valid@whole`)."""
-    out = {label: (text, 1, False) for label, text in lab.evals.items()}
+class Column(NamedTuple):
+    """How one column of the table is scored: `text` at `factor` x the training length (factor > 1: the
+    degradation past it), document by document (`whole`), or under the checkpoint's own masking (`own`)."""
+    text: str
+    factor: int = 1
+    whole: bool = False
+    own: bool = False
+
+
+def labels(lab: Lab) -> dict[str, Column]:
+    """label -> Column: each eval text, with the lengths probe each text at `factor` times the training
+    length (`docs-valid@2x`), with `whole_documents` each text document by document (`docs-valid@whole`),
+    with `own_masking` each text under each checkpoint's own masking (`docs-valid@own`)."""
+    out = {label: Column(text) for label, text in lab.evals.items()}
     for factor in lab.spec.probes.get("lengths") or []:
-        out.update({f"{label}@{factor}x": (text, factor, False) for label, text in lab.evals.items()})
+        out.update({f"{label}@{factor}x": Column(text, factor) for label, text in lab.evals.items()})
     if lab.spec.whole_documents:
-        out.update({f"{label}{WHOLE}": (text, 1, True) for label, text in lab.evals.items()})
+        out.update({f"{label}{WHOLE}": Column(text, whole=True) for label, text in lab.evals.items()})
+    if lab.spec.own_masking:
+        out.update({f"{label}{OWN}": Column(text, own=True) for label, text in lab.evals.items()})
     return out
+
+
+def is_degradation(label: str) -> bool:
+    """Whether a column holds a degradation past the training length (LABEL@Nx), not a loss."""
+    return re.fullmatch(r".*@\d+x", label) is not None
 
 
 def scores_file(lab: Lab, job: Job) -> Path:
@@ -59,21 +83,33 @@ def scores_file(lab: Lab, job: Job) -> Path:
     return lab.folder / "scores" / f"{safe}-seed-{job.seed}.json"
 
 
+def own_masking(recipe: Recipe) -> dict:
+    """The MLM masking `recipe` trains with, as `evaluate(masking=...)` takes it."""
+    o = recipe.objective
+    return {"mask_prob": o.mask_prob, "mask_replace": list(o.mask_replace), "whole_word": o.whole_word_mask}
+
+
 def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, cache_dir: Path,
-                     whole: bool = False) -> dict:
-    """The kept metrics of `checkpoint` on `text`: packed blocks of `factor` x data.seq_len tokens, or with
-    `whole` document by document (module doc)."""
+                     whole: bool = False, own: bool = False) -> dict:
+    """The kept metrics of `checkpoint` on `text`: packed blocks of data.seq_len tokens (under the
+    checkpoint's own masking with `own`), the degradation past the training length at `factor` > 1, or
+    with `whole` document by document (module doc)."""
     from ..evaluation.evaluate import evaluate
+    from .lengths import past_training_length
 
     batch_size, seq_len = recipe.eval.batch_size or recipe.train.batch_size, recipe.data.seq_len * factor
+    if factor > 1:
+        return past_training_length(checkpoint, text, recipe.data.seq_len, factor, batch_size, recipe.eval.batches,
+                                    cache_dir)
     if whole:
         result = evaluate(checkpoint, text, batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2),
                           max_tokens=recipe.eval.batches * batch_size * seq_len, seed=0,
                           cache_dir=cache_dir, show_progress=False)
     else:
         result = evaluate(checkpoint, text, batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
-                          seed=0, cache_dir=cache_dir, show_progress=False)
-    return {k: result[k] for k in KEPT}
+                          seed=0, cache_dir=cache_dir, show_progress=False,
+                          masking=own_masking(recipe) if own else None)
+    return {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
 
 
 def _read_scores(path: Path) -> dict:
@@ -89,9 +125,11 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
     """({label: metrics}, whether anything was computed now) for one checkpoint."""
     path = scores_file(lab, job)
     have = _read_scores(path) if path.is_file() else {}
-    missing = {k: v for k, v in labels(lab).items() if k not in have}
-    for label, (text, factor, whole) in missing.items():
-        have[label] = score_checkpoint(checkpoint, text, recipe, factor, lab.folder / "data", whole)
+    # a degradation column written before it split rows at the training length held an overall loss: redone
+    missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])}
+    for label, column in missing.items():
+        have[label] = score_checkpoint(checkpoint, column.text, recipe, column.factor, lab.folder / "data",
+                                       column.whole, column.own)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(have, indent=2) + "\n")
     return have, bool(missing)
@@ -134,13 +172,14 @@ def pick_best(lab: Lab, rows: dict) -> dict:
 
 
 def first_batch(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> dict:
-    """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with."""
-    from ..evaluation.evaluate import eval_batches
+    """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with, with the
+    doc_ids / position_ids of the layout it trained with (a document-masked checkpoint)."""
+    from ..evaluation.evaluate import eval_batches, trained_layout
     from ..models import read_config
     from ..tokenization.train import load_tokenizer
 
-    objective = read_config(checkpoint).get("objective", "clm")
-    batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
-                              batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
-                              cache_dir=cache_dir, show_progress=False)
+    config = read_config(checkpoint)
+    batches, _ = eval_batches(load_tokenizer(checkpoint), text, config.get("objective", "clm"),
+                              seq_len=recipe.data.seq_len, batch_size=recipe.eval.batch_size or recipe.train.batch_size,
+                              stride=None, seed=0, cache_dir=cache_dir, show_progress=False, **trained_layout(config))
     return next(iter(batches))

@@ -17,12 +17,14 @@ import yaml
 
 from ..errors import ConfigError
 from ..trainer.recipe import AliasBomb, safe_load
+from .expect import PROBE_NAMES, PROBE_SOURCE, Expectation, mapping, parse_expectation, suggest  # noqa: F401
 
-TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "whole_documents", "variants",
-            "convert", "uptrain", "probes", "expect", "cost", "quick", "sweep")
+TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "whole_documents", "own_masking",
+            "variants", "convert", "uptrain", "probes", "expect", "cost", "quick", "sweep")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
-PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed", "attention_logits")
+PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed", "attention_logits",
+          "attention", "residual_update")
 # The settings of each probe (`lengths` is a bare list): what the engine reads, checked before any training.
 RUN, RUNS, COUNT, COUNTS, NUMBER = "a variant name", "a list of variant names", "a positive integer", \
     "a non-empty list of positive integers", "a number"
@@ -33,52 +35,10 @@ PROBE_SETTINGS = {
     "memory": {"run": RUN, "seq_lens": COUNTS},
     "decode_speed": {"runs": RUNS, "batch_sizes": COUNTS, "context": COUNT, "new_tokens": COUNT},
     "attention_logits": {"runs": RUNS},
+    "attention": {"runs": RUNS},  # default: every variant
+    "residual_update": {"runs": RUNS},  # default: every variant
 }
-PROBE_NAMES = ("attention_reliance", "flash_max_diff", "mask_leak", "memory_ratio",
-               "attention_logits")  # what `expect: probe:` may name
-DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
-
-
-@dataclass
-class Expectation:
-    """One ordering the literature predicts. Exactly one form is set:
-    better/than (A's metric lower than B's by more than `margin`), not_worse/than (A's metric at most
-    `margin` above B's), same (A and B within `tol`), probe (a probe value of `run` below or above a
-    threshold), trains/fails (run A trains where run B does not: B's failure, which the gates would
-    otherwise turn into "not tested", is the predicted outcome). verdict.py says how each is decided."""
-    source: str
-    better: str | None = None
-    not_worse: str | None = None
-    than: str | None = None
-    same: tuple[str, str] | None = None
-    tol: float = DEFAULT_MARGIN
-    probe: str | None = None
-    run: str | None = None
-    below: float | None = None
-    above: float | None = None
-    on: str | None = None  # eval label; None = the first eval set
-    margin: float = DEFAULT_MARGIN
-    trains: str | None = None
-    fails: str | None = None
-
-    @property
-    def pair(self) -> tuple[str, str]:
-        """(A, B) of a comparison: its verdict is read from the differences A - B."""
-        if self.trains:
-            return self.trains, self.fails
-        return self.same or (self.better or self.not_worse, self.than)
-
-    def describe(self) -> str:
-        if self.trains:
-            return f"{self.trains} trains where {self.fails} does not"
-        if self.better:
-            return f"{self.better} < {self.than}"
-        if self.not_worse:
-            return f"{self.not_worse} not worse than {self.than} (by more than {self.margin:g})"
-        if self.same:
-            return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
-        bound = f"< {self.below:g}" if self.below is not None else f"> {self.above:g}"
-        return f"{self.probe} of {self.run} {bound}"
+PER_VARIANT = ("attention", "residual_update")  # probes that measure every variant unless `runs` says otherwise
 
 
 @dataclass
@@ -93,6 +53,7 @@ class LabSpec:
     metric: str = "loss"
     eval: list[str] = field(default_factory=list)  # empty = the base recipe's data.valid
     whole_documents: bool = False  # also score each eval text document by document (columns LABEL@whole)
+    own_masking: bool = False  # also score each MLM checkpoint under the masking it trained with (LABEL@own)
     variants: dict[str, list[str]] = field(default_factory=dict)
     convert: dict[str, Any] | None = None  # {from, kv_heads: [..], methods: [..]}
     uptrain: dict[str, Any] | None = None  # {fractions: [..], set: [..]}
@@ -101,6 +62,14 @@ class LabSpec:
     cost: dict[str, Any] = field(default_factory=dict)
     quick: list[str] = field(default_factory=list)
     sweep: dict[str, list] = field(default_factory=dict)  # {SECTION.KEY: [values]}: each variant at its best value
+
+    def probed_runs(self, key: str) -> list[str]:
+        """The runs probe `key` measures: its `run` / `runs`, else every variant (PER_VARIANT probes, made
+        for comparing runs) or the reference."""
+        settings = self.probes.get(key) or {}
+        if "run" in settings:
+            return [settings["run"]]
+        return list(settings.get("runs") or (self.variants if key in PER_VARIANT else [self.reference]))
 
     def base_path(self) -> str:
         """The base recipe: a bundled name, or a path relative to the spec file."""
@@ -156,11 +125,6 @@ def load_spec(name_or_path: str) -> LabSpec:
     return spec
 
 
-def _suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _strings(value: Any, key: str, problems: list[str]) -> list[str]:
     if value is None:
         return []
@@ -180,22 +144,10 @@ def _numbers(value: Any, key: str, problems: list[str], kind: type = float) -> l
     return list(value)
 
 
-def _mapping(value: Any, key: str, allowed: tuple[str, ...], problems: list[str]) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        problems.append(f"{key}: expected a mapping, got {type(value).__name__}")
-        return {}
-    for name in value:
-        if name not in allowed:
-            problems.append(f"{key}.{name}: unknown key{_suggest(name, allowed)} (expected {', '.join(allowed)})")
-    return value
-
-
 def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     for key in raw:
         if key not in TOP_KEYS:
-            problems.append(f"{key}: unknown key{_suggest(key, TOP_KEYS)}")
+            problems.append(f"{key}: unknown key{suggest(key, TOP_KEYS)}")
     base = raw.get("base")
     if not isinstance(base, str) or not base:
         problems.append(f"base: expected a recipe name or path, got {base!r}")
@@ -210,18 +162,19 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
                    title=str(raw.get("title") or ""), source=str(raw.get("source") or ""),
                    set=_strings(raw.get("set"), "set", problems), variants=variants,
                    eval=_strings(raw.get("eval"), "eval", problems), quick=_strings(raw.get("quick"), "quick", problems))
-    whole = raw.get("whole_documents", False)
-    if not isinstance(whole, bool):
-        problems.append(f"whole_documents: got {whole!r}, expected true or false")
-    spec.whole_documents = whole is True
+    for key in ("whole_documents", "own_masking"):
+        flag = raw.get(key, False)
+        if not isinstance(flag, bool):
+            problems.append(f"{key}: got {flag!r}, expected true or false")
+        setattr(spec, key, flag is True)
     spec.reference = str(raw.get("reference") or next(iter(variants), ""))
     spec.metric = str(raw.get("metric", "loss"))
     if spec.metric not in METRICS:
         problems.append(f"metric: got {spec.metric!r}, expected one of {', '.join(METRICS)}")
-    spec.cost = _mapping(raw.get("cost"), "cost", ("cpu_minutes", "runs", "note"), problems)
+    spec.cost = mapping(raw.get("cost"), "cost", ("cpu_minutes", "runs", "note"), problems)
     names = set(variants)
     if raw.get("convert") is not None:
-        conv = _mapping(raw["convert"], "convert", ("from", "kv_heads", "methods"), problems)
+        conv = mapping(raw["convert"], "convert", ("from", "kv_heads", "methods"), problems)
         if conv.get("from") not in variants:
             problems.append(f"convert.from: got {conv.get('from')!r}, expected one of the variants "
                             f"({', '.join(variants)})")
@@ -232,12 +185,12 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         spec.convert = {"from": conv.get("from"), "methods": methods,
                         "kv_heads": _numbers(conv.get("kv_heads"), "convert.kv_heads", problems, int)}
     if raw.get("uptrain") is not None:
-        up = _mapping(raw["uptrain"], "uptrain", ("fractions", "set"), problems)
+        up = mapping(raw["uptrain"], "uptrain", ("fractions", "set"), problems)
         if spec.convert is None:
             problems.append("uptrain: needs a convert step (uptraining continues the converted checkpoints)")
         fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
         spec.uptrain = {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
-    spec.probes = _mapping(raw.get("probes"), "probes", PROBES, problems)
+    spec.probes = mapping(raw.get("probes"), "probes", PROBES, problems)
     spec.sweep = _sweep(raw.get("sweep"), spec, problems)
     from .plan import derived_names  # the names conversions, uptraining and controls add
 
@@ -246,7 +199,8 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         problems.append(f"reference: got {spec.reference!r}, expected one of {', '.join(sorted(names))}")
     for key, probe in spec.probes.items():
         if key == "lengths":
-            _numbers(probe, "probes.lengths", problems, int)
+            if any(f < 2 for f in _numbers(probe, "probes.lengths", problems, int)):
+                problems.append(f"probes.lengths: got {probe!r}, expected factors of 2 or more (x the training length)")
             continue
         if probe is not None and not isinstance(probe, dict):
             problems.append(f"probes.{key}: expected a mapping of settings, got {probe!r}")
@@ -262,8 +216,26 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         problems.append("expect: expected a list of expectations")
         expect = []
     for i, item in enumerate(expect):
-        spec.expect.extend(_expectation(item, f"expect[{i}]", names, problems))
+        for exp in parse_expectation(item, f"expect[{i}]", names, problems):
+            spec.expect.append(exp)
+            if exp.probe in PROBE_SOURCE:
+                _check_probed(spec, exp, f"expect[{i}]", problems)
     return spec
+
+
+def _check_probed(spec: LabSpec, exp: Expectation, key: str, problems: list[str]) -> None:
+    """A probe expectation names a probe the spec runs, on the runs it compares (else it could only ever
+    read "no scores to compare", after all the training)."""
+    source = PROBE_SOURCE[exp.probe]
+    if source not in spec.probes:
+        problems.append(f"{key}.probe: {exp.probe} is measured by probes.{source}, which the spec does not run")
+        return
+    if source == "memory":  # one figure of the run's architecture, not a value per run
+        return
+    probed = spec.probed_runs(source)
+    for run in (exp.run, exp.versus):
+        if run is not None and run not in probed:
+            problems.append(f"{key}: probes.{source} does not measure {run!r} (it measures {', '.join(probed)})")
 
 
 def _is_count(value: Any) -> bool:
@@ -286,7 +258,7 @@ def _probe_settings(key: str, probe: dict, problems: list[str]) -> bool:
     found = len(problems)
     for name, value in probe.items():
         if name not in allowed:
-            problems.append(f"probes.{key}.{name}: unknown setting{_suggest(name, allowed)} "
+            problems.append(f"probes.{key}.{name}: unknown setting{suggest(name, allowed)} "
                             f"(expected {', '.join(allowed)})")
         elif not SETTING_CHECKS[allowed[name]](value):
             problems.append(f"probes.{key}.{name}: got {value!r}, expected {allowed[name]}")
@@ -313,62 +285,3 @@ def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
     return {key: list(values)}
 
 
-EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
-               "trains", "fails", "source")
-FORMS = ("better", "not_worse", "same", "probe", "trains")
-
-
-def _expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
-    item = _mapping(item, key, EXPECT_KEYS, problems)
-    if not item:
-        problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same, probe or trains/fails, "
-                        "and source")
-        return []
-    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
-    forms = [f for f in FORMS if f in item]
-    if len(forms) != 1:
-        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe or trains "
-                        f"(with fails), got {forms or 'none'}")
-        return []
-    partner = {"better": "than", "not_worse": "than", "trains": "fails"}
-    for name in ("than", "fails"):
-        if name in item and partner.get(forms[0]) != name:
-            problems.append(f"{key}.{name}: belongs to " + ("better or not_worse" if name == "than" else "trains")
-                            + f", not to {forms[0]}")
-            return []
-    if not exp.source:
-        problems.append(f"{key}.source: every expectation names its source (paper, section)")
-    for name in ("tol", "margin", "below", "above"):
-        if name in item and (isinstance(item[name], bool) or not isinstance(item[name], (int, float))):
-            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number")
-            return []
-    exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
-    referenced = []
-    if forms[0] in ("better", "not_worse"):
-        setattr(exp, forms[0], item.get(forms[0]))
-        exp.than = item.get("than")
-        referenced = [(forms[0], item.get(forms[0])), ("than", exp.than)]
-    elif forms == ["trains"]:
-        exp.trains, exp.fails = item.get("trains"), item.get("fails")
-        referenced = [("trains", exp.trains), ("fails", exp.fails)]
-        if exp.trains == exp.fails:
-            problems.append(f"{key}: trains and fails name the same run {exp.trains!r}")
-    elif forms == ["same"]:
-        pair = item["same"]
-        if not (isinstance(pair, list) and len(pair) == 2):
-            problems.append(f"{key}.same: expected a list of two variant names, got {pair!r}")
-            return []
-        exp.same = (pair[0], pair[1])
-        referenced = [("same", pair[0]), ("same", pair[1])]
-    else:
-        exp.probe, exp.run = item.get("probe"), item.get("run")
-        exp.below, exp.above = item.get("below"), item.get("above")
-        if exp.probe not in PROBE_NAMES:
-            problems.append(f"{key}.probe: got {exp.probe!r}, expected one of {', '.join(PROBE_NAMES)}")
-        if (exp.below is None) == (exp.above is None):
-            problems.append(f"{key}: a probe expectation needs exactly one of below or above")
-        referenced = [("run", exp.run)]
-    for field_name, name in referenced:
-        if name not in names:
-            problems.append(f"{key}.{field_name}: got {name!r}, expected one of {', '.join(sorted(names))}")
-    return [exp]

@@ -19,17 +19,27 @@ With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers
 comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train", and
 one involving a run whose outputs change with tokens its mask hides in training (the mask_leak probe, e.g.
 BatchNorm's batch statistics in a GPT) reads "invalid for a causal model", --quick or not.
-A probe claim holds where the probe value is below (above) its threshold in every seed. The
-attention-reliance probe adds a warning to every comparison on a text where removing attention costs less
-than its threshold: there, head layouts cannot matter much."""
+A probe claim holds where the probe value is below (above) its threshold in every seed; one whose bound
+names another run (`probe: attention_entropy, run: A, below: B`) is read like a loss comparison, from the
+paired t interval of P(A) - P(B): holds when it lies wholly on the predicted side of 0, reversed when wholly
+on the other. A per-layer probe is judged on its mean over layers. The attention-reliance probe adds a
+warning to every comparison on a text where removing attention costs less than its threshold: there, head
+layouts cannot matter much.
+A comparison is judged on its eval text (the first by default, the lab's own held-out text) and every line
+also gives Δ and its interval on the lab's other eval texts (the same column: docs-valid@2x beside
+code-valid@2x); where two texts' intervals lie wholly on opposite sides of 0 the line is flagged "texts
+disagree": the claim holds on one text and is reversed on another, so it is about the text, not only the
+design."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .spec import Expectation
 from .stats import Interval, mean_sd, paired_interval
 
+PER_LAYER = {"attention_entropy": ("attention", "entropy"), "attention_max_prob": ("attention", "max_prob"),
+             "attention_spread": ("attention", "spread")}  # expect name -> (results.json probe, its statistic)
 MIN_SEEDS = 3  # below this the t interval is too wide to decide anything (t(0.975, 1) = 12.7)
 LEAK_TOL = 1e-5  # mask_leak above this: the run sees tokens its mask hides (float rounding stays far below)
 # a line without a verdict word says why: status -> how
@@ -39,6 +49,12 @@ UNDECIDED = {"no verdict": "no verdict ({})", "not tested": "not tested: {}",
 
 def _num(x: float) -> str:
     return f"{x:+.3g}"
+
+
+def _difference(mean: float, lo: float | None, hi: float | None, n: int) -> str:
+    if lo is None:
+        return f"Δ {_num(mean)}, n = {n} (no interval from one seed)"
+    return f"Δ {_num(mean)}, 95% CI [{_num(lo)}, {_num(hi)}], n = {n}"
 
 
 @dataclass
@@ -58,6 +74,8 @@ class Verdict:
     holding: int = 0  # probes: seeds where the threshold held
     sd: float | None = None
     figures: str = ""  # trains/fails: each run's gate outcome and losses, which stand in for a difference
+    others: list = field(default_factory=list)  # the same comparison on the other eval texts: {on, mean, lo, hi, n}
+    disagree: str = ""  # the eval texts whose intervals point opposite ways, said in words
 
     @property
     def numbers(self) -> str:
@@ -66,9 +84,7 @@ class Verdict:
         if self.probe:
             spread = f" ± {self.sd:.3g}" if self.sd else ""
             return f"value {self.mean:.3g}{spread}, {self.holding}/{self.n} seeds within the bound"
-        if self.lo is None:
-            return f"Δ {_num(self.mean)}, n = {self.n} (no interval from one seed)"
-        return f"Δ {_num(self.mean)}, 95% CI [{_num(self.lo)}, {_num(self.hi)}], n = {self.n}"
+        return _difference(self.mean, self.lo, self.hi, self.n)
 
     @property
     def line(self) -> str:
@@ -76,8 +92,10 @@ class Verdict:
             return f"{self.claim}: no scores to compare — {self.source}"
         where = f" on {self.on}" if self.on else ""
         word = UNDECIDED[self.status].format(self.why) if self.status in UNDECIDED else self.status
-        note = f" [warning: {self.warning}]" if self.warning else ""
-        return f"{self.claim}{where}: {word} — {self.numbers} — {self.source}{note}"
+        also = "".join(f" — on {o['on']}: {_difference(o['mean'], o['lo'], o['hi'], o['n'])}" for o in self.others)
+        note = f" [texts disagree: {self.disagree}]" if self.disagree else ""
+        note += f" [warning: {self.warning}]" if self.warning else ""
+        return f"{self.claim}{where}: {word} — {self.numbers}{also} — {self.source}{note}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "line": self.line}
@@ -144,21 +162,30 @@ def coverage_warning(results: dict, label: str, below: float = 0.99) -> str:
             "lossless tokenizer's would for the same model quality")
 
 
-def probe_values(results: dict, exp: Expectation, label: str) -> list[float]:
-    probe = results.get("probes", {}).get(exp.probe) or {}
-    if exp.probe == "memory_ratio":
-        memory = results.get("probes", {}).get("memory")
-        return [memory["ratio"]] if memory else []
-    if exp.probe == "attention_reliance":
-        values = probe["values"].get(label, {}) if probe.get("run") == exp.run else {}
-    else:
-        values = probe.get("values", {}).get(exp.run, {})
-    return list(values.values())
+def probe_seeds(results: dict, probe: str, run: str | None, label: str) -> dict[str, float]:
+    """{seed: value} of `probe` (an `expect: probe:` name) for `run`; a per-layer probe gives its mean over
+    layers. attention_reliance is kept per eval text (`label`), memory_ratio once for the lab."""
+    probes = results.get("probes", {})
+    if probe == "memory_ratio":
+        return {"-": probes["memory"]["ratio"]} if probes.get("memory") else {}
+    if probe == "attention_reliance":
+        found = probes.get(probe) or {}
+        return dict(found["values"].get(label, {})) if found.get("run") == run else {}
+    key, stat = PER_LAYER.get(probe, (probe, None))
+    values = (probes.get(key) or {}).get("values", {}).get(run, {})
+    out = {}
+    for seed, value in values.items():
+        layers = value[stat] if stat else value
+        out[seed] = sum(layers) / len(layers) if isinstance(layers, list) else layers
+    return out
 
 
 def judge_probe(exp: Expectation, results: dict, label: str) -> Verdict:
-    """A probe claim: holds where the value is within its bound in every seed (no verdict in --quick)."""
-    values = probe_values(results, exp, label)
+    """A probe claim: against a threshold, holds where the value is within its bound in every seed; against
+    another run, read from the paired t interval of the per-seed differences (module doc)."""
+    if exp.versus:
+        return judge_probe_pair(exp, results, label)
+    values = list(probe_seeds(results, exp.probe, exp.run, label).values())
     on = label if exp.probe == "attention_reliance" else ""
     if not values:
         return Verdict(exp.describe(), on, "missing", 0, None, None, None, exp.source)
@@ -168,6 +195,26 @@ def judge_probe(exp: Expectation, results: dict, label: str) -> Verdict:
     status = "no verdict" if why else judge_count(holding, len(values), "reversed")
     return Verdict(exp.describe(), on, status, len(values), mean, None, None, exp.source, why=why, probe=True,
                    holding=holding, sd=sd)
+
+
+def judge_probe_pair(exp: Expectation, results: dict, label: str) -> Verdict:
+    """`probe: P, run: A, below: B` (or above): P(A) - P(B) seed by seed, its 95% paired t interval; holds
+    when the interval lies wholly on the predicted side of 0, reversed when wholly on the other."""
+    a, b = (probe_seeds(results, exp.probe, run, label) for run in (exp.run, exp.versus))
+    seeds = [s for s in a if s in b]
+    if not seeds:
+        return Verdict(exp.describe(), "", "missing", 0, None, None, None, exp.source)
+    iv = paired_interval([a[s] - b[s] for s in seeds])
+    means = [mean_sd([values[s] for s in seeds])[0] for values in (a, b)]
+    figures = f"{exp.run} {means[0]:.3g}, {exp.versus} {means[1]:.3g}; {_difference(iv.mean, iv.lo, iv.hi, iv.n)}"
+    failed = [x for x in (untrained(results, exp.run), untrained(results, exp.versus)) if x]
+    if failed and not _quick(results):
+        status, why = "not tested", "; ".join(failed)
+    else:
+        why = undecided(iv.n, _quick(results))
+        status = "no verdict" if why else _probe_side(iv, -1 if exp.below is not None else 1)
+    return Verdict(exp.describe(), "", status, iv.n, iv.mean, iv.lo, iv.hi, exp.source, why=why, sd=iv.sd,
+                   figures=figures)
 
 
 def _quick(results: dict) -> bool:
@@ -274,8 +321,44 @@ def judge(exp: Expectation, results: dict) -> Verdict:
     else:
         why = undecided(iv.n, _quick(results))
         status = "no verdict" if why else decide(exp, iv)
+    others = []
+    for other in counterparts(results, label):
+        found = paired(results["rows"], a, b, other, results["metric"])
+        if found:
+            o = paired_interval(found)
+            others.append({"on": other, "mean": o.mean, "lo": o.lo, "hi": o.hi, "n": o.n})
     return Verdict(exp.describe(), label, status, iv.n, iv.mean, iv.lo, iv.hi, exp.source,
-                   reliance_warning(results, label), why=why, sd=iv.sd)
+                   reliance_warning(results, label), why=why, sd=iv.sd, others=others,
+                   disagree=disagreement(label, iv, others))
+
+
+def _probe_side(iv: Interval, predicted: int) -> str:
+    """holds when the whole interval lies on the `predicted` side of 0 (-1 below, +1 above), reversed when
+    on the other, inconclusive when it holds 0."""
+    side = -1 if iv.hi < 0 else 1 if iv.lo > 0 else 0
+    return "holds" if side == predicted else "reversed" if side == -predicted else "inconclusive"
+
+
+def counterparts(results: dict, label: str) -> list[str]:
+    """The same column on the lab's other eval texts: docs-valid@2x -> code-valid@2x."""
+    evals = sorted(results["evals"], key=len, reverse=True)  # the longest label that opens `label`
+    base = next((e for e in evals if label == e or label.startswith(e + "@")), None)
+    return [] if base is None else [e + label[len(base):] for e in results["evals"] if e != base]
+
+
+def disagreement(label: str, iv: Interval, others: list[dict]) -> str:
+    """Words for the eval texts whose 95% intervals lie wholly on opposite sides of 0 (one says A is better,
+    another that B is), or "": a claim read on one text that another text contradicts."""
+    def side(lo: float | None, hi: float | None) -> int:
+        return 0 if lo is None else -1 if hi < 0 else 1 if lo > 0 else 0
+
+    mine = side(iv.lo, iv.hi)
+    against = [o for o in others if side(o["lo"], o["hi"]) == -mine != 0]
+    if not against:
+        return ""
+    word = {-1: "lower", 1: "higher"}
+    return (f"Δ is {word[mine]} than 0 on {label} but {word[-mine]} on "
+            + ", ".join(o["on"] for o in against) + " (both 95% intervals exclude 0)")
 
 
 def summary(results: dict) -> dict:

@@ -227,9 +227,10 @@ def test_the_plan_adds_baselines_conversions_uptraining_and_same_steps_controls(
     spec = load_spec("gqa-uptrain")
     jobs = plan_jobs(spec, [1, 2])
     names = {(j.name, j.kind) for j in jobs if j.seed == 1}
-    assert names == {("mha", "train"), ("scratch-kv2", "train"), ("kv2-mean", "convert"), ("kv2-first", "convert"),
-                     ("kv2-random", "convert"), ("kv2-mean+up5%", "uptrain"), ("kv2-first+up5%", "uptrain"),
-                     ("kv2-random+up5%", "uptrain"), ("mha+up5%", "uptrain")}
+    layouts = {(f"kv{k}-{m}{up}", "uptrain" if up else "convert") for k in (1, 2) for m in ("mean", "first", "random")
+               for up in ("", "+up5%")}  # GQA-2 and MQA, each method before and after uptraining
+    assert names == {("mha", "train"), ("scratch-kv2", "train"), ("scratch-kv1", "train"), ("mha+up5%", "uptrain"),
+                     *layouts}
     recipes = resolve_recipes(spec, LabOptions(steps=200), jobs)
     uptrained, control = recipes["kv2-mean+up5%/seed-1"], recipes["mha+up5%/seed-1"]
     assert uptrained.train.max_steps == control.train.max_steps == 10  # 5% of --steps 200, for both

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
+from tfkit.lab.scoring import is_degradation
 from tfkit.lab.spec import bundled_specs, load_spec
 
 pytestmark = pytest.mark.slow
@@ -29,5 +30,14 @@ def test_every_shipped_spec_runs_quick(claim, tmp_path):
         decode = results["probes"]["decode_speed"]["values"]
         assert all(rate > 0 for v in decode.values() for rate in v["tokens_per_sec"].values())
         assert decode["scratch-kv2"]["kv_bytes_per_token"] * 2 == decode["mha"]["kv_bytes_per_token"]
+    for row in results["rows"].values():  # a degradation column holds past - within of the same rows
+        for label, seeds in row["scores"].items():
+            if is_degradation(label) and "diverged" not in seeds["1337"]:
+                s = seeds["1337"]
+                assert s["loss"] == pytest.approx(s["past_loss"] - s["within_loss"]) and s["tokens"] > 0, label
+    for key in ("attention", "residual_update"):  # one value per layer (--quick: one layer) of every probed run
+        for run in spec.probed_runs(key) if key in spec.probes else []:
+            value = results["probes"][key]["values"][run]["1337"]
+            assert all(len(v) == 1 for v in (value.values() if isinstance(value, dict) else [value])), (key, run)
     markdown = (out / "results.md").read_text()
     assert f"# tfkit lab: {claim}" in markdown and "## Verdicts" in markdown

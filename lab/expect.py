@@ -1,0 +1,153 @@
+"""The expectations of a lab spec: the orderings, equalities, probe bounds and training outcomes the
+literature predicts, each parsed and checked against the lab's run names before any compute is spent.
+Also the two small checks every part of a spec shares (`mapping`, `suggest`)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+# what `expect: probe:` may name -> the `probes:` key that measures it; a per-layer probe is judged on its
+# mean over layers
+PROBE_SOURCE = {"attention_reliance": "attention_reliance", "flash_max_diff": "flash_equality",
+                "mask_leak": "mask_leak", "memory_ratio": "memory", "attention_logits": "attention_logits",
+                "attention_entropy": "attention", "attention_max_prob": "attention", "attention_spread": "attention",
+                "residual_update": "residual_update"}
+PROBE_NAMES = tuple(PROBE_SOURCE)
+DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
+
+
+@dataclass
+class Expectation:
+    """One ordering the literature predicts. Exactly one form is set:
+    better/than (A's metric lower than B's by more than `margin`), not_worse/than (A's metric at most
+    `margin` above B's), same (A and B within `tol`), probe (a probe value of `run` below or above a
+    threshold), trains/fails (run A trains where run B does not: B's failure, which the gates would
+    otherwise turn into "not tested", is the predicted outcome). A probe's `below` / `above` may name
+    another run instead of a number: A's probe value is then compared with B's seed by seed, as losses
+    are (e.g. the unscaled model's attention entropy below the scaled one's). verdict.py says how each is
+    decided."""
+    source: str
+    better: str | None = None
+    not_worse: str | None = None
+    than: str | None = None
+    same: tuple[str, str] | None = None
+    tol: float = DEFAULT_MARGIN
+    probe: str | None = None
+    run: str | None = None
+    below: float | str | None = None  # a threshold, or the run whose value A's must lie below
+    above: float | str | None = None
+    on: str | None = None  # eval label; None = the first eval set
+    margin: float = DEFAULT_MARGIN
+    trains: str | None = None
+    fails: str | None = None
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """(A, B) of a comparison: its verdict is read from the differences A - B."""
+        if self.trains:
+            return self.trains, self.fails
+        return self.same or (self.better or self.not_worse, self.than)
+
+    def describe(self) -> str:
+        if self.trains:
+            return f"{self.trains} trains where {self.fails} does not"
+        if self.better:
+            return f"{self.better} < {self.than}"
+        if self.not_worse:
+            return f"{self.not_worse} not worse than {self.than} (by more than {self.margin:g})"
+        if self.same:
+            return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
+        sign, bound = ("<", self.below) if self.below is not None else (">", self.above)
+        return f"{self.probe} of {self.run} {sign} {bound}'s" if isinstance(bound, str) \
+            else f"{self.probe} of {self.run} {sign} {bound:g}"
+
+    @property
+    def versus(self) -> str | None:
+        """The run a probe value is compared with (`below` / `above` naming a run), or None."""
+        bound = self.below if self.below is not None else self.above
+        return bound if isinstance(bound, str) else None
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def mapping(value: Any, key: str, allowed: tuple[str, ...], problems: list[str]) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{key}: expected a mapping, got {type(value).__name__}")
+        return {}
+    for name in value:
+        if name not in allowed:
+            problems.append(f"{key}.{name}: unknown key{suggest(name, allowed)} (expected {', '.join(allowed)})")
+    return value
+
+
+EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
+               "trains", "fails", "source")
+FORMS = ("better", "not_worse", "same", "probe", "trains")
+
+
+def parse_expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
+    item = mapping(item, key, EXPECT_KEYS, problems)
+    if not item:
+        problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same, probe or trains/fails, "
+                        "and source")
+        return []
+    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
+    forms = [f for f in FORMS if f in item]
+    if len(forms) != 1:
+        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe or trains "
+                        f"(with fails), got {forms or 'none'}")
+        return []
+    partner = {"better": "than", "not_worse": "than", "trains": "fails"}
+    for name in ("than", "fails"):
+        if name in item and partner.get(forms[0]) != name:
+            problems.append(f"{key}.{name}: belongs to " + ("better or not_worse" if name == "than" else "trains")
+                            + f", not to {forms[0]}")
+            return []
+    if not exp.source:
+        problems.append(f"{key}.source: every expectation names its source (paper, section)")
+    for name in ("tol", "margin", "below", "above"):
+        bound = name in ("below", "above")
+        if bound and isinstance(item.get(name), str):  # another run's value: checked with the run names below
+            continue
+        if name in item and (isinstance(item[name], bool) or not isinstance(item[name], (int, float))):
+            also = " or a run name" if bound else ""
+            problems.append(f"{key}.{name}: got {item[name]!r}, expected a number{also}")
+            return []
+    exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
+    referenced = []
+    if forms[0] in ("better", "not_worse"):
+        setattr(exp, forms[0], item.get(forms[0]))
+        exp.than = item.get("than")
+        referenced = [(forms[0], item.get(forms[0])), ("than", exp.than)]
+    elif forms == ["trains"]:
+        exp.trains, exp.fails = item.get("trains"), item.get("fails")
+        referenced = [("trains", exp.trains), ("fails", exp.fails)]
+        if exp.trains == exp.fails:
+            problems.append(f"{key}: trains and fails name the same run {exp.trains!r}")
+    elif forms == ["same"]:
+        pair = item["same"]
+        if not (isinstance(pair, list) and len(pair) == 2):
+            problems.append(f"{key}.same: expected a list of two variant names, got {pair!r}")
+            return []
+        exp.same = (pair[0], pair[1])
+        referenced = [("same", pair[0]), ("same", pair[1])]
+    else:
+        exp.probe, exp.run = item.get("probe"), item.get("run")
+        exp.below, exp.above = item.get("below"), item.get("above")
+        if exp.probe not in PROBE_NAMES:
+            problems.append(f"{key}.probe: got {exp.probe!r}, expected one of {', '.join(PROBE_NAMES)}")
+        if (exp.below is None) == (exp.above is None):
+            problems.append(f"{key}: a probe expectation needs exactly one of below or above")
+        referenced = [("run", exp.run)] + ([("below" if exp.below is not None else "above", exp.versus)]
+                                           if exp.versus else [])
+    for field_name, name in referenced:
+        if name not in names:
+            problems.append(f"{key}.{field_name}: got {name!r}, expected one of {', '.join(sorted(names))}")
+    return [exp]
