@@ -24,7 +24,8 @@ class Expectation:
     better/than (A's metric lower than B's by more than `margin`), not_worse/than (A's metric at most
     `margin` above B's), same (A and B within `tol`), probe (a probe value of `run` below or above a
     threshold), trains/fails (run A trains where run B does not: B's failure, which the gates would
-    otherwise turn into "not tested", is the predicted outcome). A probe's `below` / `above` may name
+    otherwise turn into "not tested", is the predicted outcome), untested/why (a claim of the source this lab
+    cannot test, e.g. one measured at a scale a CPU cannot reach: the report says so instead of a verdict). A probe's `below` / `above` may name
     another run instead of a number: A's probe value is then compared with B's seed by seed, as losses
     are (e.g. the unscaled model's attention entropy below the scaled one's). verdict.py says how each is
     decided."""
@@ -42,6 +43,8 @@ class Expectation:
     margin: float = DEFAULT_MARGIN
     trains: str | None = None
     fails: str | None = None
+    untested: str | None = None  # the claim, in words
+    why: str = ""  # why this lab cannot test it
 
     @property
     def pair(self) -> tuple[str, str]:
@@ -51,6 +54,8 @@ class Expectation:
         return self.same or (self.better or self.not_worse, self.than)
 
     def describe(self) -> str:
+        if self.untested:
+            return self.untested
         if self.trains:
             return f"{self.trains} trains where {self.fails} does not"
         if self.better:
@@ -88,8 +93,8 @@ def mapping(value: Any, key: str, allowed: tuple[str, ...], problems: list[str])
 
 
 EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
-               "trains", "fails", "source")
-FORMS = ("better", "not_worse", "same", "probe", "trains")
+               "trains", "fails", "untested", "why", "source")
+FORMS = ("better", "not_worse", "same", "probe", "trains", "untested")
 
 
 def parse_expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
@@ -101,8 +106,11 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
     exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
     forms = [f for f in FORMS if f in item]
     if len(forms) != 1:
-        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe or trains "
-                        f"(with fails), got {forms or 'none'}")
+        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe, trains "
+                        f"(with fails) or untested (with why), got {forms or 'none'}")
+        return []
+    if "why" in item and forms[0] != "untested":
+        problems.append(f"{key}.why: belongs to untested, not to {forms[0]}")
         return []
     partner = {"better": "than", "not_worse": "than", "trains": "fails"}
     for name in ("than", "fails"):
@@ -131,6 +139,12 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         referenced = [("trains", exp.trains), ("fails", exp.fails)]
         if exp.trains == exp.fails:
             problems.append(f"{key}: trains and fails name the same run {exp.trains!r}")
+    elif forms == ["untested"]:
+        exp.untested, exp.why = item.get("untested"), item.get("why")
+        for name, text in (("untested", exp.untested), ("why", exp.why)):
+            if not isinstance(text, str) or not text.strip():
+                problems.append(f"{key}.{name}: expected the {'claim' if name == 'untested' else 'reason'} in words, "
+                                f"got {text!r}")
     elif forms == ["same"]:
         pair = item["same"]
         if not (isinstance(pair, list) and len(pair) == 2):

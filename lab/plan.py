@@ -18,7 +18,9 @@ from ..trainer.recipe import Recipe, load_recipe
 from .spec import LabSpec
 
 # --quick: the engine, not the science. Tiny model, tokenizer and run; applied after the spec's own `set`,
-# before the variants' overrides (so a variant still differs from the reference in what it is about).
+# before the variants' overrides (so a variant still differs from the reference in what it is about). A spec's own
+# `quick` list comes after QUICK and again after each variant's overrides, e.g. to cap the steps of a variant
+# that trains longer (a small batch over as many tokens).
 QUICK = ("model.d_model=32", "model.n_layers=1", "model.n_heads=4", "model.max_seq_len=64", "data.seq_len=32",
          "tokenizer.vocab_size=320", "tokenizer.max_train_mb=0.1", "train.max_steps=8", "train.batch_size=4",
          "train.log_every=4", "train.eval_every=4", "train.save_every=8", "schedule.warmup_steps=2",
@@ -151,7 +153,8 @@ def job_recipe(spec: LabSpec, options: LabOptions, job: Job, by_name: dict[str, 
         steps = load_recipe(spec.base_path(), base_overrides(spec, options) + root.overrides).train.max_steps
         chain = root.overrides
         extra = [f"train.max_steps={max(1, round(job.fraction * steps))}", *(spec.uptrain or {}).get("set", [])]
-    return load_recipe(spec.base_path(), base_overrides(spec, options) + chain + job.overrides + extra)
+    tail = spec.quick if options.quick else []  # after the variant's own: a spec can shorten what a variant lengthens
+    return load_recipe(spec.base_path(), base_overrides(spec, options) + chain + job.overrides + extra + tail)
 
 
 def resolve_recipes(spec: LabSpec, options: LabOptions, jobs: list[Job]) -> dict[str, Recipe]:

@@ -37,7 +37,7 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         "within the bound in every seed. `A trains where B does not` is read from the gates seed by seed: it "
         "holds when A trained and B did not in every seed, does not hold when B trained in every seed, and is "
         "mixed otherwise; where A did not train it is not tested (reversed when A failed and B trained in every "
-        "seed).")
+        "seed). A claim the spec marks untested (one this lab cannot test, e.g. at this scale) says why instead.")
 
 
 def _cell(stats: dict | None) -> str:

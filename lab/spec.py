@@ -60,7 +60,7 @@ class LabSpec:
     probes: dict[str, Any] = field(default_factory=dict)
     expect: list[Expectation] = field(default_factory=list)
     cost: dict[str, Any] = field(default_factory=dict)
-    quick: list[str] = field(default_factory=list)
+    quick: list[str] = field(default_factory=list)  # --quick only: after QUICK, and again after each variant's own
     sweep: dict[str, list] = field(default_factory=dict)  # {SECTION.KEY: [values]}: each variant at its best value
 
     def probed_runs(self, key: str) -> list[str]:

@@ -19,7 +19,8 @@ With fewer than MIN_SEEDS seeds, or in a `--quick` lab, a line gives the numbers
 comparison involving a run that did not train (gates.py) reads "not tested: <variant> did not train", and
 one involving a run whose outputs change with tokens its mask hides in training (the mask_leak probe, e.g.
 BatchNorm's batch statistics in a GPT) reads "invalid for a causal model", --quick or not.
-A probe claim holds where the probe value is below (above) its threshold in every seed; one whose bound
+An `untested` claim (one the spec says this lab cannot test, with why) reads "not tested: <why>" and no
+numbers. A probe claim holds where the probe value is below (above) its threshold in every seed; one whose bound
 names another run (`probe: attention_entropy, run: A, below: B`) is read like a loss comparison, from the
 paired t interval of P(A) - P(B): holds when it lies wholly on the predicted side of 0, reversed when wholly
 on the other. A per-layer probe is judged on its mean over layers. The attention-reliance probe adds a
@@ -302,6 +303,9 @@ def judge_training(exp: Expectation, results: dict, label: str) -> Verdict:
 
 def judge(exp: Expectation, results: dict) -> Verdict:
     """The verdict on one expectation from the lab's results (module doc for the rule)."""
+    if exp.untested:
+        return Verdict(exp.describe(), "", "not tested", 0, None, None, None, exp.source, why=exp.why,
+                       figures="nothing measured")
     label = exp.on or next(iter(results["evals"]))
     if exp.probe:
         return judge_probe(exp, results, label)

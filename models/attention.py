@@ -31,6 +31,18 @@ tensor.
 
 `attn_scale` replaces the 1/sqrt(d) on the scores in both paths (SDPA's `scale=`, a multiply in the naive
 one); the default passes no scale, so SDPA and the naive division compute exactly what they always did.
+
+Three options change what is computed, each on every path that can compute it and refused where none can
+(models/config.py):
+- `attn_score: additive` scores a query and a key by w_h·tanh(q + k), a one-hidden-layer network per head
+  (Bahdanau et al., 2015), instead of their dot product; no fused kernel computes it, so it needs
+  `attention: naive`. The (B, H, T_q, T_k, D) hidden layer is materialised: it is for the lab, not for speed.
+- `shared_qk` (Reformer): the keys come from the query projection, normalised to unit length, and a token
+  attends to itself only when no other key is visible (`position_mask(exclude_self=True)`: its own score
+  would otherwise be the largest). The mask is then always a tensor, so no is_causal or flex fast path.
+- `pad_fill`: a padding key's score gets `pad_fill` added instead of being hidden (-inf, the default): a
+  float mask, which SDPA and the naive path both add to the scores. Only padding: causal, document and
+  window masks stay exact.
 """
 
 from __future__ import annotations
@@ -71,27 +83,28 @@ class AttnMask:
 def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None = None,
                         alibi: Tensor | None = None, device: torch.device | None = None,
                         dtype: torch.dtype = torch.float32, doc_ids: Tensor | None = None,
-                        window: int | None = None) -> AttnMask:
+                        window: int | None = None, exclude_self: bool = False,
+                        pad_fill: float = -math.inf) -> AttnMask:
     """Mask for self-attention of q_len queries over the same q_len keys, positions 0..q_len-1 (a forward
     without a KV cache; over a cache the model builds `position_mask` from the cache's tables).
 
     key_padding: (B, q_len) bool, True = real token. alibi: (H,) slopes. doc_ids: (B, q_len), each token's
     document in its packed row: attention stays inside a document. window: keys fewer than `window`
     positions away only. A query may always see its own position, so a padding query (whose output is
-    never used) never has an empty softmax row.
+    never used) never has an empty softmax row. exclude_self (shared-QK) and pad_fill: `position_mask`.
     """
     for name, rows in (("attention mask", key_padding), ("doc_ids", doc_ids)):
         if rows is not None and rows.shape[-1] != q_len:
             raise ValueError(f"{name} covers {rows.shape[-1]} positions, expected T={q_len}")
     window = None if window is not None and window >= q_len else window  # wider than the sequence: no band
-    plain = key_padding is None and alibi is None and doc_ids is None and window is None
+    plain = key_padding is None and alibi is None and doc_ids is None and window is None and not exclude_self
     if plain and (not causal or q_len == 1):
         return AttnMask()  # every key visible: no tensor, any kernel
     positions = torch.arange(q_len, device=device)  # (T,)
     tensor = position_mask(positions, positions, causal=causal, key_padding=key_padding, alibi=alibi, dtype=dtype,
-                           doc_ids=doc_ids, window=window)
+                           doc_ids=doc_ids, window=window, exclude_self=exclude_self, pad_fill=pad_fill)
     block = None
-    if not plain and key_padding is None and alibi is None and positions.is_cuda:
+    if not plain and key_padding is None and alibi is None and not exclude_self and positions.is_cuda:
         block = flex_block_mask(q_len, doc_ids, causal=causal, window=window, device=positions.device)  # or None
     only_band = window is not None and key_padding is None and alibi is None and doc_ids is None
     return AttnMask(tensor, is_causal=causal and plain, block=block, band=(window, causal) if only_band else None)
@@ -99,7 +112,8 @@ def self_attention_mask(q_len: int, *, causal: bool, key_padding: Tensor | None 
 
 def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Tensor | None = None,
                   alibi: Tensor | None = None, dtype: torch.dtype = torch.float32,
-                  doc_ids: Tensor | None = None, window: int | None = None) -> Tensor:
+                  doc_ids: Tensor | None = None, window: int | None = None, exclude_self: bool = False,
+                  pad_fill: float = -math.inf) -> Tensor:
     """The mask tensor of queries at positions q_pos (T_q,) over keys at positions k_pos (T_k,).
 
     bool (B|1, 1, T_q, T_k), True = may attend; with alibi slopes (H,) the additive float bias
@@ -107,6 +121,9 @@ def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Te
     a position tensor (queries at that position, keys at every cache slot) without reading the position.
     doc_ids (B, T) (a forward without a cache, q_pos = k_pos): keys of other documents are hidden.
     window: keys `window` or more positions away are hidden (a band; over a cache, the slots behind it).
+    exclude_self (shared-QK): a query's own key is hidden unless it sees no other key (Reformer, section 2).
+    pad_fill: a finite value <= 0 is added to the scores of padding keys instead of hiding them, which
+    makes the result an additive float mask (B, 1|H, T_q, T_k), -inf wherever the other masks hide a key.
     """
     q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (T_q, 1), (1, T_k)
     if causal:
@@ -116,22 +133,46 @@ def position_mask(q_pos: Tensor, k_pos: Tensor, *, causal: bool, key_padding: Te
     if window is not None:
         allowed = allowed & ((q_pos - k_pos).abs() < window)  # (T_q, T_k): the band
     allowed = allowed[None, None]  # (1, 1, T_q, T_k)
+    padded = None  # (B, 1, T_q, T_k): padding keys that get pad_fill added instead of being hidden
     if key_padding is not None:
-        allowed = allowed & (key_padding.bool()[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T_q, T_k)
+        padding = ~key_padding.bool()[:, None, None, :] & (k_pos != q_pos)  # (B, 1, T_q, T_k)
+        if math.isinf(pad_fill):
+            allowed = allowed & ~padding  # (B, 1, T_q, T_k)
+        else:
+            padded = padding
     if doc_ids is not None:
         allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])  # (B, 1, T, T)
-    if alibi is None:
+    if exclude_self:
+        allowed = without_self(allowed, q_pos == k_pos)
+    if alibi is None and padded is None:
         return allowed
-    distance = (q_pos - k_pos).abs().float()  # (T_q, T_k): symmetric, so it also serves encoders
-    bias = -alibi.to(device=q_pos.device, dtype=torch.float32)[:, None, None] * distance  # (H, T_q, T_k)
-    return bias[None].masked_fill(~allowed, float("-inf")).to(dtype)  # (B|1, H, T_q, T_k)
+    bias = torch.zeros(allowed.shape[-2:], device=q_pos.device)[None, None]  # (1, 1, T_q, T_k)
+    if alibi is not None:
+        distance = (q_pos - k_pos).abs().float()  # (T_q, T_k): symmetric, so it also serves encoders
+        bias = -alibi.to(device=q_pos.device, dtype=torch.float32)[None, :, None, None] * distance  # (1, H, T_q, T_k)
+    if padded is not None:
+        bias = bias + padded.float() * pad_fill  # (B, 1|H, T_q, T_k): pad_fill on padding keys only
+    return bias.masked_fill(~allowed, float("-inf")).to(dtype)  # (B|1, 1|H, T_q, T_k)
 
 
-def cross_attention_mask(src_padding: Tensor | None) -> AttnMask:
-    """Decoder queries may see every real source token: src_padding (B, S) bool, True = real."""
+def without_self(allowed: Tensor, own: Tensor) -> Tensor:
+    """`allowed` (..., T_q, T_k) with each query's own key (`own`, True on it) hidden, except in a row where it
+    is the only visible key (the first token of a causal sequence): shared-QK's q·q would be the largest score."""
+    others = allowed & ~own  # (..., T_q, T_k)
+    alone = ~others.any(dim=-1, keepdim=True)  # (..., T_q, 1): nothing but itself to attend to
+    return others | (allowed & own & alone)
+
+
+def cross_attention_mask(src_padding: Tensor | None, pad_fill: float = -math.inf,
+                         dtype: torch.dtype = torch.float32) -> AttnMask:
+    """Decoder queries may see every real source token: src_padding (B, S) bool, True = real. A finite
+    pad_fill is added to the padding keys' scores instead (an additive float mask)."""
     if src_padding is None:
         return AttnMask()
-    return AttnMask(src_padding.bool()[:, None, None, :])  # (B, 1, 1, S)
+    real = src_padding.bool()[:, None, None, :]  # (B, 1, 1, S)
+    if math.isinf(pad_fill):
+        return AttnMask(real)
+    return AttnMask((~real).to(dtype) * pad_fill)  # (B, 1, 1, S): 0 on real keys, pad_fill on padding
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float,
@@ -170,17 +211,31 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: float,
-                    training: bool, scale: float | None = None) -> tuple[Tensor, Tensor]:
+                    training: bool, scale: float | None = None,
+                    score_weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Every step explicit; returns (output (B, H, T_q, D), weights (B, H, T_q, T_k)).
-    scale: the factor on QK^T, None = 1/sqrt(D) (`ModelConfig.score_scale`)."""
+    scale: the factor on QK^T, None = 1/sqrt(D) (`ModelConfig.score_scale`). score_weight (H, D): additive
+    scores w_h·tanh(q + k) instead of dot products (`additive_scores`)."""
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1)  # (B, H, T_k, D): each K/V head serves `groups` query heads
     v = v.repeat_interleave(groups, dim=1)  # (B, H, T_k, D)
-    scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
-    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
+    if score_weight is not None:
+        scores = additive_scores(q, k, score_weight)  # (B, H, T_q, T_k)
+    else:
+        scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
+        scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     weights = masked_softmax(scores, mask.tensor).to(q.dtype)  # (B, H, T_q, T_k)
     weights = F.dropout(weights, p=dropout_p, training=training)
     return weights @ v, weights  # (B, H, T_q, D), (B, H, T_q, T_k)
+
+
+def additive_scores(q: Tensor, k: Tensor, weight: Tensor) -> Tensor:
+    """Additive (Bahdanau) scores: score(i, j) = sum_d w[h, d] * tanh(q[i, d] + k[j, d]) per head, a network with
+    one tanh hidden layer of D units over the pair (q and k are the projections of its input, their biases its
+    hidden bias). q (B, H, T_q, D), k (B, H, T_k, D), weight (H, D) -> (B, H, T_q, T_k). No scale: there is no
+    dot product whose variance grows with D."""
+    hidden = torch.tanh(q[:, :, :, None, :] + k[:, :, None, :, :])  # (B, H, T_q, T_k, D)
+    return torch.einsum("bhqkd,hd->bhqk", hidden, weight.to(hidden.dtype))  # (B, H, T_q, T_k)
 
 
 class Attention(nn.Module):
@@ -188,21 +243,26 @@ class Attention(nn.Module):
 
     Self-attention when `context` is None; cross-attention (queries from x, keys/values from context,
     e.g. the encoder memory) otherwise. With `qk_norm`, each head of q and k is normalised first; RoPE,
-    when given, then rotates q and k (self-attention only).
+    when given, then rotates q and k (self-attention only). With `shared_qk` there is no k_proj (keys are the
+    unit-normalised queries); with `attn_score: additive`, `score_weight` (H, D) is the output layer of each
+    head's scoring network (module doc).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.bias)
-        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
+        self.k_proj = None if cfg.shared_qk else nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
         self.impl = cfg.attention
         self.attn_dropout = cfg.attn_dropout
         self.scale = cfg.score_scale  # None = 1/sqrt(head_dim)
         self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None  # over each head's D features
-        self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm and not cfg.shared_qk else None
+        self.score_weight = None
+        if cfg.attn_score == "additive":  # N(0, 1/D): scores of unit variance when tanh's outputs have it
+            self.score_weight = nn.Parameter(torch.randn(self.n_heads, self.head_dim) * self.head_dim**-0.5)
 
     def _heads(self, x: Tensor, proj: nn.Linear, n_heads: int) -> Tensor:
         B, T, _ = x.shape
@@ -216,11 +276,16 @@ class Attention(nn.Module):
         return q if rope is None else apply_rope(q, *rope)
 
     def keys_values(self, source: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        """(B, H_kv, S, D) keys (projected, QK-normed, rotated) and values of source (B, S, C)."""
-        k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+        """(B, H_kv, S, D) keys (projected, QK-normed, rotated) and values of source (B, S, C). Shared-QK: the
+        keys are the queries of source before RoPE, each scaled to unit length (Reformer), then rotated."""
         v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-        if self.k_norm is not None:
-            k = self.k_norm(k)  # (B, H_kv, S, D)
+        if self.k_proj is None:
+            k = self.queries(source)  # (B, H, S, D): the query projection (and QK-norm), H_kv = H
+            k = F.normalize(k, dim=-1)  # (B, H, S, D): k_j = q_j / |q_j|
+        else:
+            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            if self.k_norm is not None:
+                k = self.k_norm(k)  # (B, H_kv, S, D)
         return (k if rope is None else apply_rope(k, *rope)), v
 
     def forward(self, x: Tensor, mask: AttnMask, *, context: Tensor | None = None,
@@ -237,8 +302,9 @@ class Attention(nn.Module):
             elif cache is not None:
                 k, v = cache.update(k, v, start_pos)  # (B, H_kv, S_max, D): kv_cache.py
         dropout_p = self.attn_dropout if self.training else 0.0
-        if need_weights or self.impl == "naive":
-            y, weights = naive_attention(q, k, v, mask, dropout_p, self.training, self.scale)  # (B, H, T, D)
+        if need_weights or self.impl == "naive" or self.score_weight is not None:  # additive: naive only
+            y, weights = naive_attention(q, k, v, mask, dropout_p, self.training, self.scale,
+                                         self.score_weight)  # (B, H, T, D)
         else:
             y, weights = flash_attention(q, k, v, mask, dropout_p, self.scale), None  # (B, H, T, D)
         y = self.o_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)

@@ -26,11 +26,14 @@ from .layers import FeedForward, alibi_slopes, make_norm, rope_angles, rope_at
 
 
 class Block(nn.Module):
-    """Self-attention (+ cross-attention over `memory` when cross=True) + feed-forward."""
+    """Self-attention (+ cross-attention over `memory` when cross=True) + feed-forward. Without residual
+    connections (`model.residual: false`) each sublayer's output replaces its input: the plain stack that
+    residual networks were introduced against (He et al., 2016)."""
 
     def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
         super().__init__()
         self.pre_norm = cfg.norm_placement == "pre"
+        self.residual = cfg.residual
         self.norm_attn, self.attn = make_norm(cfg), Attention(cfg)
         self.norm_cross = make_norm(cfg) if cross else None
         self.cross_attn = Attention(cfg) if cross else None
@@ -39,11 +42,14 @@ class Block(nn.Module):
 
     def _sublayer(self, x: Tensor, norm: nn.Module, fn: nn.Module, *args, rows: Tensor | None = None,
                   **kwargs) -> Tensor:
-        """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch before the add.
+        """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch before the add. Without
+        residuals: f(norm(x)) and norm(f(x)).
         rows: the real tokens (B, T), given only to a BatchNorm (`norm_rows`), whose statistics skip padding."""
         if self.pre_norm:
-            return x + self.drop(fn(norm(x) if rows is None else norm(x, rows), *args, **kwargs))
-        y = x + self.drop(fn(x, *args, **kwargs))
+            y = self.drop(fn(norm(x) if rows is None else norm(x, rows), *args, **kwargs))  # (B, T, C)
+            return x + y if self.residual else y
+        y = self.drop(fn(x, *args, **kwargs))  # (B, T, C)
+        y = x + y if self.residual else y
         return norm(y) if rows is None else norm(y, rows)
 
     def forward(self, x: Tensor, mask: AttnMask, *, rope: tuple[Tensor, Tensor] | None = None,
@@ -121,7 +127,7 @@ class ModelBase(nn.Module):
         slopes = alibi_slopes(self.config.n_heads) if self.config.positions == "alibi" else None
         return self._per_layer(lambda window: self_attention_mask(
             x.shape[1], causal=causal, key_padding=padding, alibi=slopes, device=x.device, dtype=x.dtype,
-            doc_ids=doc_ids, window=window))
+            doc_ids=doc_ids, window=window, exclude_self=self.config.shared_qk, pad_fill=self.config.padding_fill))
 
     def _decoder_inputs(self, x: Tensor, start_pos: Tensor | None, padding: Tensor | None,
                         kv_cache: KVCache | None, doc_ids: Tensor | None = None,
@@ -139,7 +145,8 @@ class ModelBase(nn.Module):
                              "every row is one sequence, real up to start_pos")
         q_pos = start_pos + kv_cache.positions[: x.shape[1]]  # (T,)
         masks = self._per_layer(lambda window: AttnMask(position_mask(
-            q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype, window=window)))
+            q_pos, kv_cache.positions, causal=True, alibi=kv_cache.alibi, dtype=x.dtype, window=window,
+            exclude_self=self.config.shared_qk)))
         rope = None if kv_cache.rope is None else (kv_cache.rope[0][q_pos], kv_cache.rope[1][q_pos])  # (T, D) x2
         return masks, rope  # each mask (1, 1|H, T, S_max)
 

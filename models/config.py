@@ -7,6 +7,7 @@ returns *every* problem at once, each naming its field, so a recipe loader can r
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass
@@ -21,6 +22,8 @@ ATTENTIONS = ("flash", "naive")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm", "batchnorm")
 ATTN_SCALES = ("sqrt_d", "none")  # or a positive number
+ATTN_SCORES = ("dot", "additive")
+PAD_FILLS = ("-inf",)  # or a number <= 0
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 INITS = ("normal", "xavier")
@@ -41,6 +44,13 @@ class ModelConfig:
     # factor on the attention scores QK^T: sqrt_d = 1/sqrt(head_dim) (the paper's) | none = 1.0 (unscaled:
     # the softmax saturates as head_dim grows) | a positive number = that factor
     attn_scale: str | float = "sqrt_d"
+    # the compatibility function of query and key: dot = q·k (times attn_scale) | additive = w_h·tanh(q + k), a
+    # one-hidden-layer network per head (Bahdanau et al., 2015; Vaswani et al., 2017, section 3.2.1), which no fused
+    # kernel computes: it needs attention: naive and keeps attn_scale: sqrt_d (there is no product to scale)
+    attn_score: str = "dot"
+    # the query projection also makes the keys (Reformer's shared-QK attention): each key is its token's query
+    # normalised to unit length, and a token attends to itself only when no other key is visible; no k_proj
+    shared_qk: bool = False
     positions: str = "learned"  # learned | sinusoidal | rope | alibi | none (no position information at all)
     rope_theta: float = 10000.0  # RoPE base frequency
     # RoPE context extension (models/rope_scaling.py): null | linear (position interpolation) | yarn (YaRN);
@@ -71,6 +81,13 @@ class ModelConfig:
     init_std: float = 0.02  # standard deviation of the normal init
     type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
     pad_token_id: int | None = None  # the tokenizer's padding id (HF export); masks come from attention_mask
+    # what is added to a padding key's attention score: -inf = hidden exactly (weight 0) | a number <= 0: -10000
+    # is the original BERT code's (exp(-10000) is 0 in every float type), 0 = no padding mask (padding is attended);
+    # causal, document and window masks stay exact whatever this is
+    pad_fill: str | float = "-inf"
+    # residual connections around every sublayer (x + f(x)); false = each sublayer's output replaces its input
+    # (f(norm(x)) pre-norm, norm(f(x)) post-norm), the plain stack of He et al., 2016
+    residual: bool = True
 
     def __post_init__(self) -> None:
         """A number written as text (YAML reads `1e-1` without a dot as a string) becomes a float, an int a
@@ -82,6 +99,15 @@ class ModelConfig:
                 pass  # problems() names it
         elif isinstance(self.attn_scale, int) and not isinstance(self.attn_scale, bool):
             self.attn_scale = float(self.attn_scale)
+        fill = self.pad_fill
+        if isinstance(fill, str) and fill not in PAD_FILLS:
+            try:
+                fill = float(fill)
+            except ValueError:
+                pass  # problems() names it
+        if isinstance(fill, (int, float)) and not isinstance(fill, bool):  # YAML's -.inf is a float: one spelling
+            fill = "-inf" if fill == float("-inf") else float(fill)
+        self.pad_fill = fill
 
     @property
     def score_scale(self) -> float | None:
@@ -90,6 +116,11 @@ class ModelConfig:
         if self.attn_scale == "sqrt_d":
             return None
         return 1.0 if self.attn_scale == "none" else float(self.attn_scale)
+
+    @property
+    def padding_fill(self) -> float:
+        """The number added to a padding key's score (`pad_fill`): -inf, the default, or a finite one <= 0."""
+        return float(self.pad_fill)
 
     @property
     def kv_heads(self) -> int:
@@ -125,6 +156,7 @@ class ModelConfig:
         choice("norm_placement", NORM_PLACEMENTS)
         choice("activation", ACTIVATIONS)
         choice("init", INITS)
+        choice("attn_score", ATTN_SCORES)
         scale = self.attn_scale
         if isinstance(scale, str) and scale not in ATTN_SCALES or isinstance(scale, bool) or (
                 isinstance(scale, float) and not POSITIVE.contains(scale)):
@@ -153,11 +185,31 @@ class ModelConfig:
         if self.qk_norm and self.norm not in ("layernorm", "rmsnorm"):
             out.append(f"{prefix}.qk_norm: normalises each head of q and k by {prefix}.norm, which must be layernorm "
                        f"or rmsnorm (got {self.norm!r}: a batch statistic per head is no QK-norm)")
-        out += self._window_problems(prefix) + self._rope_scaling_problems(prefix)
+        out += self._window_problems(prefix) + self._rope_scaling_problems(prefix) + self._attention_problems(prefix)
         if self.type_vocab_size < 0:
             out.append(f"{prefix}.type_vocab_size: got {self.type_vocab_size}, expected >= 0")
         return out + float_problems(self, prefix, rope_theta=POSITIVE, norm_eps=POSITIVE, init_std=POSITIVE,
                                     rope_factor=POSITIVE)
+
+    def _attention_problems(self, prefix: str) -> list[str]:
+        """The score, shared-QK and padding-fill options: what no path computes is refused, never ignored."""
+        out = []
+        if self.attn_score == "additive" and self.attention != "naive":
+            out.append(f"{prefix}.attn_score: additive scores need {prefix}.attention: naive (the fused SDPA kernels "
+                       f"compute dot products only; got attention {self.attention!r})")
+        if self.attn_score == "additive" and self.attn_scale != "sqrt_d":
+            out.append(f"{prefix}.attn_scale: got {self.attn_scale!r}, but additive scores ({prefix}.attn_score) have "
+                       "no dot product to scale (expected sqrt_d, the default)")
+        if self.shared_qk and self.n_kv_heads is not None and self.n_kv_heads != self.n_heads:
+            out.append(f"{prefix}.shared_qk: the keys are the queries' projection, one per query head, so "
+                       f"{prefix}.n_kv_heads must be null or {self.n_heads} (got {self.n_kv_heads})")
+        if self.shared_qk and self.arch == "transformer":
+            out.append(f"{prefix}.shared_qk: shares a self-attention's query and key projection (Reformer), but arch "
+                       "transformer's cross-attention takes its keys from the encoder (expected arch gpt or bert)")
+        fill = self.pad_fill
+        if not (fill in PAD_FILLS or isinstance(fill, float) and math.isfinite(fill) and fill <= 0.0):
+            out.append(f"{prefix}.pad_fill: got {fill!r}, expected -inf or a finite number <= 0 (e.g. -10000 or 0)")
+        return out
 
     def _window_problems(self, prefix: str) -> list[str]:
         out = []

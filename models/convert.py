@@ -50,6 +50,9 @@ def check_regrouping(cfg: ModelConfig, new_kv_heads: int, method: str = "mean") 
     """Raise ConfigError (naming new_kv_heads / method and the counts) unless the regrouping is possible."""
     if method not in METHODS:
         raise ConfigError(f"method: got {method!r}, expected one of {', '.join(METHODS)}", params=("method",))
+    if cfg.shared_qk:
+        raise ConfigError("model.shared_qk: this model's keys are its queries' projection (it has no k_proj), so its "
+                          "key heads are its query heads and cannot be regrouped")
     old, heads = cfg.kv_heads, cfg.n_heads
     if isinstance(new_kv_heads, bool) or not isinstance(new_kv_heads, int) or new_kv_heads < 1:
         raise ConfigError(f"new_kv_heads: got {new_kv_heads!r}, expected a positive integer", params=("new_kv_heads",))

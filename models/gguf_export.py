@@ -45,13 +45,16 @@ DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "bf16": ("BF1
           "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 MARK_KEY = "tfkit.version"  # in files this exporter wrote: what --force may replace
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")
+STANDARD = (SCALED, ("attn_score", ("dot",), "dot-product attention scores"),
+            ("shared_qk", (False,), "separate query and key projections"),
+            ("pad_fill", ("-inf",), "padding masked out exactly"), ("residual", (True,), "residual connections"))
 NEEDS = {  # what each llama.cpp graph computes, as (field, allowed values, what the graph has)
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-norm blocks"),
               ("activation", ("swiglu",), "a SwiGLU feed-forward"),
-              ("scale_embeddings", (False,), "unscaled token embeddings"), SCALED],
+              ("scale_embeddings", (False,), "unscaled token embeddings"), *STANDARD],
     "gpt2": [("norm", ("layernorm",), "LayerNorm"), ("norm_placement", ("pre",), "pre-norm blocks"),
              ("activation", ("gelu_tanh", "gelu"), "a GELU feed-forward"), ("bias", (True,), "biases everywhere"),
-             ("scale_embeddings", (False,), "unscaled token embeddings"), SCALED],
+             ("scale_embeddings", (False,), "unscaled token embeddings"), *STANDARD],
 }
 LAYOUT_NAME = {"llama": "Llama layout (rope positions)", "gpt2": "GPT-2 layout (learned positions)"}
 

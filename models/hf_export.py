@@ -45,7 +45,12 @@ SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head siz
 # across all heads at once and places its norms after each sublayer.
 PLAIN_QK = ("qk_norm", (False,), "no QK-norm (Qwen3 has it: a gpt with rope, rmsnorm, swiglu and no biases)")
 WHOLE_CONTEXT = ("window", (None,), "attention over the whole context (Mistral has a window)")
-EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT)
+# What no HF family computes (the lab's options): each is refused by every family, naming the field.
+STANDARD = (("attn_score", ("dot",), "dot-product attention scores"),
+            ("shared_qk", (False,), "separate query and key projections"),
+            ("pad_fill", ("-inf",), "padding masked out exactly (the dtype's minimum added to its scores)"),
+            ("residual", (True,), "residual connections"))
+EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT, *STANDARD)
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),
              ("norm_placement", ("post",), "post-LN"), ("activation", ("gelu", "gelu_tanh", "relu"), "gelu or relu"),
@@ -57,11 +62,11 @@ REQUIREMENTS = {
               ("activation", ("swiglu",), "SwiGLU"), ("scale_embeddings", (False,), "unscaled embeddings"), *EVERY_FAMILY],
     "qwen3": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
               ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no MLP biases"),
-              ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, WHOLE_CONTEXT],
+              ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, WHOLE_CONTEXT, *STANDARD],
     "mistral": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-LN"),
                 ("activation", ("swiglu",), "SwiGLU"), ("bias", (False,), "no biases"),
                 ("global_every", (None,), "the window on every layer"),
-                ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, PLAIN_QK],
+                ("scale_embeddings", (False,), "unscaled embeddings"), SCALED, PLAIN_QK, *STANDARD],
 }
 HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}  # tfkit name -> transformers name
 FAMILY_NAME = {"bert": "bert (BERT)", "gpt2": "gpt with learned positions (GPT-2)",

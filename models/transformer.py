@@ -60,7 +60,7 @@ class Transformer(ModelBase):
         start_pos = self._start(start_pos, T, kv_cache)
         x = self.tgt_embed(tgt_ids, start_pos)  # (B, T, C)
         self_masks, rope = self._decoder_inputs(x, start_pos, tgt_mask, kv_cache)
-        memory_mask = cross_attention_mask(src_mask)
+        memory_mask = cross_attention_mask(src_mask, self.config.padding_fill, x.dtype)
         rows = self.norm_rows(tgt_mask, T)
         for i, block in enumerate(self.decoder):
             x = block(x, self_masks[i], rope=rope, start_pos=start_pos, memory=memory, memory_mask=memory_mask,

@@ -53,15 +53,22 @@ def test_every_float_key_rejects_nan_and_infinity(key, value):
 
 
 def test_the_compound_float_keys_are_found():
-    assert set(_compound_float_keys()) == {"model.attn_scale", "objective.mask_replace", "train.max_time"}
+    assert set(_compound_float_keys()) == {"model.attn_scale", "objective.mask_replace", "train.max_time",
+                                           "model.pad_fill"}
+
+
+MINUS_INFINITY_MEANS = {"model.pad_fill"}  # -inf is the exact padding mask: the one key where it is a value
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", ".nan", ".inf", "-.inf"])
 @pytest.mark.parametrize("key", _compound_float_keys())
 def test_every_compound_float_key_rejects_nan_and_infinity(key, value):
     """Given alone (YAML reads `nan` as text, `.nan` as the float) or inside a list, a non-finite number is
-    refused with a line naming the key."""
+    refused with a line naming the key (model.pad_fill: -inf, spelled either way, is its exact mask)."""
     for given in (value, f"[{value}, 0.1, 0.1]"):
+        if key in MINUS_INFINITY_MEANS and given in ("-inf", "-.inf"):
+            assert load_recipe("gpt-tiny", [f"{key}={given}"]).model.pad_fill == "-inf"
+            continue
         message = _message([f"{key}={given}"])
         assert f"overrides {key}={given}: {key}: got " in message and "expected" in message
 
