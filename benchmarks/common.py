@@ -34,6 +34,8 @@ class Context:
     clock: str = "wall"  # wall | cpu (process CPU time: steadier than wall time on a busy shared host)
     corpus: Path | None = None  # text file for the tokenizer section; None = the built-in corpus
     corpus_mb: float = 50.0  # corpora section: megabytes written in every format
+    finetune_data: Path = Path("../shared/data/ag_news_test.csv")  # finetune section: AG News' labelled test CSV
+    cache: Path = Path.home() / ".cache" / "tfkit-bench"  # finetune section: the downloaded encoder, kept
     notes: list[str] = field(default_factory=list)  # skipped or failed pieces, printed under the table
     started: float = field(default_factory=time.perf_counter)
 
@@ -59,10 +61,13 @@ def sync(device: torch.device) -> None:
 
 @dataclass(frozen=True)
 class Goal:
-    """A target stated as the minimum acceptable ratio (see Row.ratio), with the words the issue used."""
+    """A target stated as the minimum acceptable ratio (see Row.ratio), with the words the issue used; or, for
+    a parity claim ("the same accuracy within 0.5 points"), as the largest gap |tfkit - baseline| in the
+    row's unit, whichever side is ahead."""
 
     text: str  # e.g. ">= 1.3x HF compiled", "overhead <= 5%"
     min_ratio: float
+    max_gap: float | None = None  # a parity goal: passed when |tfkit - baseline| <= max_gap (min_ratio unused)
 
 
 @dataclass
@@ -98,6 +103,8 @@ class Row:
     def passed(self) -> bool | None:
         if self.goal is None or self.ratio is None:
             return None
+        if self.goal.max_gap is not None:
+            return abs(self.tfkit - self.baseline) <= self.goal.max_gap
         return self.ratio >= self.goal.min_ratio
 
     def to_dict(self) -> dict:

@@ -10,7 +10,9 @@ HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli 
 `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
 kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
 backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
-benchmarks/sft.py). `--quick` shrinks every shape so the
+benchmarks/sft.py), finetune (fine-tuning quality parity with HF, its speed, whether pretraining pays, and the path
+from raw text against HF's at equal CPU time, benchmarks/finetune.py: about 40 minutes, so only when named in
+`--only`). `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
 on 2 cores.
@@ -28,11 +30,13 @@ import torch
 
 from tfkit.models import build_model
 
-from . import attention, batches, cli, corpora, doc_mask, sft, tasks, tokenizer, train_throughput
+from . import attention, batches, cli, corpora, doc_mask, finetune, sft, tasks, tokenizer, train_throughput
 from .common import Context, Goal, Row, machine, table, write_json
 
-SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft")
-CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft",
+            "finetune")
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "finetune")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+NAMED_ONLY = ("finetune",)  # full runs take most of an hour: run when --only names them (and by every --quick run)
 HERE = Path(__file__).resolve().parent
 
 
@@ -137,7 +141,7 @@ def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
            "corpora": corpora.run, "batches": batches.run, "decode": decode_rows, "cli": cli.run,
-           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run}
+           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run, "finetune": finetune.run}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -158,11 +162,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="text file for the tokenizer section (default: about 1 MB of the built-in stdlib:docs)")
     parser.add_argument("--corpus-mb", type=float, default=50.0,
                         help="corpora section: megabytes of text written in every format (default 50; 1 with --quick)")
-    parser.add_argument("--only", default=",".join(SECTIONS),
-                        help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
+    parser.add_argument("--finetune-data", type=Path, default=Path("../shared/data/ag_news_test.csv"),
+                        help="finetune section: AG News' test CSV (label, title, description), split 6,000 to "
+                             "train on and 1,600 to score (default ../shared/data/ag_news_test.csv)")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tfkit-bench",
+                        help="finetune section: where all-MiniLM-L6-v2 is downloaded (83 MB) and unzipped, once "
+                             "(default ~/.cache/tfkit-bench)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated sections to run (default all but {','.join(NAMED_ONLY)}, which run "
+                             f"when named or with --quick: {','.join(SECTIONS)})")
     parser.add_argument("--case", default="",
                         help="train section: only the cases whose name contains this text, e.g. 'reference GPT'")
     args = parser.parse_args(argv)
+    if args.only is None:
+        args.only = ",".join(s for s in SECTIONS if args.quick or s not in NAMED_ONLY)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.corpus is not None and not args.corpus.is_file():
         parser.error(f"--corpus: {args.corpus} is not a file")
@@ -171,6 +184,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--only: unknown section(s) {', '.join(unknown)}; expected some of {', '.join(SECTIONS)}")
     if args.case and "train" not in args.only:
         parser.error("--case selects train cases; add train to --only")
+    if "finetune" in args.only and not args.quick and args.suite != "gpu":
+        sizes = finetune.FULL
+        problem = finetune.check_data(args.finetune_data, sizes.n_train, sizes.n_test)
+        if problem:
+            parser.error(f"--finetune-data: {problem}")
     return args
 
 
@@ -194,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_ = compiled[suite] = args.compile if args.compile is not None else suite == "gpu"
         device = torch.device("cuda" if suite == "gpu" else "cpu")
         ctx = Context(suite, args.quick, compile_, device, clock=args.clock, corpus=args.corpus,
-                      corpus_mb=args.corpus_mb)
+                      corpus_mb=args.corpus_mb, finetune_data=args.finetune_data, cache=args.cache)
         for section in args.only:
             if suite == "gpu" and section in CPU_ONLY:
                 ctx.notes.append(f"{section}: CPU-only work, measured by --suite cpu")

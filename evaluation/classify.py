@@ -26,7 +26,7 @@ from torch import Tensor
 from ..errors import ConfigError, DataError, TfkitError
 from ..files import atomic_file, write_problem
 from ..progress import progress_bar
-from ..models.heads import HeadConfig, SequenceClassifier, head_loss, pool_windows, predictions
+from ..models.heads import HeadConfig, SequenceClassifier, classifier_inputs, head_loss, pool_windows, predictions
 from ..models.io import load_classifier as load_classifier_model, read_checkpoint, read_config
 from ..tokenization.labelled import Columns, Examples, read_examples, read_texts
 from ..tokenization.task_batches import task_dataset
@@ -83,12 +83,11 @@ def logits(clf: Classifier, texts: list[str], pairs: list[str] | None, batch_siz
     examples = Examples("", texts, pairs, [0] * len(texts))
     dataset = task_dataset(examples, clf.tokenizer, cfg.arch, max_len=clf.config.get("train_seq_len") or cfg.max_seq_len,
                            seed=0, regression=False, truncation=task.get("truncation", "head"),
-                           stride=task.get("stride"), type_vocab_size=cfg.type_vocab_size)
+                           stride=task.get("stride"), type_vocab_size=cfg.type_vocab_size, packed=True)
     device, rows = next(clf.model.parameters()).device, []
     for batch in dataset.every_example(batch_size):
         batch = {k: v.to(device) for k, v in batch.items()}
-        rows.append(clf.model(batch["input_ids"], batch.get("attention_mask"),
-                              batch.get("token_type_ids")).float().cpu())  # (B, N)
+        rows.append(clf.model(**classifier_inputs(batch)).float().cpu())  # (B, N), packed rows' logits per example
     return pool_windows(torch.cat(rows), dataset.owners, len(texts))  # (E, N)
 
 

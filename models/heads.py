@@ -12,6 +12,9 @@ The conventions are HuggingFace's, so a tfkit classifier means what one means el
 - pooling `mean`, for bert and gpt: the average over real tokens (Sentence-BERT's pooling).
 Padding is whatever `attention_mask` says (right padding: a causal model's real tokens then never see
 it), and no pooling reads a padded position, so a text's logits do not depend on what it is batched with.
+A packed batch (bert and gpt; tokenization/task_packing.py) holds several examples per row: attention
+stays inside each (`example_ids` as the body's doc_ids), positions restart at each, and the pooling reads
+each example's positions (`starts`, `lengths`), so its logits are the padded layout's.
 
 `HeadConfig` is what a checkpoint's config.json keeps beside the model's (`to_dict`): the task, the
 pooling, the dropout and the labels as `id2label` / `label2id`, the keys any tool reads labels from.
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, shorten
+from ..tokenization.task_packing import PACKED_KEYS
 
 TASKS = ("classification", "regression")
 # The body's modules a classifier never computes with, by family (`SequenceClassifier.unused_parameters`).
@@ -135,27 +139,53 @@ class SequenceClassifier(nn.Module):
         """The body's count (its output head included, which a classifier skips: an upper bound)."""
         return self.body.flops_per_token(seq_len)
 
-    def pooled(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-               token_type_ids: Tensor | None = None) -> Tensor:
-        """input_ids (B, T), attention_mask (B, T) bool True = real, token_type_ids (B, T) (bert) -> (B, C)."""
+    def pooled(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+               *, position_ids: Tensor | None = None, example_ids: Tensor | None = None,
+               starts: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """input_ids (B, T), attention_mask (B, T) bool True = real, token_type_ids (B, T) (bert) -> (B, C).
+        Packed rows (R, T) of E examples: position_ids and example_ids (R, T), starts and lengths (E,) -> (E, C)."""
         arch = self.body.config.arch
         if token_type_ids is not None and arch != "bert":
             raise ValueError(f"token_type_ids are BERT's segments; a {arch} model has none")
+        packing = (position_ids, example_ids, starts, lengths)
+        if any(t is not None for t in packing) and (arch == "transformer" or any(t is None for t in packing)):
+            raise ValueError("packed rows need position_ids, example_ids, starts and lengths together, on a bert or "
+                             f"gpt body (this one is {arch})")
+        if example_ids is not None and attention_mask is None and self.body.config.norm == "batchnorm":
+            attention_mask = example_ids < starts.shape[0]  # (R, T): BatchNorm's statistics skip row-end padding
         if arch == "bert":
-            hidden = self.body.encode(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+            hidden = self.body.encode(input_ids, attention_mask, token_type_ids, doc_ids=example_ids,
+                                      position_ids=position_ids)  # (B, T, C)
         elif arch == "gpt":
-            hidden = self.body(input_ids, attention_mask=attention_mask, head=False)  # (B, T, C)
+            hidden = self.body(input_ids, attention_mask=attention_mask, head=False, doc_ids=example_ids,
+                               position_ids=position_ids)  # (B, T, C)
         else:
             hidden = self.body.encode(input_ids, attention_mask)  # (B, T, C)
+        if example_ids is not None:
+            return self._pooled_packed(hidden, example_ids, starts, lengths)
         if self.pooling == "cls":
             return self.body.pooled(hidden)  # (B, C)
         if self.pooling == "last":
             return last_pool(hidden, attention_mask)
         return mean_pool(hidden, attention_mask)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None) -> Tensor:
-        return self.classifier(self.drop(self.pooled(input_ids, attention_mask, token_type_ids)))  # (B, N)
+    def _pooled_packed(self, hidden: Tensor, example_ids: Tensor, starts: Tensor, lengths: Tensor) -> Tensor:
+        """The pooled vector (E, C) of each example of packed rows, from hidden (R, T, C): its first position
+        (BERT's pooler over [CLS]), its last (a GPT's last real token), or the mean of its positions."""
+        flat = hidden.flatten(0, 1)  # (R*T, C)
+        if self.pooling == "cls":
+            return self.body.pooled(flat[starts].unsqueeze(1))  # (E, 1, C) -> (E, C)
+        if self.pooling == "last":
+            return flat[starts + lengths - 1]  # (E, C)
+        count = starts.shape[0]
+        sums = flat.new_zeros(count + 1, flat.shape[1], dtype=torch.float32)  # (E + 1, C): row E gathers padding
+        sums.index_add_(0, example_ids.flatten(), flat.float())
+        return (sums[:count] / lengths.unsqueeze(1)).to(hidden.dtype)  # (E, C)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                **packing: Tensor) -> Tensor:
+        """Logits (B, N), or (E, N) of packed rows (`packing`: pooled's keyword arguments)."""
+        return self.classifier(self.drop(self.pooled(input_ids, attention_mask, token_type_ids, **packing)))
 
     def unused_parameters(self) -> list[nn.Parameter]:
         """The body's parameters no pooled vector is computed with: its pretraining head (BERT's MLM head, a
@@ -173,6 +203,15 @@ class SequenceClassifier(nn.Module):
             else:
                 used.add(id(param))
         return [param for key, param in unused.items() if key not in used]
+
+
+INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids", *PACKED_KEYS)
+
+
+def classifier_inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The arguments of `SequenceClassifier.forward` a task batch carries, padded or packed (its labels
+    and anything else left out)."""
+    return {key: batch[key] for key in INPUT_KEYS if key in batch}
 
 
 def pool_windows(logits: Tensor, owners: Tensor, num_examples: int) -> Tensor:

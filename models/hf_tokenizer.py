@@ -81,6 +81,7 @@ def import_tokenizer(src: Path, dst: Path) -> TfkitTokenizer | None:
         config = {**specials, **config}  # tokenizer_config.json has the roles tfkit reads
         (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
         (dst / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
+        _note_length_settings(src / "tokenizer.json")  # the user's file, not the staging folder's copy
     elif (built := _slow_tokenizer(src, config)) is not None:
         kind, tok, roles = built
         write_tokenizer_files(tok, dst, kind, roles, (), None)
@@ -89,13 +90,14 @@ def import_tokenizer(src: Path, dst: Path) -> TfkitTokenizer | None:
             if (src / "tokenizer.model").is_file() else "no tokenizer files"
         warnings.warn(f"{src}: {what}; the checkpoint has no tokenizer", HFInteropWarning, stacklevel=3)
         return None
-    _note_length_settings(dst / "tokenizer.json")
     return load_tokenizer(dst)
 
 
 def _note_length_settings(file: Path) -> None:
     """Warn that a tokenizer.json's truncation / padding (a sentence-transformers model's 128 tokens) is not
-    used: tfkit packs whole documents, so keeping it would cut every document of a corpus."""
+    used: tfkit packs whole documents, so keeping it would cut every document of a corpus. Only a file copied
+    from the HF folder can carry them (one built from vocab files has neither), and the warning names that
+    file: the copy is in a staging folder that is renamed away before the user reads the line."""
     data = read_guarded(file, DataError, max_depth=None)
     found = [f"{key} {json.dumps(data[key])}" for key in ("truncation", "padding") if data.get(key) is not None]
     if found:

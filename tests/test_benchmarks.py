@@ -41,13 +41,15 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["suite"] == "cpu" and result["quick"] is True and result["machine"]["torch"] == torch.__version__
     sections = {row["section"] for row in result["rows"]}
-    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft"}
+    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft", "finetune"}
     assert expected <= sections, (sections, result["notes"])
     for row in result["rows"]:
         assert row["tfkit"] > 0 and math.isfinite(row["tfkit"]), row
         if row["baseline"] is not None:
             assert row["ratio"] > 0, row
-        if row["goal"] is not None and row["ratio"] is not None:
+        if row["goal"] is not None and row["goal"]["max_gap"] is not None:  # a parity goal: a gap, either side
+            assert row["passed"] == (abs(row["tfkit"] - row["baseline"]) <= row["goal"]["max_gap"]), row
+        elif row["goal"] is not None and row["ratio"] is not None:
             assert row["passed"] == (row["ratio"] >= row["goal"]["min_ratio"]), row
     # The CPU goals are on the table, whatever this run's verdict.
     goals = {row["goal"]["text"] for row in result["rows"] if row["goal"]}
@@ -70,13 +72,30 @@ def test_unknown_section_is_a_usage_error():
     assert done.returncode == 2 and "warp" in done.stderr
 
 
+@pytest.mark.parametrize("content, says", [
+    (None, "is not a file"),
+    ('"3","a title","a description"\n"x","no","class index"\n', "line 2: expected three columns, a class index"),
+    ('"3","a title","a description"\n' * 5, "5 rows, fewer than the 6000 + 1600"),
+])
+def test_finetune_data_that_cannot_be_the_split_is_one_line_before_any_work(tmp_path, content, says):
+    data = tmp_path / "labelled.csv"
+    if content is not None:
+        data.write_text(content, encoding="utf-8")
+    done = bench("--only", "finetune", "--finetune-data", str(data), timeout=60)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if "error:" in line]  # after argparse's usage lines
+    assert error.startswith("python -m benchmarks.run: error: --finetune-data: ") and says in error, error
+    assert str(data) in error and "Traceback" not in done.stderr
+
+
 @pytest.fixture(scope="module")
 def bm():
     """The benchmark modules as `python -m benchmarks...` imports them: from the repository root, since
     benchmarks/ is not an installed package. The path is restored after this module's tests."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
-        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft", "decode")
+        names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft", "decode", "finetune",
+                 "finetune_hf", "finetune_setup")
         yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
 
 
@@ -241,3 +260,44 @@ def test_the_decode_prediction_counts_every_weight_and_the_whole_cache(bm):
     assert bm.decode.predicted_speedup(mha, gqa, 4, 32, torch.bfloat16) == pytest.approx(expected)
     assert 1 < bm.decode.predicted_speedup(mha, gqa, 4, 32, torch.bfloat16) < \
         bm.decode.predicted_speedup(mha, gqa, 4, 320, torch.bfloat16) < bm.decode.predicted_speedup(mha, mqa, 4, 320, torch.bfloat16)
+
+
+def test_a_parity_goal_passes_within_its_gap_on_either_side(bm):
+    goal = bm.common.Goal("within 0.5 points of HF (mean)", 0.0, max_gap=0.5)
+    row = lambda ours, theirs: bm.common.Row("finetune", "parity", "acc %", ours, theirs, goal=goal)  # noqa: E731
+    assert row(90.4, 90.0).passed and row(89.6, 90.0).passed
+    assert row(89.4, 90.0).passed is False and row(90.6, 90.0).passed is False  # ahead by too much is no parity
+
+
+def test_the_hf_loop_draws_the_examples_tfkit_draws(bm, eval_tokenizers):
+    """finetune_hf.batch_order is TaskDataset's order: per seed, the same examples in every update, across
+    epochs (each example's target is its index, so the labels name the examples drawn)."""
+    from tfkit.tokenization.labelled import Examples
+    from tfkit.tokenization.task_batches import task_dataset
+    from tfkit.tokenization.train import load_tokenizer
+
+    items = bm.finetune_setup.synthetic_items(100)
+    examples = Examples("bench", [t for _, t, _ in items], None, [float(k) for k in range(100)])
+    data = task_dataset(examples, load_tokenizer(eval_tokenizers["wordpiece"]), "bert", max_len=16, seed=7,
+                        regression=True, packed=True)
+    order = list(bm.finetune_hf.batch_order(7, 100, 8, 30))  # 12 batches an epoch: three epochs begun
+    assert [data.batch(i, 8)["labels"].long().tolist() for i in range(30)] == [idx.tolist() for idx in order]
+    assert order[0].tolist() != list(bm.finetune_hf.batch_order(8, 100, 8, 1))[0].tolist()
+
+
+def test_finetune_section_runs_every_row_quickly(bm):
+    """The quick finetune section end to end (made-up topics, a random BertModel saved by transformers and
+    imported by tfkit import-hf, nothing downloaded): the speed rows, parity with tfkit's tokens equal to HF's,
+    pretraining against random init, and the raw-text paths with their CPU seconds."""
+    ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
+    rows = bm.finetune.run(ctx)
+    assert not ctx.notes and [r.unit for r in rows] == ["ex/s", "ex/s", "acc %", "acc %", "acc %"]
+    packed, padded, parity, pretrained, raw = rows
+    assert packed.goal.min_ratio == 1.3 and padded.goal is None and packed.ratio > 0 and padded.ratio > 0
+    assert set(packed.extra["samples_s"]) == {"packed", "padded", "hf"}
+    assert parity.goal.max_gap == 0.5 and parity.extra["tokens_identical"] == 1.0
+    seeds = len(bm.finetune.QUICK.seeds)
+    for row, keys in ((parity, ("tfkit", "hf")), (pretrained, ("pretrained", "random")), (raw, ("tfkit", "hf"))):
+        assert all(len(row.extra[k]) == seeds and all(0 <= a <= 1 for a in row.extra[k]) for k in keys), row
+    assert pretrained.ratio == min(p / r for p, r in zip(pretrained.extra["pretrained"], pretrained.extra["random"]))
+    assert raw.extra["mlm_updates"] >= 1 and raw.extra["pretrain_cpu_s"] > 0 and raw.extra["tfkit_pretrain_cpu_s"] > 0

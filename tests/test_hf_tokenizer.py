@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tfkit.models.hf_import import import_hf
@@ -116,9 +117,20 @@ def test_a_folder_without_a_readable_tokenizer_imports_with_a_warning(tmp_path):
 
 
 def sentence_transformers_folder(folder: Path) -> Path:
-    """A BERT folder whose tokenizer.json carries what a sentence-transformers model's does:
-    `truncation: {max_length: 128}` and `padding: {Fixed: 128}`."""
-    src = hf_model_folder(folder, "bert")
+    """A folder as sentence-transformers saves an encoder (all-MiniLM-L6-v2's layout): a bare `BertModel` (its
+    pooler, no MLM head), its modules.json / 1_Pooling / sentence_bert_config.json beside it, and a
+    tokenizer.json carrying `truncation: {max_length: 128}` and `padding: {Fixed: 128}`."""
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(folder)
+    src = folder
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                               "pooling_mode_mean_tokens": True}))
+    (src / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (src / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
     tok = wordpiece()
     tok.enable_truncation(max_length=128)
     tok.enable_padding(length=128, pad_id=0, pad_token="[PAD]")
@@ -135,12 +147,37 @@ def test_an_hf_tokenizers_truncation_and_padding_are_not_used(tmp_path):
     assert json.loads((src / "tokenizer.json").read_text())["truncation"]["max_length"] == 128
     messages = import_quietly(src, tmp_path / "ckpt")
     assert any("truncation" in m and "padding" in m and "not used" in m for m in messages), messages
+    # the line names the user's file, not the copy in the staging folder that no longer exists
+    assert any(m.startswith(f"{src / 'tokenizer.json'}: truncation") for m in messages), messages
     long_text = " ".join(TEXT)  # about 400 tokens
     for folder in (tmp_path / "ckpt", src):  # the import, and a folder with the settings still in its file
         ours = load_tokenizer(folder)
         ids = ours.encode(long_text)
         assert len(ids) > 300 and 0 not in ids, len(ids)  # not cut, and no [PAD]
         assert [len(x) for x in ours.encode_batch([long_text, "a dog"])] == [len(ids), len(ours.encode("a dog"))]
+
+
+def test_a_sentence_transformers_folder_imports_as_an_encoder_with_its_pooler(tmp_path):
+    """What a user downloads as a sentence-transformers model imports with exactly two warnings (the MLM
+    head it never had, the tokenizer's length settings), keeps the file's pooler, ignores the
+    sentence-transformers files, and computes BertModel's hidden states and pooled vector."""
+    from tfkit.models.io import load_model
+
+    src = sentence_transformers_folder(tmp_path / "hf")
+    messages = import_quietly(src, tmp_path / "ckpt")
+    assert len(messages) == 2, messages
+    assert "has no MLM head" in messages[0] and "not used" in messages[1], messages
+    ours, _ = load_model(tmp_path / "ckpt")
+    hf = transformers.BertModel.from_pretrained(src).eval()
+    ids = torch.tensor([[2, 17, 40, 9, 3, 0]])  # (1, T) with a padding position
+    mask = ids != 0  # (1, T)
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask.long())
+        hidden = ours.eval().encode(ids, mask)  # (1, T, C)
+        torch.testing.assert_close(hidden[mask], expected.last_hidden_state[mask], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.pooled(hidden), expected.pooler_output, atol=1e-5, rtol=0)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
 
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_at_import(tmp_path):

@@ -20,8 +20,10 @@ to report. Or a long single text is read whole, as sliding windows (`encode_wind
 tokens, the last ending at the text's end), each window a row with its text's target; `Encoded.owners`
 maps rows to texts, and `models.heads.pool_windows` averages a text's window logits.
 
-`TaskDataset` batches them as every tfkit dataset does: batch `i` a pure function of `(seed, i)`, rows
-padded on the right to `max_len` (fixed shapes), `labels` class ids (int64) or float targets (float32).
+`TaskDataset` batches them as every tfkit dataset does: batch `i` a pure function of `(seed, i)`,
+`labels` class ids (int64) or float targets (float32), and the rows either padded on the right to
+`max_len` (fixed shapes) or, `packed` (bert and gpt), laid back to back in as few rows of `max_len` as
+fit, attention and positions kept inside each example (task_packing.py: the same logits, less padding).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import torch
 from ..errors import ConfigError
 from .batches import _pad, _PureDataset
 from .labelled import Examples
+from .task_packing import packed_batch
 from .tokenizer import TfkitTokenizer
 
 ARCHS = ("bert", "gpt", "transformer")
+PACKABLE = ("bert", "gpt")  # families whose forward takes doc_ids and position_ids (the encoder-decoder's does not)
 TRUNCATIONS = ("head", "tail", "head+tail")
 HEAD_SHARE = 128 / 510  # head+tail: the share of the room kept from the start (Sun et al. 2019)
 
@@ -164,30 +168,38 @@ def encode_windows(texts: list[str], tokenizer: TfkitTokenizer, layout: Layout, 
 
 
 class TaskDataset(_PureDataset):
-    """Laid-out rows and their targets; batches of `input_ids`, `attention_mask` (B, max_len), with
-    `token_type_ids` for layouts with segments, and `labels` (B,). A window has its text's target;
-    `owners` (R,) says which example each row is of, for pooling the windows' logits."""
+    """Laid-out rows and their targets; batches of `labels` (B,) and either `input_ids`, `attention_mask`
+    (B, max_len) with `token_type_ids` for layouts with segments, or, `packed`, the keys of
+    `task_packing.packed_batch` (input_ids (R, max_len) holding the B rows back to back). A window has its
+    text's target; `owners` (R,) says which example each row is of, for pooling the windows' logits."""
 
-    def __init__(self, encoded: Encoded, targets: list, max_len: int, pad_id: int, seed: int, regression: bool):
-        self.encoded, self.max_len, self.pad_id, self.seed = encoded, max_len, pad_id, seed
+    def __init__(self, encoded: Encoded, targets: list, max_len: int, pad_id: int, seed: int, regression: bool,
+                 packed: bool = False):
+        self.encoded, self.max_len, self.pad_id, self.seed, self.packed = encoded, max_len, pad_id, seed, packed
         self.owners = torch.tensor(encoded.owners, dtype=torch.long)  # (R,)
         targets = torch.tensor(targets, dtype=torch.float32 if regression else torch.long)  # (N,)
         self.labels = targets[self.owners]  # (R,)
         self.num_examples = len(encoded.rows)
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
-        ids, mask = _pad([self.encoded.rows[k] for k in idx], self.max_len, self.pad_id)  # (B, T) each
-        batch = {"input_ids": ids, "attention_mask": mask, "labels": self.labels[torch.as_tensor(idx)]}
-        if self.encoded.segments is not None:
-            batch["token_type_ids"] = _pad([self.encoded.segments[k] for k in idx], self.max_len, 0)[0]
+        rows = [self.encoded.rows[k] for k in idx]
+        segments = None if self.encoded.segments is None else [self.encoded.segments[k] for k in idx]
+        labels = self.labels[torch.as_tensor(idx)]  # (B,)
+        if self.packed:
+            return {**packed_batch(rows, segments, self.max_len, self.pad_id), "labels": labels}
+        ids, mask = _pad(rows, self.max_len, self.pad_id)  # (B, T) each
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        if segments is not None:
+            batch["token_type_ids"] = _pad(segments, self.max_len, 0)[0]
         return batch
 
 
 def task_dataset(examples: Examples, tokenizer: TfkitTokenizer, arch: str, *, max_len: int, seed: int,
                  regression: bool, truncation: str = "head", stride: int | None = None,
-                 type_vocab_size: int = 2) -> TaskDataset:
+                 type_vocab_size: int = 2, packed: bool = False) -> TaskDataset:
     """One split of a fine-tuning run as a dataset of family `arch`'s layout: each text cut to `max_len`
-    (`truncation`), or, with a `stride`, read as sliding windows (single texts only)."""
+    (`truncation`), or, with a `stride`, read as sliding windows (single texts only); batches `packed`
+    where the family can read packed rows (PACKABLE), padded otherwise."""
     pair = examples.pairs is not None
     layout = layout_for(arch, tokenizer, pair, type_vocab_size)
     pad_id = _need(tokenizer.pad_id, "padding token", tokenizer, arch)
@@ -197,4 +209,4 @@ def task_dataset(examples: Examples, tokenizer: TfkitTokenizer, arch: str, *, ma
         raise ConfigError("data.stride: sliding windows read single texts; a text pair is cut (data.truncation)")
     else:
         encoded = encode_windows(examples.texts, tokenizer, layout, max_len, stride)
-    return TaskDataset(encoded, examples.targets, max_len, pad_id, seed, regression)
+    return TaskDataset(encoded, examples.targets, max_len, pad_id, seed, regression, packed and arch in PACKABLE)

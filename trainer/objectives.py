@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..models.heads import classifier_inputs
 from .fused_loss import linear_cross_entropy, use_fused_loss
 from .recipe import ObjectiveSection
 
@@ -134,7 +135,7 @@ def task_loss(model: nn.Module, batch: dict[str, Tensor], regression: bool,
     target per row, summed like the token losses (cross-entropy, or squared error; no accuracy for a
     regression)."""
     labels = batch["labels"]  # (B,) class ids or float targets
-    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))  # (B, N)
+    logits = model(**classifier_inputs(batch))  # (B, N), padded or packed rows
     count = torch.full((), labels.shape[0], dtype=torch.long, device=labels.device)
     if regression:
         loss_sum = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")

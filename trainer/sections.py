@@ -140,6 +140,10 @@ class TaskSection:
     header: bool = True  # CSV / TSV: the first line names the columns
     truncation: str = "head"  # head | tail | head+tail: which tokens a text longer than data.seq_len keeps
     stride: int | None = None  # read long single texts whole, as windows this many tokens apart (logits averaged)
+    # bert / gpt: each batch's examples back to back in as few rows of data.seq_len as fit, attention and
+    # positions kept inside each (the same logits as padded rows, without computing the padding); false = one
+    # example per row, padded to data.seq_len (the same shapes every step)
+    packing: bool = True
     pooling: str | None = None  # cls | last | mean; null = the family's own (bert cls, gpt last, transformer mean)
     dropout: float = 0.1  # on the pooled vector, before the classifier (BERT's fine-tuning default)
     # the validation score that keep_best keeps and the report leads with: auto (accuracy for classify, pearson for

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..layout import WEIGHTS
 from ..models import build_model
 from ..models.config import ModelConfig
-from ..models.heads import HeadConfig, SequenceClassifier, head_loss, pool_windows, predictions
+from ..models.heads import HeadConfig, SequenceClassifier, classifier_inputs, head_loss, pool_windows, predictions
 from ..models.io import load_weights_into, read_config
 from ..progress import Transcript
 from ..tokenization.labelled import Columns, load_labelled
@@ -64,7 +64,8 @@ def build_task_data(recipe: Recipe, tokenizer: TfkitTokenizer, cfg: ModelConfig,
         raise ConfigError("; ".join(p.replace("head.", "task.", 1) for p in problems))
     splits = [task_dataset(split, tokenizer, cfg.arch, max_len=d.seq_len, seed=recipe.train.seed,
                            regression=task == "regression", truncation=t.truncation, stride=t.stride,
-                           type_vocab_size=cfg.type_vocab_size) for split in (labelled.train, labelled.valid)]
+                           type_vocab_size=cfg.type_vocab_size, packed=t.packing)
+              for split in (labelled.train, labelled.valid)]
     if out is not None:
         for note in labelled.notes:
             out.print(f"data: {note}", highlight=False, markup=False)
@@ -150,7 +151,7 @@ def validate_task(loss_module: nn.Module, dataset: TaskDataset, batch_size: int,
         for batch in dataset.every_example(batch_size):
             batch = move_batch(batch, info.device)
             with autocast_context(precision, info.device):
-                out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))  # (B, N)
+                out = model(**classifier_inputs(batch))  # (B, N)
             logits.append(out.float().cpu())
     finally:
         model.train(was_training)

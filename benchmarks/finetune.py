@@ -1,0 +1,364 @@
+"""Fine-tuning, measured (issue #31): `python -m benchmarks.run --only finetune`.
+
+Four rows, each tfkit against HuggingFace (or a control) in the same run, on AG News (finetune_setup.py:
+the first 6,000 items of its test file to train on, the last 1,600 to score; fp32, one thread by default):
+
+1. quality parity: all-MiniLM-L6-v2, `tfkit import-hf`ed and fine-tuned by `tfkit finetune` (the command's
+   own function, called in this process: no start-up counted on either side), against the same weights as
+   `BertForSequenceClassification` in a plain loop
+   (finetune_hf.py). Both: the [CLS] pooler, dropout 0.1 in the body, on attention and before one Linear;
+   the same examples in the same order per seed, lr, warmup, linear decay, AdamW groups, clip, batch,
+   max length. Goal: the mean accuracy over the seeds within 0.5 points of HF's.
+2. speed: one fine-tuning update of that model on the same 32 examples, interleaved on one clock: tfkit's
+   `train_step` on packed rows (`task.packing`, the default) and on padded ones (the layout before it),
+   HF's step on the batch padded to its longest example (run_glue's collator). Goal: >= 1.3x HF.
+3. pretraining pays: bert-tiny pretrained by `tfkit pretrain` (its own WordPiece tokenizer, MLM) on the
+   training texts for a few CPU minutes, against the same architecture from random init with that
+   tokenizer, each fine-tuned with the same recipe over the seeds. Goal: better on every seed.
+4. from raw text to a classifier: that whole tfkit path against HF's (a `tokenizers` WordPiece,
+   run_mlm's loop for the same CPU seconds as `tfkit pretrain` took, run_glue's loop with the same
+   fine-tuning hyperparameters), scored on the same labels. No goal: the numbers are the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import yaml
+
+from . import finetune_hf as hf
+from .common import Context, Goal, Row, median, paired_ratio, time_interleaved
+from .finetune_setup import (Split, check_data, fetch_minilm, read_items, synthetic_items, tiny_encoder,
+                             write_csv, write_split)
+
+if TYPE_CHECKING:  # transformers is imported where used: `benchmarks.run` starts without it
+    from transformers import BertConfig
+
+PARITY_GOAL = Goal("within 0.5 points of HF (mean)", 0.0, max_gap=0.5)
+SPEED_GOAL = Goal(">= 1.3x HF", 1.3)
+PRETRAIN_GOAL = Goal("> random init, every seed", 1.0)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of everything a run does (FULL: well under an hour on 2 shared cores; QUICK: seconds)."""
+
+    n_train: int  # items of the split to train on (the first ones of the file)
+    n_test: int  # items scored (the last ones)
+    parity_train: int  # of the training items, those the MiniLM runs take once (one epoch)
+    seeds: tuple[int, ...]
+    minilm: hf.Hyper  # fine-tuning all-MiniLM-L6-v2 (steps: one epoch of parity_train)
+    speed_batches: int  # distinct batches a timed round cycles through
+    speed_rounds: int
+    pretrain_steps: int  # tfkit pretrain of bert-tiny
+    vocab_size: int  # its tokenizer (and HF's)
+    tiny: hf.Hyper  # fine-tuning bert-tiny (pretrained or not, either path)
+
+
+FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4, 600, 4096,
+             hf.Hyper(lr=2e-3, steps=374, warmup=37))
+QUICK = Sizes(256, 64, 128, (1,), hf.Hyper(lr=1e-3, steps=4, warmup=1), 2, 1, 6, 200,
+              hf.Hyper(lr=2e-3, steps=6, warmup=1))
+DROPOUT = 0.1  # body, attention and head while fine-tuning: BertForSequenceClassification's
+
+
+@dataclass
+class Env:
+    """Where a run works, and the threads its tfkit runs take (train.threads): the bench process's."""
+
+    ctx: Context
+    work: Path
+    threads: int
+
+
+def tfkit(env: Env, command: str, *args: object) -> float:
+    """The function behind `tfkit COMMAND ARGS` (cli/), called in this process as the command calls it, its
+    output kept in work/tfkit.log; the CPU seconds it took (its prefetch thread's included; start-up not, as
+    on HF's side). RuntimeError with the log's tail when it fails."""
+    from tfkit.cli.finetune import finetune
+    from tfkit.cli.hf import import_hf
+    from tfkit.cli.pretrain import pretrain
+
+    functions = {"finetune": finetune, "pretrain": pretrain, "import-hf": import_hf}
+    log = env.work / "tfkit.log"
+    start = time.process_time()
+    with log.open("a", encoding="utf-8") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-hf's notes on what the folder lacks, said in the README
+        out.write(f"$ tfkit {command} {' '.join(map(str, args))}\n")
+        out.flush()
+        try:
+            functions[command](*args)
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - a failed run is reported with its output
+            out.flush()
+            tail = log.read_text(encoding="utf-8")[-800:]
+            raise RuntimeError(f"tfkit {command} failed: {type(err).__name__}: {err}\n{tail}") from None
+    return time.process_time() - start
+
+
+def bundled(name: str) -> dict:
+    """A bundled recipe as the dict its YAML holds, to set keys in as `--set` would."""
+    from tfkit.trainer.recipe import bundled_recipes
+
+    return yaml.safe_load(bundled_recipes()[name].read_text(encoding="utf-8"))
+
+
+def finetune_recipe(env: Env, split: Split, train_csv: Path, hyper: hf.Hyper, seed: int, *, init_from: Path | None,
+                    tokenizer: Path | None = None, pooling: str) -> dict:
+    """finetune-classify set to this benchmark's data and hyperparameters (what a user would `--set`)."""
+    recipe = bundled("finetune-classify")
+    recipe["model"].update(dropout=DROPOUT, attn_dropout=DROPOUT, max_seq_len=hyper.max_len)
+    recipe["tokenizer"]["path"] = str(tokenizer) if tokenizer else None
+    recipe["data"].update(train=str(train_csv), valid=str(split.test_csv), seq_len=hyper.max_len)
+    recipe["task"].update(text=1, text_pair=2, label=0, header=False, pooling=pooling, dropout=DROPOUT)
+    recipe["optim"].update(lr=hyper.lr, weight_decay=hyper.weight_decay, beta2=hyper.beta2, grad_clip=hyper.grad_clip)
+    recipe["schedule"].update(warmup_steps=hyper.warmup)
+    recipe["train"].update(max_steps=hyper.steps, batch_size=hyper.batch_size, seed=seed, log_every=hyper.steps,
+                           eval_every=hyper.steps, save_every=hyper.steps, keep_last=1, keep_best=False,
+                           init_from=str(init_from) if init_from else None, precision="fp32", device="cpu",
+                           threads=env.threads)
+    recipe["eval"]["batch_size"] = hyper.eval_batch
+    recipe["log"].update(tensorboard=False, plot=False, progress=False)
+    return recipe
+
+
+def run_recipe(env: Env, command: str, name: str, recipe: dict) -> tuple[Path, float]:
+    """`tfkit COMMAND recipe.yaml --run-dir DIR`; the run folder and the command's CPU seconds."""
+    path = env.work / f"{name}.yaml"
+    path.write_text(json.dumps(recipe), encoding="utf-8")  # JSON is YAML
+    run_dir = env.work / "runs" / name
+    return run_dir, tfkit(env, command, str(path), None, run_dir)
+
+
+def final_accuracy(run_dir: Path) -> float:
+    """The last validation accuracy of a fine-tuning run: its score on every held-out item."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "val_accuracy" in r][-1]["val_accuracy"]
+
+
+def tfkit_finetune(env: Env, name: str, recipe: dict) -> tuple[float, float]:
+    """(accuracy, CPU seconds) of one `tfkit finetune`; its run folder (checkpoints of 90 MB) removed."""
+    run_dir, seconds = run_recipe(env, "finetune", name, recipe)
+    accuracy = final_accuracy(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return accuracy, seconds
+
+
+def spread(values: list[float]) -> str:
+    """`mean ± sd` in points (accuracies in [0, 1])."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
+
+
+def speed_rows(env: Env, split: Split, hf_folder: Path, imported: Path, sizes: Sizes, encoder: str) -> list[Row]:
+    """Examples/s of one update, tfkit packed and padded against HF, interleaved (see the module doc)."""
+    from .finetune_tfkit import tfkit_update
+
+    ctx, hyper = env.ctx, sizes.minilm
+    import transformers as tr
+
+    tok = tr.AutoTokenizer.from_pretrained(hf_folder)
+    items = split.train[:sizes.parity_train]
+    features, labels = hf.encode(tok, items, hyper.max_len), hf.labels_of(items)
+    model = hf.classifier(str(hf_folder), 4, seed=0).train()
+    optimizer = hyper.optimizer(model)
+    order = hf.batch_order(0, len(items), hyper.batch_size)
+
+    def hf_update() -> None:
+        idx = next(order)
+        hf.train_step(model, optimizer, None, hf.collate(tok, features, idx), labels[idx], hyper.grad_clip)
+
+    fns = {"packed": tfkit_update(imported, items, hyper, packed=True),
+           "padded": tfkit_update(imported, items, hyper, packed=False), "hf": hf_update}
+    ctx.log(f"finetune: speed, {sizes.speed_rounds} rounds of {sizes.speed_batches} updates each")
+    samples = time_interleaved(fns, ctx.device, warmup=1, rounds=sizes.speed_rounds, calls=sizes.speed_batches,
+                               timer=ctx.timer)
+    rate = {name: hyper.batch_size / median(s) for name, s in samples.items()}
+    shape = f"{encoder}, B={hyper.batch_size}, max {hyper.max_len} tokens, fp32, {split.name} batches"
+    rows = []
+    for name, what in (("packed", "packed rows (task.packing: true)"), ("padded", "rows padded to seq_len (false)")):
+        rows.append(Row("finetune", f"fine-tuning update, {what} vs HF BertForSequenceClassification padded to "
+                                    f"each batch's longest; {shape}", "ex/s", rate[name], rate["hf"],
+                        goal=SPEED_GOAL if name == "packed" else None,
+                        paired=paired_ratio(samples[name], samples["hf"]), extra={"samples_s": samples}))
+    return rows
+
+
+def parity_row(env: Env, split: Split, hf_folder: Path, imported: Path, sizes: Sizes, encoder: str) -> Row:
+    """Accuracy of all-MiniLM-L6-v2 fine-tuned by each side over the seeds (see the module doc)."""
+    import transformers as tr
+
+    from .finetune_tfkit import same_tokens
+
+    hyper, items = sizes.minilm, split.train[:sizes.parity_train]
+    train_csv = write_csv(split.folder / "parity-train.csv", items)
+    tok = tr.AutoTokenizer.from_pretrained(hf_folder)
+    train_features, test_features = hf.encode(tok, items, hyper.max_len), hf.encode(tok, split.test, hyper.max_len)
+    train_labels, test_labels = hf.labels_of(items), hf.labels_of(split.test)
+    ours, theirs, cpu = [], [], {"tfkit": 0.0, "hf": 0.0}
+    for seed in sizes.seeds:
+        env.ctx.log(f"finetune: parity, seed {seed}: tfkit finetune")
+        recipe = finetune_recipe(env, split, train_csv, hyper, seed, init_from=imported, pooling="cls")
+        accuracy, seconds = tfkit_finetune(env, f"minilm-{seed}", recipe)
+        ours.append(accuracy)
+        cpu["tfkit"] += seconds
+        env.ctx.log(f"finetune: parity, seed {seed}: HF loop (tfkit {100 * accuracy:.2f})")
+        start = time.process_time()
+        model = hf.classifier(str(hf_folder), 4, seed)
+        hf.finetune(model, tok, train_features, train_labels, hyper, seed)
+        theirs.append(hf.accuracy(model, tok, test_features, test_labels, hyper.eval_batch))
+        cpu["hf"] += time.process_time() - start
+        env.ctx.log(f"finetune: parity, seed {seed}: HF {100 * theirs[-1]:.2f}")
+    identical = same_tokens(imported, tok, items + split.test, hyper.max_len)
+    note = (f"tfkit {spread(ours)}, HF {spread(theirs)} over seeds {list(sizes.seeds)}; {len(items):,} items once "
+            f"({hyper.steps} updates, lr {hyper.lr:g}, warmup {hyper.warmup}, linear), {len(split.test):,} scored; "
+            f"[CLS] pooler; tokens identical for {100 * identical:.1f}% of items")
+    return Row("finetune", f"accuracy, {encoder} (import-hf) fine-tuned by tfkit finetune vs a plain loop over HF "
+                           f"BertForSequenceClassification, {split.name}, mean over seeds", "acc %",
+               100 * statistics.mean(ours), 100 * statistics.mean(theirs), goal=PARITY_GOAL, note=note,
+               extra={"tfkit": ours, "hf": theirs, "cpu_s": cpu, "tokens_identical": identical})
+
+
+def pretrain_tiny(env: Env, split: Split, sizes: Sizes) -> tuple[Path, float]:
+    """`tfkit pretrain bert-tiny` on the training texts (its own WordPiece tokenizer, MLM, fp32): the run
+    folder and the command's CPU seconds, tokenizer training and token caching included."""
+    steps = sizes.pretrain_steps
+    recipe = bundled("bert-tiny")
+    recipe["tokenizer"]["vocab_size"] = sizes.vocab_size
+    recipe["data"].update(train=str(split.corpus), valid=None)
+    recipe["schedule"]["warmup_steps"] = max(1, steps // 10)
+    recipe["train"].update(max_steps=steps, log_every=max(1, steps // 6), eval_every=steps, save_every=steps,
+                           keep_last=1, precision="fp32", device="cpu", threads=env.threads)
+    recipe["log"].update(tensorboard=False, plot=False, progress=False)
+    if env.ctx.quick:  # a few kB of text: its held-out share is a couple of rows
+        recipe["eval"].update(batches=1, batch_size=2)
+    env.ctx.log(f"finetune: tfkit pretrain bert-tiny, {steps} updates")
+    return run_recipe(env, "pretrain", "bert-tiny", recipe)
+
+
+def hf_config(run_dir: Path, vocab_size: int) -> BertConfig:
+    """The `BertConfig` of the architecture tfkit pretrained (its checkpoint's config.json), HF's vocabulary."""
+    import transformers as tr
+
+    from tfkit.models.config import ModelConfig
+    from tfkit.models.io import read_config, resolve_checkpoint
+
+    cfg = ModelConfig.from_dict(read_config(resolve_checkpoint(run_dir))["model"])
+    return tr.BertConfig(vocab_size=vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn_dim, hidden_act=cfg.activation,
+                         max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.type_vocab_size,
+                         layer_norm_eps=cfg.norm_eps, hidden_dropout_prob=cfg.dropout,
+                         attention_probs_dropout_prob=cfg.attn_dropout, pad_token_id=0)
+
+
+def hf_path(env: Env, split: Split, sizes: Sizes, run_dir: Path, budget_s: float) -> tuple[list[float], dict]:
+    """HF's raw text -> classifier (see the module doc): the accuracy of each seed and what it cost."""
+    ctx, tiny = env.ctx, sizes.tiny
+    ctx.log(f"finetune: HF path, tokenizer + run_mlm loop for {budget_s:.0f} CPU s")
+    start = time.process_time()
+    tokenizer = hf.train_wordpiece(split.texts(), sizes.vocab_size)
+    blocks = hf.group_texts(tokenizer, split.texts(), tiny.max_len)
+    prepared = time.process_time() - start
+    optim = bundled("bert-tiny")["optim"]
+    mlm_hyper = hf.Hyper(lr=float(optim["lr"]), steps=0, warmup=0, beta2=float(optim["beta2"]),
+                         weight_decay=float(optim["weight_decay"]), grad_clip=float(optim["grad_clip"]))
+    mlm, steps, seconds = hf.pretrain_mlm(hf_config(run_dir, len(tokenizer)), tokenizer, blocks, mlm_hyper,
+                                          budget_s - prepared, seed=1337)
+    train_features = hf.encode(tokenizer, split.train, tiny.max_len)
+    test_features = hf.encode(tokenizer, split.test, tiny.max_len)
+    accuracies, tuning = [], 0.0
+    for seed in sizes.seeds:
+        ctx.log(f"finetune: HF path, run_glue loop, seed {seed}")
+        start = time.process_time()
+        model = hf.classifier(mlm, 4, seed, dropout=DROPOUT)
+        hf.finetune(model, tokenizer, train_features, hf.labels_of(split.train), tiny, seed)
+        accuracies.append(hf.accuracy(model, tokenizer, test_features, hf.labels_of(split.test), tiny.eval_batch))
+        ctx.log(f"finetune: HF path, seed {seed}: {100 * accuracies[-1]:.2f}")
+        tuning += time.process_time() - start
+    return accuracies, {"pretrain_cpu_s": prepared + seconds, "mlm_updates": steps,
+                        "finetune_cpu_s": tuning / len(sizes.seeds)}
+
+
+def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
+    """Rows 3 and 4: tfkit's pretrained bert-tiny against random init, and tfkit's path against HF's."""
+    run_dir, pre_cpu = pretrain_tiny(env, split, sizes)
+    tiny, runs = sizes.tiny, {"pretrained": [], "random": []}
+    tuning = 0.0
+    for seed in sizes.seeds:
+        for kind, init_from in (("pretrained", run_dir), ("random", None)):
+            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}")
+            recipe = finetune_recipe(env, split, split.train_csv, tiny, seed, init_from=init_from,
+                                     tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
+            accuracy, seconds = tfkit_finetune(env, f"tiny-{kind}-{seed}", recipe)
+            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}: {100 * accuracy:.2f}")
+            runs[kind].append(accuracy)
+            tuning += seconds if kind == "pretrained" else 0.0
+    budget = min(pre_cpu, 2.0) if env.ctx.quick else pre_cpu  # --quick: the HF loop's pace is all that matters
+    theirs, cost = hf_path(env, split, sizes, run_dir, budget)
+    pre, rand = runs["pretrained"], runs["random"]
+    gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
+    shape = (f"bert-tiny, {sizes.pretrain_steps} MLM updates on the {len(split.train):,} training texts "
+             f"({pre_cpu:.0f} CPU s, tokenizer included)")
+    tuned = (f"fine-tuned {tiny.steps} updates of {tiny.batch_size}, lr {tiny.lr:g}, {len(split.test):,} scored, "
+             f"seeds {list(sizes.seeds)}")
+    return [
+        Row("finetune", f"accuracy, {shape}, vs the same architecture from random init; {tuned}", "acc %",
+            100 * statistics.mean(pre), 100 * statistics.mean(rand), goal=PRETRAIN_GOAL,
+            paired=min(p / r for p, r in zip(pre, rand)),
+            note=f"pretrained {spread(pre)}, random {spread(rand)}; gap per seed {gaps} points; ratio = worst seed",
+            extra={"pretrained": pre, "random": rand, "pretrain_cpu_s": pre_cpu}),
+        Row("finetune", f"accuracy from raw text: tfkit (pretrain: tokenizer + MLM, then finetune) vs HF (tokenizers "
+                        f"WordPiece + run_mlm loop for the same CPU seconds, then run_glue loop); {tuned}", "acc %",
+            100 * statistics.mean(pre), 100 * statistics.mean(theirs),
+            note=(f"tfkit {spread(pre)}, HF {spread(theirs)}; pretraining CPU tfkit {pre_cpu:.0f} s "
+                  f"({sizes.pretrain_steps} updates), HF {cost['pretrain_cpu_s']:.0f} s ({cost['mlm_updates']} "
+                  f"updates); a fine-tuning {tuning / len(sizes.seeds):.0f} s vs {cost['finetune_cpu_s']:.0f} s; "
+                  "tfkit pools the mean, HF's [CLS] pooler"),
+            extra={"tfkit": pre, "hf": theirs, "tfkit_pretrain_cpu_s": pre_cpu, **cost}),
+    ]
+
+
+def run(ctx: Context) -> list[Row]:
+    """The four rows (module doc) at FULL sizes, or QUICK ones on made-up data with a random encoder."""
+    sizes = QUICK if ctx.quick else FULL
+    hf.quiet()
+    work = Path(tempfile.mkdtemp(prefix="tfkit-bench-finetune-"))
+    env = Env(ctx, work, torch.get_num_threads())
+    try:
+        if ctx.quick:
+            items = synthetic_items(sizes.n_train + sizes.n_test)
+        else:
+            problem = check_data(ctx.finetune_data, sizes.n_train, sizes.n_test)
+            if problem:
+                ctx.skip(f"finetune: {problem}")
+                return []
+            items = read_items(ctx.finetune_data)
+        split = write_split(items, work / "data", sizes.n_train, sizes.n_test,
+                            "made-up topics" if ctx.quick else "AG News")
+        rows: list[Row] = []
+        try:
+            folder = tiny_encoder(work / "encoder", split.texts()) if ctx.quick else fetch_minilm(ctx.cache, ctx.log)
+        except (RuntimeError, OSError, KeyError, zipfile.BadZipFile) as err:
+            ctx.skip(f"finetune: no all-MiniLM-L6-v2, so no parity or speed rows ({err})")
+            folder = None
+        if folder is not None:
+            ctx.log("finetune: tfkit import-hf")
+            imported = work / "imported"
+            tfkit(env, "import-hf", folder, imported)
+            encoder = "a random 2-layer BertModel" if ctx.quick else "all-MiniLM-L6-v2"
+            rows += speed_rows(env, split, folder, imported, sizes, encoder)
+            rows.append(parity_row(env, split, folder, imported, sizes, encoder))
+        return rows + pretraining_rows(env, split, sizes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
