@@ -79,9 +79,8 @@ def _docstrings(source: str) -> list[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    nodes = [tree] + [
-        n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-    ]
+    definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    nodes = [tree] + [n for n in _statements(tree) if isinstance(n, definitions)]
     nodes.sort(key=lambda n: getattr(n, "lineno", 0))
     out = []
     for node in nodes:
@@ -91,6 +90,23 @@ def _docstrings(source: str) -> list[str]:
             if len(doc) >= MIN_DOCSTRING_CHARS:
                 out.append(doc)
     return out
+
+
+STATEMENT_LISTS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every statement (and except / case clause) under `tree`, never descending into expressions: a
+    class or function definition is always a statement, and expressions are most of a module's nodes,
+    so this finds what `ast.walk` would at a fraction of the cost."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for name in STATEMENT_LISTS:
+            children = getattr(node, name, None)
+            if isinstance(children, list):
+                stack.extend(children)
+                yield from children
 
 
 def _iter_documents(flavour: str) -> Iterator[tuple[bool, str]]:
