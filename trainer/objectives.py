@@ -156,6 +156,12 @@ def unreached_parameters(model: nn.Module, objective: str) -> list[nn.Parameter]
     return []
 
 
+def freeze_unreached(model: nn.Module, objective: str) -> None:
+    """requires_grad off for `unreached_parameters`: no optimizer state, no DDP bucket waits for them."""
+    for param in unreached_parameters(model, objective):
+        param.requires_grad_(False)
+
+
 OBJECTIVES = {"clm": clm_loss, "mlm": mlm_loss, "seq2seq": seq2seq_loss}
 
 

@@ -42,7 +42,7 @@ from .data import build_run_data, grow_chat_vocab, prepare_chat_tokenizer, prepa
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
-from .objectives import LossModule, compile_loss_module, unreached_parameters
+from .objectives import LossModule, compile_loss_module, freeze_unreached
 from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
@@ -190,8 +190,7 @@ class Trainer(contextlib.AbstractContextManager):
                                                                      self.start_block)
 
     def _build_model(self) -> None:
-        """The same initial weights on every rank (from `train.seed`, or the source checkpoint's), wrapped
-        for the run's layout, and its optimizer and loss scaler."""
+        """The same initial weights on every rank (train.seed's or the source's), wrapped; optimizer, scaler."""
         recipe, info = self.recipe, self.info
         torch.manual_seed(recipe.train.seed)
         if self.head is not None:
@@ -201,8 +200,7 @@ class Trainer(contextlib.AbstractContextManager):
             if self.source is not None:
                 ckpt.load_source_weights(self.model, self.source)
         self.model.to(info.device)
-        for param in unreached_parameters(self.model, recipe.objective.name):
-            param.requires_grad_(False)
+        freeze_unreached(self.model, recipe.objective.name)
         if recipe.train.activation_checkpointing:
             apply_activation_checkpointing(self.model)
         loss_module = LossModule(self.model, recipe.objective)
@@ -215,8 +213,7 @@ class Trainer(contextlib.AbstractContextManager):
     # --- what the loop calls back -----------------------------------------------------------------------
 
     def validate(self, step: int) -> dict:
-        """Validation loss at `step`, logged (and the weights kept when best, train.keep_best); the row is
-        returned to the loop."""
+        """Validation at `step`, logged (the weights kept when best: train.keep_best); the row goes to the loop."""
         result = self._validation()
         row = result.row(step)
         self.metrics.log(row)
@@ -295,9 +292,8 @@ class Trainer(contextlib.AbstractContextManager):
         """Drop the model, optimizer and loop before the process group is destroyed: FSDP's sharded
         parameters and pending collectives hold the group, and a group freed only at interpreter exit
         aborted a torchrun worker after a finished run ("terminate called without an active exception").
-        The cycles among them are collected at once where that matters, under torchrun and on a GPU (the
-        next run of a lab in the same process needs the memory); elsewhere a full collection costs a
-        quarter second in a large process for nothing the next allocation would not do anyway."""
+        Their cycles are collected at once under torchrun and on a GPU (a lab's next run needs the memory);
+        elsewhere a full collection costs a quarter second for nothing."""
         self.loop = self.checkpoints = self.optimizer = self.train_module = self.model = self.saved = None
         if self.info.enabled or self.info.device.type == "cuda":
             gc.collect()
