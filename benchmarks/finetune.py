@@ -1,4 +1,4 @@
-"""Fine-tuning, measured (issue #31): `python -m benchmarks.run --only finetune`.
+"""Fine-tuning, measured: `python -m benchmarks.run --only finetune`.
 
 Four rows, each tfkit against HuggingFace (or a control) in the same run, on AG News (finetune_setup.py:
 the first 6,000 items of its test file to train on, the last 1,600 to score; fp32, one thread by default):

@@ -1,4 +1,4 @@
-"""The claims of the design notes that issue #34 asked the lab to cover, and the `untested` form a spec uses for
+"""The claims of the design notes the lab covers beyond the first ones, and the `untested` form a spec uses for
 a claim it cannot test: every spec loads, names its sources and its measured cost; an untested claim reads "not
 tested: <why>" and never a verdict word; a malformed one is one line."""
 
