@@ -193,6 +193,7 @@ def test_a_continuation_keeps_the_space_after_its_prompt(corpus: list[str], tmp_
     assert continuation(tok, prompt, new) == " in the house"
 
 
+@pytest.mark.slow  # a subprocess decoding 8,000 prompts: about 6 s
 def test_a_reader_that_stops_early_is_not_an_error(gpt_ckpt: Path) -> None:
     """`tfkit generate ... | head -1`: the closed pipe ends the command quietly with 141 (128 + SIGPIPE),
     as `yes | head` does, not with an error line or a traceback."""

@@ -21,6 +21,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     return zipfile.ZipFile(path)
 
 
+@pytest.mark.slow  # pip builds the wheel: about 8 s
 def test_wheel_contains_subpackages_under_tfkit_only(wheel):
     names = wheel.namelist()
     top = {n.split("/")[0] for n in names if not n.startswith("tfkit-")}
@@ -31,6 +32,7 @@ def test_wheel_contains_subpackages_under_tfkit_only(wheel):
     assert not any(n.startswith("tfkit/tests/") for n in names)
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_bundled_recipes(wheel):
     names = set(wheel.namelist())
     for recipe in ("quickstart", "gpt-tiny", "bert-tiny"):
