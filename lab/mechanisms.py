@@ -23,7 +23,9 @@ RoPE (`Attention.queries` / `keys_values`), under the mask the model passed to t
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -89,12 +91,8 @@ def attention_stats(checkpoint: Path, batch: dict) -> dict[str, list[float]]:
         for key, value in layer_stats(scores, mask).items():
             found[key].append(value)
 
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Attention)]
-    try:
+    with hooked(model, Attention, hook, with_kwargs=True):
         model_inputs(model, batch)
-    finally:
-        for handle in handles:
-            handle.remove()
     return found
 
 
@@ -110,10 +108,17 @@ def residual_updates(checkpoint: Path, batch: dict) -> list[float]:
         change = (out.float() - x).norm(dim=-1)  # (B, T)
         found.append(float((change / x.norm(dim=-1).clamp_min(1e-12)).mean()))
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, Block)]
-    try:
+    with hooked(model, Block, hook):
         model_inputs(model, batch)
+    return found
+
+
+@contextlib.contextmanager
+def hooked(model: nn.Module, kind: type, hook, with_kwargs: bool = False) -> Iterator[None]:
+    """`hook` on the forward of every `kind` module of `model` while the block runs, removed however it ends."""
+    handles = [m.register_forward_hook(hook, with_kwargs=with_kwargs) for m in model.modules() if isinstance(m, kind)]
+    try:
+        yield
     finally:
         for handle in handles:
             handle.remove()
-    return found

@@ -157,18 +157,11 @@ def render(results: dict) -> str:
     lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
     if r["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
-    documents = document_lines(r)
-    if documents:
-        lines += ["", "## Documents in packed rows", ""] + documents
-    gates = gate_lines(r)
-    if gates:
-        lines += ["", "## Did every run train?", ""] + gates
-    lengths = lengths_lines(r)
-    if lengths:
-        lines += ["", "## Past the training length", ""] + lengths
-    own = own_masking_lines(r)
-    if own:
-        lines += ["", "## Each model on its own masking", ""] + own
+    for title, section in (("Documents in packed rows", document_lines(r)), ("Did every run train?", gate_lines(r)),
+                           ("Past the training length", lengths_lines(r)),
+                           ("Each model on its own masking", own_masking_lines(r))):
+        if section:  # a section only where the lab measured it
+            lines += ["", f"## {title}", ""] + section
     probes = "\n".join(probe_lines(r) + mechanism_lines(r)).strip("\n").split("\n")
     if probes != [""]:
         lines += ["", "## Probes", ""] + probes
