@@ -259,3 +259,12 @@ class Clock:
 
     def __call__(self):
         return self.now
+
+
+def one_error_line(result) -> str:
+    """The one line a refused CLI invocation prints (exit 2, no traceback), for the test to read."""
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "Traceback" not in result.output
+    return lines[0]

@@ -11,6 +11,7 @@ from tfkit.lab import engine
 from tfkit.lab.report import complete, render
 from tfkit.lab.spec import Expectation, bundled_specs, load_spec
 from tfkit.lab.verdict import coverage_warning, judge, summary
+from helpers import one_error_line
 
 runner = CliRunner()
 
@@ -20,14 +21,6 @@ SHIPPED = ("gqa-uptrain", "flash-exact", "masks", "prepost-warmup", "qk-scale", 
 
 def lab(*args: str):
     return runner.invoke(app, ["lab", *args])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def test_every_required_claim_is_shipped_and_loads():

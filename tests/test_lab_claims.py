@@ -10,6 +10,7 @@ from tfkit.lab.plan import LabOptions, plan_jobs, resolve_recipes, seed_values
 from tfkit.lab.report import complete, render
 from tfkit.lab.spec import Expectation, load_spec
 from tfkit.lab.verdict import judge
+from helpers import one_error_line
 
 CLAIMS = ("heads", "attention-score", "shared-qk", "pad-mask", "batchnorm", "dropout", "residual", "noam")
 
@@ -61,13 +62,6 @@ def test_an_untested_claim_says_why_and_gives_no_verdict_word():
     spec = load_spec("noam")
     text = render(complete(results(), spec))
     assert "- the paper's own setting of the schedule" in text and "not tested: at this scale" in text
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize("item, expected", [
