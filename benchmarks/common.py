@@ -99,6 +99,13 @@ class Row:
             return None
         return self.tfkit / self.baseline if self.higher_is_better else self.baseline / self.tfkit
 
+    def line(self) -> str:
+        """The row as one progress line, logged when it is measured: a run cut off later keeps it."""
+        ratio = "-" if self.ratio is None else f"{self.ratio:.2f}x"
+        base = "-" if self.baseline is None else f"{self.baseline:,.4g}"
+        return (f"{self.section}: {self.case}: tfkit {self.tfkit:,.4g} vs {base} {self.unit}, ratio {ratio}"
+                f"{', goal ' + self.goal.text if self.goal else ''}{'; ' + self.note if self.note else ''}")
+
     @property
     def passed(self) -> bool | None:
         if self.goal is None or self.ratio is None:

@@ -123,9 +123,10 @@ def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
     best = dict.fromkeys(models, 0.0)
     for _ in range(1 if ctx.quick else 2):
         for name, model in models.items():
-            ctx.log(f"decode: {name} compiled, d={shape.d_model} L={shape.n_layers}, B={batch} T={context}")
-            best[name] = max(best[name], decode.decode_tokens_per_sec(model, batch, context, shape.steps,
-                                                                      ctx.device, compile=True))
+            rate = decode.decode_tokens_per_sec(model, batch, context, shape.steps, ctx.device, compile=True)
+            best[name] = max(best[name], rate)
+            ctx.log(f"decode: {name} compiled, d={shape.d_model} L={shape.n_layers}, B={batch} T={context}: "
+                    f"{rate:,.0f} tok/s")
     rows = []
     for name in ("GQA", "MQA"):
         predicted = decode.predicted_speedup(models["MHA"], models[name], batch, context, dtype)
@@ -136,6 +137,7 @@ def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
                         note=f"bytes per step predict {predicted:.2f}x; "
                              f"{models['MHA'].num_params() / 1e9:.2f}B parameters",
                         extra={"predicted": predicted}))
+        ctx.log(rows[-1].line())
     return rows
 
 

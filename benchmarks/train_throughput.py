@@ -101,14 +101,15 @@ def cases(ctx: Context) -> list[Case]:
     if ctx.quick:
         gpt, bert = dataclasses.replace(gpt, n_layers=2), dataclasses.replace(bert, n_layers=2)
     goal = Goal(">= 1.3x HF compiled", 1.3)
+    bert_goal = Goal(">= 1.4x HF compiled", 1.4)  # the goal 2, at T=128 and T=512
     nanogpt = dataclasses.replace(gpt, activation="gelu")  # nanoGPT's exact GELU, so the two compute the same
     return [Case("gpt 124M vs reference GPT (nanoGPT-style)", nanogpt, 16, 1024, "bf16",
                  goal_compiled=Goal(">= 1.25x reference GPT", 1.25), baseline="reference"),
             Case("gpt 124M fused loss vs plain head", gpt, 16, 1024, "bf16", baseline="plain-head", fused_loss="on"),
             Case("gpt 124M vs HF GPT2LMHeadModel", gpt, 16, 1024, "bf16", goal_compiled=goal),
             Case("gpt 124M GQA (4 kv) vs HF LlamaForCausalLM", llama_like(gpt, 4), 16, 1024, "bf16"),
-            Case("bert-base MLM vs HF BertForMaskedLM", bert, 256, 128, "bf16", goal_compiled=goal),
-            Case("bert-base MLM vs HF BertForMaskedLM", bert, 64, 512, "bf16", goal_compiled=goal)]
+            Case("bert-base MLM vs HF BertForMaskedLM", bert, 256, 128, "bf16", goal_compiled=bert_goal),
+            Case("bert-base MLM vs HF BertForMaskedLM", bert, 64, 512, "bf16", goal_compiled=bert_goal)]
 
 
 def make_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int = 0) -> dict[str, Tensor]:
@@ -295,6 +296,7 @@ def run(ctx: Context, match: str = "") -> list[Row]:
         for compiled in (False, True) if ctx.compile else (False,):
             try:
                 rows.append(measure(ctx, case, compiled))
+                ctx.log(rows[-1].line())
             except Exception as exc:  # noqa: BLE001 - one failing backend must not cost the rest of the run
                 ctx.skip(f"train: {case.name} {'compiled' if compiled else 'eager'} failed: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")

@@ -8,12 +8,17 @@ evaluate it. The block mask is built once per forward from `doc_ids` and shared 
 built once, STYLE.md 4).
 
 The blocks are classified here from each block's smallest and largest document id, with plain tensor
-ops, rather than by `create_block_mask`: that function evaluates the rule on every (q, k) pair, a
-(B, T, T) tensor, and traced inside a compiled model with the rule reading `doc_ids` it produced a kernel
-that read out of bounds (an illegal memory access on an H200, torch 2.11, gpt2-small at T=1024; a
-known failure of compiled `create_block_mask` with a tensor in the rule). The classification needs no
-ordering of the ids: two blocks share a document only if their id ranges overlap (so a block outside the
-overlap is skipped safely), and a block is whole only when both blocks hold one and the same document.
+ops, rather than by `create_block_mask`, which evaluates the rule on every (q, k) pair, a (B, T, T)
+tensor. The classification needs no ordering of the ids: two blocks share a document only if their id
+ranges overlap (so a block outside the overlap is skipped safely), and a block is whole only when both
+blocks hold one and the same document.
+
+The block mask is built eagerly, outside any compiled graph (`torch.compiler.disable`: one graph break
+per forward), and handed to the compiled kernel as an input. Built inside the compiled model it went
+wrong on an H200 (torch 2.11): with `create_block_mask` the kernel read out of bounds (an illegal memory
+access, gpt2-small at T=1024), and with these tables the output was off by 45% and the gradients by
+more than their size, though the same tables built eagerly and passed to the same compiled kernel
+matched dense SDPA (0.3% in bf16) and `create_block_mask`'s tables entry for entry.
 
 Guarded: builds of torch without flex_attention (or without CUDA) get None from `flex_block_mask`, and
 attention.py then passes the same rule to SDPA as the bool tensor it also gives the naive path.
@@ -35,10 +40,12 @@ except ImportError:  # torch without flex_attention: SDPA with the dense bool ma
 BLOCK = 128  # flex_attention's block of queries and of keys
 
 
+@torch.compiler.disable
 def flex_block_mask(length: int, doc_ids: Tensor | None, *, causal: bool, window: int | None,
                     device: torch.device) -> object | None:
     """The BlockMask of "same document (doc_ids (B, T); None: one per row), causal when `causal`, within
-    `window` positions when given" over `length` positions, or None when this torch has no flex_attention."""
+    `window` positions when given" over `length` positions, or None when this torch has no flex_attention.
+    Never traced: a compiled model gets it as an input (the module's docstring says why)."""
     if BlockMask is None:
         return None
 
