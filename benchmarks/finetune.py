@@ -14,7 +14,8 @@ the first 6,000 items of its test file to train on, the last 1,600 to score; fp3
    HF's step on the batch padded to its longest example (run_glue's collator). Goal: >= 1.3x HF.
 3. pretraining pays: bert-tiny pretrained by `tfkit pretrain` (its own WordPiece tokenizer, MLM) on the
    training texts for a few CPU minutes, against the same architecture from random init with that
-   tokenizer, each fine-tuned with the same recipe over the seeds. Goal: better on every seed.
+   tokenizer, fine-tuned on few labels, each start at its own best rate chosen on held-back items
+   (finetune_pretraining.py says why and how). Goal: better on every seed. Beside it, both on every label.
 4. from raw text to a classifier: that whole tfkit path against HF's (a `tokenizers` WordPiece,
    run_mlm's loop for the same CPU seconds as `tfkit pretrain` took, run_glue's loop with the same
    fine-tuning hyperparameters), scored on the same labels. No goal: the numbers are the result.
@@ -32,7 +33,6 @@ import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -41,9 +41,6 @@ from . import finetune_hf as hf
 from .common import Context, Goal, Row, median, paired_ratio, time_interleaved
 from .finetune_setup import (Split, check_data, fetch_minilm, read_items, synthetic_items, tiny_encoder,
                              write_csv, write_split)
-
-if TYPE_CHECKING:  # transformers is imported where used: `benchmarks.run` starts without it
-    from transformers import BertConfig
 
 PARITY_GOAL = Goal("within 0.5 points of HF (mean)", 0.0, max_gap=0.5)
 SPEED_GOAL = Goal(">= 1.3x HF", 1.3)
@@ -63,13 +60,17 @@ class Sizes:
     speed_rounds: int
     pretrain_steps: int  # tfkit pretrain of bert-tiny
     vocab_size: int  # its tokenizer (and HF's)
-    tiny: hf.Hyper  # fine-tuning bert-tiny (pretrained or not, either path)
+    tiny: hf.Hyper  # fine-tuning bert-tiny (pretrained or not, either path) on every training label
+    few_labels: int  # row 3's goal: labelled items per seed, an equal share per class (finetune_pretraining.py)
+    val_items: int  # the last training items, held back to choose each start's rate, never labelled for training
+    few_lrs: tuple[float, ...]  # the rates each start is fine-tuned at on few labels
+    few_epochs: int
 
 
-FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4, 600, 4096,
-             hf.Hyper(lr=2e-3, steps=374, warmup=37))
+FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4, 2000, 4096,
+             hf.Hyper(lr=2e-3, steps=374, warmup=37), 500, 400, (5e-4, 1e-3, 2e-3), 10)
 QUICK = Sizes(256, 64, 128, (1,), hf.Hyper(lr=1e-3, steps=4, warmup=1), 2, 1, 6, 200,
-              hf.Hyper(lr=2e-3, steps=6, warmup=1))
+              hf.Hyper(lr=2e-3, steps=6, warmup=1), 32, 16, (2e-3,), 2)
 DROPOUT = 0.1  # body, attention and head while fine-tuning: BertForSequenceClassification's
 
 
@@ -230,105 +231,6 @@ def parity_row(env: Env, split: Split, hf_folder: Path, imported: Path, sizes: S
                extra={"tfkit": ours, "hf": theirs, "cpu_s": cpu, "tokens_identical": identical})
 
 
-def pretrain_tiny(env: Env, split: Split, sizes: Sizes) -> tuple[Path, float]:
-    """`tfkit pretrain bert-tiny` on the training texts (its own WordPiece tokenizer, MLM, fp32): the run
-    folder and the command's CPU seconds, tokenizer training and token caching included."""
-    steps = sizes.pretrain_steps
-    recipe = bundled("bert-tiny")
-    recipe["tokenizer"]["vocab_size"] = sizes.vocab_size
-    recipe["data"].update(train=str(split.corpus), valid=None)
-    recipe["schedule"]["warmup_steps"] = max(1, steps // 10)
-    recipe["train"].update(max_steps=steps, log_every=max(1, steps // 6), eval_every=steps, save_every=steps,
-                           keep_last=1, precision="fp32", device="cpu", threads=env.threads)
-    recipe["log"].update(tensorboard=False, plot=False, progress=False)
-    if env.ctx.quick:  # a few kB of text: its held-out share is a couple of rows
-        recipe["eval"].update(batches=1, batch_size=2)
-    env.ctx.log(f"finetune: tfkit pretrain bert-tiny, {steps} updates")
-    return run_recipe(env, "pretrain", "bert-tiny", recipe)
-
-
-def hf_config(run_dir: Path, vocab_size: int) -> BertConfig:
-    """The `BertConfig` of the architecture tfkit pretrained (its checkpoint's config.json), HF's vocabulary."""
-    import transformers as tr
-
-    from tfkit.models.config import ModelConfig
-    from tfkit.models.io import read_config, resolve_checkpoint
-
-    cfg = ModelConfig.from_dict(read_config(resolve_checkpoint(run_dir))["model"])
-    return tr.BertConfig(vocab_size=vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                         num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn_dim, hidden_act=cfg.activation,
-                         max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.type_vocab_size,
-                         layer_norm_eps=cfg.norm_eps, hidden_dropout_prob=cfg.dropout,
-                         attention_probs_dropout_prob=cfg.attn_dropout, pad_token_id=0)
-
-
-def hf_path(env: Env, split: Split, sizes: Sizes, run_dir: Path, budget_s: float) -> tuple[list[float], dict]:
-    """HF's raw text -> classifier (see the module doc): the accuracy of each seed and what it cost."""
-    ctx, tiny = env.ctx, sizes.tiny
-    ctx.log(f"finetune: HF path, tokenizer + run_mlm loop for {budget_s:.0f} CPU s")
-    start = time.process_time()
-    tokenizer = hf.train_wordpiece(split.texts(), sizes.vocab_size)
-    blocks = hf.group_texts(tokenizer, split.texts(), tiny.max_len)
-    prepared = time.process_time() - start
-    optim = bundled("bert-tiny")["optim"]
-    mlm_hyper = hf.Hyper(lr=float(optim["lr"]), steps=0, warmup=0, beta2=float(optim["beta2"]),
-                         weight_decay=float(optim["weight_decay"]), grad_clip=float(optim["grad_clip"]))
-    mlm, steps, seconds = hf.pretrain_mlm(hf_config(run_dir, len(tokenizer)), tokenizer, blocks, mlm_hyper,
-                                          budget_s - prepared, seed=1337)
-    train_features = hf.encode(tokenizer, split.train, tiny.max_len)
-    test_features = hf.encode(tokenizer, split.test, tiny.max_len)
-    accuracies, tuning = [], 0.0
-    for seed in sizes.seeds:
-        ctx.log(f"finetune: HF path, run_glue loop, seed {seed}")
-        start = time.process_time()
-        model = hf.classifier(mlm, 4, seed, dropout=DROPOUT)
-        hf.finetune(model, tokenizer, train_features, hf.labels_of(split.train), tiny, seed)
-        accuracies.append(hf.accuracy(model, tokenizer, test_features, hf.labels_of(split.test), tiny.eval_batch))
-        ctx.log(f"finetune: HF path, seed {seed}: {100 * accuracies[-1]:.2f}")
-        tuning += time.process_time() - start
-    return accuracies, {"pretrain_cpu_s": prepared + seconds, "mlm_updates": steps,
-                        "finetune_cpu_s": tuning / len(sizes.seeds)}
-
-
-def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
-    """Rows 3 and 4: tfkit's pretrained bert-tiny against random init, and tfkit's path against HF's."""
-    run_dir, pre_cpu = pretrain_tiny(env, split, sizes)
-    tiny, runs = sizes.tiny, {"pretrained": [], "random": []}
-    tuning = 0.0
-    for seed in sizes.seeds:
-        for kind, init_from in (("pretrained", run_dir), ("random", None)):
-            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}")
-            recipe = finetune_recipe(env, split, split.train_csv, tiny, seed, init_from=init_from,
-                                     tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
-            accuracy, seconds = tfkit_finetune(env, f"tiny-{kind}-{seed}", recipe)
-            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}: {100 * accuracy:.2f}")
-            runs[kind].append(accuracy)
-            tuning += seconds if kind == "pretrained" else 0.0
-    budget = min(pre_cpu, 2.0) if env.ctx.quick else pre_cpu  # --quick: the HF loop's pace is all that matters
-    theirs, cost = hf_path(env, split, sizes, run_dir, budget)
-    pre, rand = runs["pretrained"], runs["random"]
-    gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
-    shape = (f"bert-tiny, {sizes.pretrain_steps} MLM updates on the {len(split.train):,} training texts "
-             f"({pre_cpu:.0f} CPU s, tokenizer included)")
-    tuned = (f"fine-tuned {tiny.steps} updates of {tiny.batch_size}, lr {tiny.lr:g}, {len(split.test):,} scored, "
-             f"seeds {list(sizes.seeds)}")
-    return [
-        Row("finetune", f"accuracy, {shape}, vs the same architecture from random init; {tuned}", "acc %",
-            100 * statistics.mean(pre), 100 * statistics.mean(rand), goal=PRETRAIN_GOAL,
-            paired=min(p / r for p, r in zip(pre, rand)),
-            note=f"pretrained {spread(pre)}, random {spread(rand)}; gap per seed {gaps} points; ratio = worst seed",
-            extra={"pretrained": pre, "random": rand, "pretrain_cpu_s": pre_cpu}),
-        Row("finetune", f"accuracy from raw text: tfkit (pretrain: tokenizer + MLM, then finetune) vs HF (tokenizers "
-                        f"WordPiece + run_mlm loop for the same CPU seconds, then run_glue loop); {tuned}", "acc %",
-            100 * statistics.mean(pre), 100 * statistics.mean(theirs),
-            note=(f"tfkit {spread(pre)}, HF {spread(theirs)}; pretraining CPU tfkit {pre_cpu:.0f} s "
-                  f"({sizes.pretrain_steps} updates), HF {cost['pretrain_cpu_s']:.0f} s ({cost['mlm_updates']} "
-                  f"updates); a fine-tuning {tuning / len(sizes.seeds):.0f} s vs {cost['finetune_cpu_s']:.0f} s; "
-                  "tfkit pools the mean, HF's [CLS] pooler"),
-            extra={"tfkit": pre, "hf": theirs, "tfkit_pretrain_cpu_s": pre_cpu, **cost}),
-    ]
-
-
 def run(ctx: Context) -> list[Row]:
     """The four rows (module doc) at FULL sizes, or QUICK ones on made-up data with a random encoder."""
     sizes = QUICK if ctx.quick else FULL
@@ -359,6 +261,8 @@ def run(ctx: Context) -> list[Row]:
             encoder = "a random 2-layer BertModel" if ctx.quick else "all-MiniLM-L6-v2"
             rows += speed_rows(env, split, folder, imported, sizes, encoder)
             rows.append(parity_row(env, split, folder, imported, sizes, encoder))
+        from .finetune_pretraining import pretraining_rows  # it builds on this module's helpers
+
         return rows + pretraining_rows(env, split, sizes)
     finally:
         shutil.rmtree(work, ignore_errors=True)

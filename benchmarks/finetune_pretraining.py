@@ -1,0 +1,189 @@
+"""Rows 3 and 4 of `--only finetune` (finetune.py's module doc): does tfkit's pretraining pay downstream, and
+the whole raw-text path against HuggingFace's.
+
+Pretraining pays where labels are few, not where a topic classifier trains well from scratch: with the
+6,000 labelled training items a randomly initialised bert-tiny reaches 85% in 374 updates and a few CPU
+minutes of MLM on the same 6,000 texts gave it nothing (benchmarks/RESULTS.md). So the goal is judged in
+the few-label regime, fairly for both starting points:
+- `few_labels` items, an equal share of each class, drawn per seed from the training items but the last
+  `val_items`, which are held back to choose the fine-tuning rate and never scored;
+- each start (pretrained, random init with the same tokenizer) fine-tuned at every rate of `few_lrs` for
+  `few_epochs` epochs, on the same items in the same order per seed;
+- each start at its own best rate (the best mean accuracy on the held-back items over the seeds), scored
+  on the scored items; the goal: pretrained above random on every seed.
+Beside it, the same comparison with every training label at one rate (no goal: where pretraining does not
+pay), and row 4, which needs that run's accuracies: the whole tfkit path against HF's at equal CPU.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import finetune_hf as hf
+from .common import Row
+from .finetune import (DROPOUT, PRETRAIN_GOAL, Env, Sizes, bundled, final_accuracy, finetune_recipe, run_recipe,
+                       spread, tfkit_finetune)
+from .finetune_setup import Item, Split, write_csv
+
+if TYPE_CHECKING:  # transformers is imported where used: `benchmarks.run` starts without it
+    from transformers import BertConfig
+
+def pretrain_tiny(env: Env, split: Split, sizes: Sizes) -> tuple[Path, float]:
+    """`tfkit pretrain bert-tiny` on the training texts (its own WordPiece tokenizer, MLM, fp32): the run
+    folder and the command's CPU seconds, tokenizer training and token caching included."""
+    steps = sizes.pretrain_steps
+    recipe = bundled("bert-tiny")
+    recipe["tokenizer"]["vocab_size"] = sizes.vocab_size
+    recipe["data"].update(train=str(split.corpus), valid=None)
+    recipe["schedule"]["warmup_steps"] = max(1, steps // 10)
+    recipe["train"].update(max_steps=steps, log_every=max(1, steps // 6), eval_every=steps, save_every=steps,
+                           keep_last=1, precision="fp32", device="cpu", threads=env.threads)
+    recipe["log"].update(tensorboard=False, plot=False, progress=False)
+    if env.ctx.quick:  # a few kB of text: its held-out share is a couple of rows
+        recipe["eval"].update(batches=1, batch_size=2)
+    env.ctx.log(f"finetune: tfkit pretrain bert-tiny, {steps} updates")
+    return run_recipe(env, "pretrain", "bert-tiny", recipe)
+
+
+def hf_config(run_dir: Path, vocab_size: int) -> BertConfig:
+    """The `BertConfig` of the architecture tfkit pretrained (its checkpoint's config.json), HF's vocabulary."""
+    import transformers as tr
+
+    from tfkit.models.config import ModelConfig
+    from tfkit.models.io import read_config, resolve_checkpoint
+
+    cfg = ModelConfig.from_dict(read_config(resolve_checkpoint(run_dir))["model"])
+    return tr.BertConfig(vocab_size=vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn_dim, hidden_act=cfg.activation,
+                         max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.type_vocab_size,
+                         layer_norm_eps=cfg.norm_eps, hidden_dropout_prob=cfg.dropout,
+                         attention_probs_dropout_prob=cfg.attn_dropout, pad_token_id=0)
+
+
+def hf_path(env: Env, split: Split, sizes: Sizes, run_dir: Path, budget_s: float) -> tuple[list[float], dict]:
+    """HF's raw text -> classifier (see the module doc): the accuracy of each seed and what it cost."""
+    ctx, tiny = env.ctx, sizes.tiny
+    ctx.log(f"finetune: HF path, tokenizer + run_mlm loop for {budget_s:.0f} CPU s")
+    start = time.process_time()
+    tokenizer = hf.train_wordpiece(split.texts(), sizes.vocab_size)
+    blocks = hf.group_texts(tokenizer, split.texts(), tiny.max_len)
+    prepared = time.process_time() - start
+    optim = bundled("bert-tiny")["optim"]
+    mlm_hyper = hf.Hyper(lr=float(optim["lr"]), steps=0, warmup=0, beta2=float(optim["beta2"]),
+                         weight_decay=float(optim["weight_decay"]), grad_clip=float(optim["grad_clip"]))
+    mlm, steps, seconds = hf.pretrain_mlm(hf_config(run_dir, len(tokenizer)), tokenizer, blocks, mlm_hyper,
+                                          budget_s - prepared, seed=1337)
+    train_features = hf.encode(tokenizer, split.train, tiny.max_len)
+    test_features = hf.encode(tokenizer, split.test, tiny.max_len)
+    accuracies, tuning = [], 0.0
+    for seed in sizes.seeds:
+        ctx.log(f"finetune: HF path, run_glue loop, seed {seed}")
+        start = time.process_time()
+        model = hf.classifier(mlm, 4, seed, dropout=DROPOUT)
+        hf.finetune(model, tokenizer, train_features, hf.labels_of(split.train), tiny, seed)
+        accuracies.append(hf.accuracy(model, tokenizer, test_features, hf.labels_of(split.test), tiny.eval_batch))
+        ctx.log(f"finetune: HF path, seed {seed}: {100 * accuracies[-1]:.2f}")
+        tuning += time.process_time() - start
+    return accuracies, {"pretrain_cpu_s": prepared + seconds, "mlm_updates": steps,
+                        "finetune_cpu_s": tuning / len(sizes.seeds)}
+
+
+def few_label_sets(split: Split, sizes: Sizes, seed: int) -> list[Item]:
+    """`sizes.few_labels` training items, an equal share per class, drawn with `seed` from the training
+    items that are not held back (the last `sizes.val_items`), in a seeded order."""
+    rng, pool = random.Random(seed), split.train[:-sizes.val_items]
+    by_class: dict[str, list[Item]] = {}
+    for item in pool:
+        by_class.setdefault(item[0], []).append(item)
+    chosen = [item for label in sorted(by_class) for item in rng.sample(by_class[label], sizes.few_labels // len(by_class))]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def few_label_row(env: Env, split: Split, sizes: Sizes, run_dir: Path) -> Row:
+    """Goal 3 (module doc): pretrained against random init on few labels, each at its own best rate."""
+    from tfkit.evaluation.classify import score_classifier
+
+    held_back = write_csv(split.folder / "held-back.csv", split.train[-sizes.val_items:])
+    steps = max(1, sizes.few_epochs * sizes.few_labels // sizes.tiny.batch_size)
+    starts = {"pretrained": run_dir, "random": None}
+    scores: dict[tuple[str, float], list[tuple[float, float]]] = {}  # (start, lr) -> [(held back, scored)] per seed
+    for seed in sizes.seeds:
+        train_csv = write_csv(split.folder / f"few-{seed}.csv", few_label_sets(split, sizes, seed))
+        for (start, init_from), lr in ((s, lr) for s in starts.items() for lr in sizes.few_lrs):
+            hyper = hf.Hyper(lr=lr, steps=steps, warmup=max(1, steps // 10), batch_size=sizes.tiny.batch_size)
+            recipe = finetune_recipe(env, split, train_csv, hyper, seed, init_from=init_from,
+                                     tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
+            recipe["data"]["valid"] = str(held_back)
+            folder, _ = run_recipe(env, "finetune", f"few-{start}-{lr:g}-{seed}", recipe)
+            scored = score_classifier(folder, str(split.test_csv), batch_size=hyper.eval_batch, device=torch.device("cpu"))
+            scores.setdefault((start, lr), []).append((final_accuracy(folder), scored["accuracy"]))
+            shutil.rmtree(folder, ignore_errors=True)
+            env.ctx.log(f"finetune: {sizes.few_labels} labels, {start}, lr {lr:g}, seed {seed}: held back "
+                        f"{100 * scores[start, lr][-1][0]:.2f}, scored {100 * scores[start, lr][-1][1]:.2f}")
+    best = {start: max(sizes.few_lrs, key=lambda lr: statistics.mean(h for h, _ in scores[start, lr])) for start in starts}
+    pre, rand = ([s for _, s in scores[start, best[start]]] for start in ("pretrained", "random"))
+    gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
+    every = "; ".join(f"{start} lr {lr:g}: {spread([s for _, s in scores[start, lr]])}"
+                      for start in starts for lr in sizes.few_lrs)
+    return Row("finetune", f"accuracy on {sizes.few_labels} labels (an equal share per class, drawn per seed), "
+                           f"bert-tiny pretrained by tfkit ({sizes.pretrain_steps} MLM updates on the "
+                           f"{len(split.train):,} training texts) vs random init, each at its best rate of "
+                           f"{list(sizes.few_lrs)} on {sizes.val_items} held-back items, {sizes.few_epochs} epochs "
+                           f"({steps} updates), {len(split.test):,} scored", "acc %",
+               100 * statistics.mean(pre), 100 * statistics.mean(rand), goal=PRETRAIN_GOAL,
+               paired=min(p / r for p, r in zip(pre, rand)),
+               note=f"best lr pretrained {best['pretrained']:g}, random {best['random']:g}; pretrained {spread(pre)}, "
+                    f"random {spread(rand)}; gap per seed {gaps} points; ratio = worst seed; every rate: {every}",
+               extra={"pretrained": pre, "random": rand, "best_lr": best,
+                      "every": {f"{start}|{lr:g}": scores[start, lr] for start, lr in scores}})
+
+
+def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
+    """Rows 3 and 4: tfkit's pretrained bert-tiny against random init (few labels: the goal; every label:
+    no goal), and tfkit's raw-text path against HF's."""
+    run_dir, pre_cpu = pretrain_tiny(env, split, sizes)
+    rows = [few_label_row(env, split, sizes, run_dir)]
+    tiny, runs = sizes.tiny, {"pretrained": [], "random": []}
+    tuning = 0.0
+    for seed in sizes.seeds:
+        for kind, init_from in (("pretrained", run_dir), ("random", None)):
+            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}")
+            recipe = finetune_recipe(env, split, split.train_csv, tiny, seed, init_from=init_from,
+                                     tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
+            accuracy, seconds = tfkit_finetune(env, f"tiny-{kind}-{seed}", recipe)
+            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}: {100 * accuracy:.2f}")
+            runs[kind].append(accuracy)
+            tuning += seconds if kind == "pretrained" else 0.0
+    budget = min(pre_cpu, 2.0) if env.ctx.quick else pre_cpu  # --quick: the HF loop's pace is all that matters
+    theirs, cost = hf_path(env, split, sizes, run_dir, budget)
+    pre, rand = runs["pretrained"], runs["random"]
+    gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
+    shape = (f"bert-tiny, {sizes.pretrain_steps} MLM updates on the {len(split.train):,} training texts "
+             f"({pre_cpu:.0f} CPU s, tokenizer included)")
+    tuned = (f"fine-tuned {tiny.steps} updates of {tiny.batch_size}, lr {tiny.lr:g}, {len(split.test):,} scored, "
+             f"seeds {list(sizes.seeds)}")
+    return rows + [
+        Row("finetune", f"accuracy on all {len(split.train):,} labels, {shape}, vs the same architecture from random "
+                        f"init; {tuned}", "acc %", 100 * statistics.mean(pre), 100 * statistics.mean(rand),
+            paired=min(p / r for p, r in zip(pre, rand)),
+            note=f"pretrained {spread(pre)}, random {spread(rand)}; gap per seed {gaps} points; ratio = worst seed",
+            extra={"pretrained": pre, "random": rand, "pretrain_cpu_s": pre_cpu}),
+        Row("finetune", f"accuracy from raw text: tfkit (pretrain: tokenizer + MLM, then finetune) vs HF (tokenizers "
+                        f"WordPiece + run_mlm loop for the same CPU seconds, then run_glue loop); {tuned}", "acc %",
+            100 * statistics.mean(pre), 100 * statistics.mean(theirs),
+            note=(f"tfkit {spread(pre)}, HF {spread(theirs)}; pretraining CPU tfkit {pre_cpu:.0f} s "
+                  f"({sizes.pretrain_steps} updates), HF {cost['pretrain_cpu_s']:.0f} s ({cost['mlm_updates']} "
+                  f"updates); a fine-tuning {tuning / len(sizes.seeds):.0f} s vs {cost['finetune_cpu_s']:.0f} s; "
+                  "tfkit pools the mean, HF's [CLS] pooler"),
+            extra={"tfkit": pre, "hf": theirs, "tfkit_pretrain_cpu_s": pre_cpu, **cost}),
+    ]
+
+
