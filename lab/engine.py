@@ -33,6 +33,7 @@ from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, s
 from .spec import LabSpec
 from .scoring import eval_label, labels, pick_best, read_curves, score_job
 from .documents import document_figures
+from .downstream import METRIC as TASK_METRIC, check_recipes, final_scores, task_label
 from .gates import check_runs, divergence, diverged_scores, record_divergence
 from .scale import run_scale
 from .probing import probe_units, run_probes
@@ -100,6 +101,7 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
                 raise ConfigError(f"{spec.path}: whole_documents: scores documents with causal sliding windows, but "
                                   f"{key} trains objective.name={recipe.objective.name}; it needs clm")
     _check_conversions(spec, recipes, jobs)
+    check_recipes(spec.path, jobs, recipes)
     folder = Path(out) if out else default_folder(spec.claim)
     _claim_folder(folder, spec, options)
     return Lab(spec, options, folder, jobs, recipes, evals, seeds)
@@ -179,9 +181,16 @@ def share_data(lab: Lab) -> None:
     from ..trainer.data import is_pair_data, prepare_tokenizer
 
     shared: set[tuple[str, str]] = set()
+    tuned = {j.key for j in lab.jobs if j.kind == "finetune"}
     for key, recipe in lab.recipes.items():
         job_seed = int(key.rsplit("seed-", 1)[1])
         recipe.log.progress = recipe.log.tensorboard = recipe.log.plot = False
+        recipe.train.seed = job_seed
+        recipe.train.keep_last = 1
+        if key in tuned:  # labelled data, read by the task's own reader; the checkpoint's tokenizer
+            recipe.train.keep_best = False  # scored at its final step, as every other row
+            _share_cores(lab, recipe)
+            continue
         recipe.data.cache_dir = str(lab.folder / "data")
         if not recipe.tokenizer.path and not recipe.train.init_from:
             folder = lab.folder / "tokenizers" / _tokenizer_key(recipe)
@@ -196,11 +205,13 @@ def share_data(lab: Lab) -> None:
                 shared.add((recipe.tokenizer.path, text))
                 prepare_tokens(text, load_tokenizer(recipe.tokenizer.path), d.cache_dir, text_field=d.text_field,
                                show_progress=False)
-        recipe.train.seed = job_seed
-        recipe.train.keep_last = 1
         recipe.eval.sample_prompt = None
-        if lab.options.jobs > 1:  # the cores shared between the concurrent trainings
-            recipe.train.threads = max(1, (os.cpu_count() or 1) // lab.options.jobs)
+        _share_cores(lab, recipe)
+
+
+def _share_cores(lab: Lab, recipe: Recipe) -> None:
+    if lab.options.jobs > 1:  # the cores shared between the concurrent trainings
+        recipe.train.threads = max(1, (os.cpu_count() or 1) // lab.options.jobs)
 
 
 def final_checkpoint(run_dir: Path, steps: int) -> Path:
@@ -211,13 +222,15 @@ def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float
     """One training (fresh, or continued from its last checkpoint); its output goes to `log_path`. One the
     trainer stops on non-finite updates is recorded in its folder (gates.record_divergence), not raised.
     Returns (the signal that interrupted it or 0, seconds). Module-level: worker processes run it."""
+    from ..evaluation.metrics import task_scores
     from ..trainer.loop import TrainingDiverged
     from ..trainer.run import pretrain
 
     started, interrupted = time.perf_counter(), 0
+    scorer = task_scores if recipe.head_task else None  # a downstream fine-tuning validates its task's scores
     with open(log_path, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
         try:
-            interrupted = pretrain(recipe, run_dir=run_dir, resume="auto").interrupted
+            interrupted = pretrain(recipe, run_dir=run_dir, resume="auto", scorer=scorer).interrupted
         except TrainingDiverged as exc:
             print(f"lab: {exc}")
             record_divergence(run_dir, str(exc))
@@ -246,7 +259,7 @@ def _train_phase(lab: Lab, jobs: list[Job], progress: Progress, timing: dict) ->
     pending = []
     for job in jobs:
         recipe, run_dir = lab.recipes[job.key], lab.folder / job.folder
-        if job.kind == "uptrain":
+        if job.kind in ("uptrain", "finetune"):
             recipe.train.init_from = str(checkpoint_of(lab, _started_from(lab, job)))
         if (final_checkpoint(run_dir, recipe.train.max_steps) / CONFIG).is_file() or divergence(run_dir):
             progress.step(f"{job.kind} {job.key}", None)
@@ -320,11 +333,16 @@ def run(lab: Lab) -> dict:
         for job in (j for j in lab.jobs if j.kind == "convert"):
             _convert(lab, job, progress)
         _train_phase(lab, [j for j in lab.jobs if j.kind == "uptrain"], progress, timing)
+        _train_phase(lab, [j for j in lab.jobs if j.kind == "finetune"], progress, timing)
         rows: dict = {}
         for job in lab.jobs:
             started, message = time.perf_counter(), job.kind != "convert" and divergence(lab.folder / job.folder)
             if message:  # no checkpoint: its scores say so (gates.diverged_scores)
-                scores, fresh = {label: diverged_scores(message) for label in labels(lab)}, False
+                columns = [task_label(lab.recipes[job.key])] if job.kind == "finetune" else labels(lab)
+                scores, fresh = {label: diverged_scores(message) for label in columns}, False
+            elif job.kind == "finetune":  # the task's held-out examples, as its trainer scored them last
+                recipe = lab.recipes[job.key]
+                scores, fresh = {task_label(recipe): final_scores(lab.folder / job.folder, recipe.train.max_steps)}, False
             else:
                 scores, fresh = score_job(lab, job, checkpoint_of(lab, job), scoring_recipe(lab, job))
             row = rows.setdefault(job.name, {"kind": job.kind, "scores": {}})
@@ -337,11 +355,13 @@ def run(lab: Lab) -> dict:
         documents = document_figures(lab) if lab.spec.whole_documents else {}
     finally:
         progress.close()
-    s = lab.spec
+    s, tuned = lab.spec, next((lab.recipes[j.key] for j in lab.jobs if j.kind == "finetune"), None)
+    downstream = {} if tuned is None else {"label": task_label(tuned), "metric": TASK_METRIC,
+                                           "data": tuned.data.valid or f"{tuned.data.train} (held-out share)"}
     return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
             "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale, "sweep": sweep,
-            "documents": documents, "timing_s": timing, "cost": s.cost}
+            "documents": documents, "timing_s": timing, "cost": s.cost, "downstream": downstream}
 
 
 def job_named(lab: Lab, name: str, seed: int) -> Job:

@@ -60,7 +60,7 @@ def divergence(run_dir: Path) -> str:
 
 def diverged_scores(message: str) -> dict:
     """The scores of a run with no final checkpoint: not finite, with the reason."""
-    return {"loss": math.nan, "bits_per_byte": math.nan, "diverged": message}
+    return {"loss": math.nan, "bits_per_byte": math.nan, "error": math.nan, "diverged": message}
 
 
 def gate(loss: float, unigram: float, step0: float | None, from_scratch: bool) -> str:
@@ -144,7 +144,9 @@ def _cached(lab: Lab, job: Job, key: str, compute) -> float:
 def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
     """{"label", "min_gain", "runs": {name: {"kind", "source", "seeds": {seed: {loss, unigram, step0,
     status}}}}} for every job of the lab; conversions carry only their source (they are not trained), and
-    so does a swept variant (its source is its best run)."""
+    so does a swept variant (its source is its best run). A downstream fine-tuning's gate is its Matthews
+    correlation on the task's held-out labels instead (downstream.task_gate)."""
+    from .downstream import task_gate
     from .engine import checkpoint_of, scoring_recipe
 
     label = next(iter(lab.evals))
@@ -157,6 +159,10 @@ def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
         if message:  # stopped by the trainer: nothing to hold against the unigram and step-0 figures
             entry["seeds"][str(job.seed)] = {"loss": math.nan, "unigram": None, "step0": None, "status": "diverged",
                                              "why": message}
+            continue
+        if job.kind == "finetune":  # judged on its task's labels: better than chance (downstream.py)
+            (task,) = rows[job.name]["scores"].values()
+            entry["seeds"][str(job.seed)] = task_gate(task[str(job.seed)])
             continue
         checkpoint, recipe = checkpoint_of(lab, job), scoring_recipe(lab, job)
         material = (checkpoint / "tokenizer.json").read_bytes() if (checkpoint / "tokenizer.json").is_file() else b""

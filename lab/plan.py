@@ -5,7 +5,8 @@ for every key/value head count a conversion produces), then conversions of the `
 then uptraining of each conversion for a fraction of the original steps together with its control, the
 `convert.from` model trained for the same extra steps (an uptrained GQA model must beat more training of
 the model it came from, not only the conversion it started at). Under `sweep` each variant is trained at
-every value of the swept key (`sweep_runs`). Every recipe is loaded here, before any compute is spent, so a
+every value of the swept key (`sweep_runs`). Last, a `downstream` block fine-tunes every trained variant once
+per head (rows VARIANT+HEAD), starting from that seed's final checkpoint. Every recipe is loaded here, before any compute is spent, so a
 bad key in any variant is one error naming the variant."""
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from .spec import LabSpec
 # before the variants' overrides (so a variant still differs from the reference in what it is about). A spec's own
 # `quick` list comes after QUICK and again after each variant's overrides, e.g. to cap the steps of a variant
 # that trains longer (a small batch over as many tokens).
+# --quick for the fine-tuning of a `downstream` block: a few updates on short examples (the model is the
+# checkpoint's, already tiny).
+QUICK_DOWNSTREAM = ("data.seq_len=32", "train.max_steps=8", "train.batch_size=8", "train.log_every=4",
+                    "train.eval_every=8", "train.save_every=8", "schedule.warmup_steps=1", "eval.batch_size=16")
 QUICK = ("model.d_model=32", "model.n_layers=1", "model.n_heads=4", "model.max_seq_len=64", "data.seq_len=32",
          "tokenizer.vocab_size=320", "tokenizer.max_train_mb=0.1", "train.max_steps=8", "train.batch_size=4",
          "train.log_every=4", "train.eval_every=4", "train.save_every=8", "schedule.warmup_steps=2",
@@ -45,10 +50,10 @@ class LabOptions:
 
 @dataclass
 class Job:
-    """One run of the lab: a training (`train`, `uptrain`) or a conversion (`convert`) for one seed."""
+    """One run of the lab: a training (`train`, `uptrain`, `finetune`) or a conversion (`convert`) for one seed."""
     name: str  # the row of the results table
     seed: int
-    kind: str  # train | convert | uptrain
+    kind: str  # train | convert | uptrain | finetune
     overrides: list[str] = field(default_factory=list)  # the variant's own, on top of the base
     source: str | None = None  # name of the job whose checkpoint this one starts from
     kv_heads: int | None = None
@@ -74,6 +79,16 @@ def uptrain_suffix(fraction: float) -> str:
     return f"+up{fraction * 100:g}%"
 
 
+def downstream_name(variant: str, head: str) -> str:
+    return f"{variant}+{head}"
+
+
+def downstream_rows(spec: LabSpec) -> dict[str, tuple[str, list[str]]]:
+    """VARIANT+HEAD -> (variant, the head's overrides) for every fine-tuning a `downstream` block adds."""
+    heads = (spec.downstream or {}).get("heads", {})
+    return {downstream_name(v, h): (v, list(o)) for v in spec.variants for h, o in heads.items()}
+
+
 def scratch_names(spec: LabSpec) -> dict[int, str]:
     """kv_heads -> the from-scratch baseline of that layout: a variant setting exactly that head count, or
     `scratch-kvK`, which the plan adds."""
@@ -93,7 +108,7 @@ def derived_names(spec: LabSpec) -> list[str]:
             names.append(conversion_name(k, m))
             names += [conversion_name(k, m) + uptrain_suffix(f) for f in (spec.uptrain or {}).get("fractions", [])]
     names += [f"{conv.get('from')}{uptrain_suffix(f)}" for f in (spec.uptrain or {}).get("fractions", [])]
-    return names
+    return names + list(downstream_rows(spec))
 
 
 def sweep_runs(spec: LabSpec) -> dict[str, dict[str, list[str]]]:
@@ -128,6 +143,9 @@ def plan_jobs(spec: LabSpec, seeds: list[int]) -> list[Job]:
                     jobs.append(Job(conversion_name(k, m) + uptrain_suffix(f), s, "uptrain",
                                     [f"model.n_kv_heads={k}"], source=conversion_name(k, m), kv_heads=k, fraction=f))
             jobs.append(Job(f"{conv['from']}{uptrain_suffix(f)}", s, "uptrain", [], source=conv["from"], fraction=f))
+    for s in seeds:
+        jobs += [Job(name, s, "finetune", overrides, source=variant)
+                 for name, (variant, overrides) in downstream_rows(spec).items()]
     return jobs
 
 
@@ -146,6 +164,11 @@ def base_overrides(spec: LabSpec, options: LabOptions) -> list[str]:
 def job_recipe(spec: LabSpec, options: LabOptions, job: Job, by_name: dict[str, Job]) -> Recipe:
     """The recipe of a training job: base, lab overrides, the variant's (a job that starts from another
     also gets its source's, and uptraining its steps and the spec's uptrain.set)."""
+    if job.kind == "finetune":  # its own recipe, from the variant's checkpoint (its path is set when it runs)
+        downstream = spec.downstream or {}
+        quick = list(QUICK_DOWNSTREAM) if options.quick else []
+        return load_recipe(spec.recipe_path(downstream["recipe"]),
+                           [*downstream["set"], *quick, *job.overrides, f"train.init_from={job.source}"])
     chain, extra = [], []
     if job.kind == "uptrain":
         source = by_name[job.source]

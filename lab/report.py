@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..files import write_atomic
 from ..jsonfile import read_json
 from .documents import document_lines
+from .downstream import MIN_MATTHEWS
 from .mechanism_lines import lengths_lines, mechanism_lines, own_masking_lines
 from .scoring import is_degradation
 from .scale import scale_lines
@@ -67,21 +68,24 @@ def table(results: dict, stats: dict) -> list[str]:
 
 def gate_lines(results: dict) -> list[str]:
     """The gates (gates.py) as a table: every trained run's loss, unigram and step-0 figures, seed means."""
-    g = results.get("gates")
+    g, tuned = results.get("gates"), bool(results.get("downstream"))
     if not g:
         return []
     out = [f"Loss on {g['label']} of every training against the unigram model of its training text and the "
            f"weights it started from (step 0), means over seeds. A run learned when its loss is at least "
            f"{g['min_gain']:g} nats below the unigram figure; it diverged when its loss is not finite or, trained "
            f"from scratch, more than {g['min_gain']:g} above step 0. A comparison involving a run that did not "
-           "train is not tested.", "",
-           "| run | kind | loss | unigram | step 0 | trained |", "| --- | --- | --- | --- | --- | --- |"]
+           "train is not tested." + (f" A downstream fine-tuning (kind finetune) learned when its Matthews correlation "
+                                     f"on the held-out labels reaches {MIN_MATTHEWS:g} (0 is chance)."
+                                     if tuned else ""), "",
+           f"| run | kind | loss | unigram | step 0 |{' Matthews |' if tuned else ''} trained |",
+           "|" + " --- |" * (7 if tuned else 6)]
     stopped = []
     for name, run in g["runs"].items():
         seeds = run["seeds"]
         if not seeds:
             continue
-        known = {k: [v[k] for v in seeds.values() if v[k] is not None] for k in ("loss", "unigram", "step0")}
+        known = {k: [v[k] for v in seeds.values() if v.get(k) is not None] for k in ("loss", "unigram", "step0", "matthews")}
         mean = {k: f"{sum(v) / len(v):.3f}" if v else "-" for k, v in known.items()}  # a divergence has no figures
         stopped += [f"- {name}, seed {seed}: {v['why']}" for seed, v in seeds.items() if v.get("why")]
         failed = {}
@@ -90,7 +94,8 @@ def gate_lines(results: dict) -> list[str]:
                 failed.setdefault(v["status"], []).append(seed)
         problems = "; ".join(f"{status}: seed {', '.join(which)}" for status, which in failed.items())
         trained = f"{len(seeds) - sum(map(len, failed.values()))}/{len(seeds)}" + (f" ({problems})" if problems else "")
-        out.append(f"| {name} | {run['kind']} | {mean['loss']} | {mean['unigram']} | {mean['step0']} | {trained} |")
+        out.append(f"| {name} | {run['kind']} | {mean['loss']} | {mean['unigram']} | {mean['step0']} |"
+                   f"{' ' + mean['matthews'] + ' |' if tuned else ''} {trained} |")
     if stopped:
         out += ["", "Trainings the trainer stopped on non-finite updates (no final checkpoint; their loss is nan):",
                 ""] + stopped
@@ -143,6 +148,11 @@ def render(results: dict) -> str:
               + ", ".join(f"{k} = `{v}`" for k, v in r["evals"].items())
               + f"; {len(r['seeds'])} paired seed(s) ({seeds}); mean ± sd over seeds; Δ = paired difference "
               f"to the reference {r['reference']}.", ""]
+    if r.get("downstream"):
+        d = r["downstream"]
+        lines += [f"Rows VARIANT+HEAD (kind finetune) are each variant's final checkpoint fine-tuned on a labelled task: "
+                  f"{d['metric']} (1 - accuracy, lower is better) on {d['label']} = `{d['data']}`, its held-out "
+                  "examples, at the fine-tuning's last step.", ""]
     if r.get("sweep"):
         sw = r["sweep"]
         lines += [f"Sweep: {sw['key']} in {{{', '.join(map(str, sw['values']))}}}; each variant's row (kind best) is "

@@ -142,7 +142,7 @@ def read_curves(lab: Lab) -> dict:
     out: dict = {}
     for job in lab.jobs:
         path = lab.folder / job.folder / "metrics.jsonl"
-        if job.kind != "convert" and path.is_file():
+        if job.kind not in ("convert", "finetune") and path.is_file():  # language-model losses only
             rows = [[r["step"], r["val_loss"]] for r in read_metrics(path) if "val_loss" in r]
             out.setdefault(job.name, {})[str(job.seed)] = rows
     return out

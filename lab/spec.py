@@ -20,7 +20,7 @@ from ..trainer.recipe import AliasBomb, safe_load
 from .expect import PROBE_NAMES, PROBE_SOURCE, Expectation, mapping, parse_expectation, suggest  # noqa: F401
 
 TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "whole_documents", "own_masking",
-            "variants", "convert", "uptrain", "probes", "expect", "cost", "quick", "sweep")
+            "variants", "convert", "uptrain", "downstream", "probes", "expect", "cost", "quick", "sweep")
 METRICS = ("loss", "bits_per_byte")
 METHODS = ("mean", "first", "random")
 PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed", "attention_logits",
@@ -57,6 +57,7 @@ class LabSpec:
     variants: dict[str, list[str]] = field(default_factory=dict)
     convert: dict[str, Any] | None = None  # {from, kv_heads: [..], methods: [..]}
     uptrain: dict[str, Any] | None = None  # {fractions: [..], set: [..]}
+    downstream: dict[str, Any] | None = None  # {recipe, set: [..], heads: {name: [..]}}: each variant fine-tuned
     probes: dict[str, Any] = field(default_factory=dict)
     expect: list[Expectation] = field(default_factory=list)
     cost: dict[str, Any] = field(default_factory=dict)
@@ -73,8 +74,12 @@ class LabSpec:
 
     def base_path(self) -> str:
         """The base recipe: a bundled name, or a path relative to the spec file."""
-        candidate = self.path.parent / self.base
-        return str(candidate) if candidate.is_file() else self.base
+        return self.recipe_path(self.base)
+
+    def recipe_path(self, name: str) -> str:
+        """A recipe the spec names (base, downstream.recipe): a bundled name, or a path relative to the spec."""
+        candidate = self.path.parent / name
+        return str(candidate) if candidate.is_file() else name
 
 
 def bundled_specs() -> dict[str, Path]:
@@ -190,8 +195,11 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
             problems.append("uptrain: needs a convert step (uptraining continues the converted checkpoints)")
         fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
         spec.uptrain = {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
+    spec.downstream = _downstream(raw.get("downstream"), spec, problems)
     spec.probes = mapping(raw.get("probes"), "probes", PROBES, problems)
     spec.sweep = _sweep(raw.get("sweep"), spec, problems)
+    if spec.sweep and spec.downstream:
+        problems.append("downstream: cannot be combined with sweep (a swept variant is the best of several runs)")
     from .plan import derived_names  # the names conversions, uptraining and controls add
 
     names |= set(derived_names(spec))
@@ -221,6 +229,28 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
             if exp.probe in PROBE_SOURCE:
                 _check_probed(spec, exp, f"expect[{i}]", problems)
     return spec
+
+
+def _downstream(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any] | None:
+    """`downstream: {recipe, set, heads}`: after its training, every variant of every seed is fine-tuned by
+    `recipe` (a bundled fine-tuning recipe or a path relative to the spec: classify) once per head, with
+    the head's overrides after `set`: rows VARIANT+HEAD, judged on the task's held-out labels (error = 1 -
+    accuracy). A spec about a head (`task.pooling`) has one variant and several heads; a spec about the body
+    (positions, norms) several variants and one head."""
+    if value is None:
+        return None
+    raw = mapping(value, "downstream", ("recipe", "set", "heads"), problems)
+    recipe = raw.get("recipe")
+    if not isinstance(recipe, str) or not recipe:
+        problems.append(f"downstream.recipe: expected a fine-tuning recipe name or path, got {recipe!r}")
+    heads_raw = raw.get("heads") or {"task": []}
+    heads: dict[str, list[str]] = {}
+    if not isinstance(heads_raw, dict):
+        problems.append(f"downstream.heads: expected a mapping of name -> list of SECTION.KEY=VALUE, got {heads_raw!r}")
+    else:
+        heads = {str(name): _strings(items, f"downstream.heads.{name}", problems) for name, items in heads_raw.items()}
+    return {"recipe": recipe if isinstance(recipe, str) else "", "set": _strings(raw.get("set"), "downstream.set", problems),
+            "heads": heads}
 
 
 def _check_probed(spec: LabSpec, exp: Expectation, key: str, problems: list[str]) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .downstream import column_metric
 from .spec import Expectation
 from .stats import Interval, mean_sd, paired_interval
 
@@ -237,6 +238,8 @@ def untrained(results: dict, name: str) -> str:
 def _gate_figures(seed: str, g: dict) -> str:
     if g.get("why"):  # stopped by the trainer: no checkpoint, no figures
         return f"seed {seed}: {g['status']} ({g['why']})"
+    if g.get("matthews") is not None:  # a downstream fine-tuning (downstream.py)
+        return f"seed {seed}: {g['status']}, Matthews correlation {g['matthews']:.3f} on the held-out labels"
     return (f"seed {seed}: {g['status']}, loss {g['loss']:.3f} against unigram {g['unigram']:.3f} and step 0 "
             f"{g['step0']:.3f}")
 
@@ -306,13 +309,13 @@ def judge(exp: Expectation, results: dict) -> Verdict:
     if exp.untested:
         return Verdict(exp.describe(), "", "not tested", 0, None, None, None, exp.source, why=exp.why,
                        figures="nothing measured")
-    label = exp.on or next(iter(results["evals"]))
+    label = exp.on or default_label(results, exp)
     if exp.probe:
         return judge_probe(exp, results, label)
     if exp.trains:
         return judge_training(exp, results, results.get("gates", {}).get("label", label))
     a, b = exp.pair
-    deltas = paired(results["rows"], a, b, label, results["metric"])
+    deltas = paired(results["rows"], a, b, label, column_metric(results, label))
     if not deltas:
         return Verdict(exp.describe(), label, "missing", 0, None, None, None, exp.source)
     iv = paired_interval(deltas)
@@ -327,13 +330,23 @@ def judge(exp: Expectation, results: dict) -> Verdict:
         status = "no verdict" if why else decide(exp, iv)
     others = []
     for other in counterparts(results, label):
-        found = paired(results["rows"], a, b, other, results["metric"])
+        found = paired(results["rows"], a, b, other, column_metric(results, other))
         if found:
             o = paired_interval(found)
             others.append({"on": other, "mean": o.mean, "lo": o.lo, "hi": o.hi, "n": o.n})
     return Verdict(exp.describe(), label, status, iv.n, iv.mean, iv.lo, iv.hi, exp.source,
                    reliance_warning(results, label), why=why, sd=iv.sd, others=others,
                    disagree=disagreement(label, iv, others))
+
+
+def default_label(results: dict, exp: Expectation) -> str:
+    """The column an expectation is read on unless it names one: a downstream row's task column, else the
+    first eval text."""
+    downstream = results.get("downstream") or {}
+    rows = [r for r in (exp.pair or ()) if r in results["rows"]]
+    if downstream and rows and all(results["rows"][r]["kind"] == "finetune" for r in rows):
+        return downstream["label"]
+    return next(iter(results["evals"]))
 
 
 def _probe_side(iv: Interval, predicted: int) -> str:
@@ -367,10 +380,11 @@ def disagreement(label: str, iv: Interval, others: list[dict]) -> str:
 
 def summary(results: dict) -> dict:
     """{row: {label: {mean, sd, n, delta}}}: `delta` is the mean paired difference to the reference row."""
-    rows, metric, ref = results["rows"], results["metric"], results["reference"]
+    rows, ref = results["rows"], results["reference"]
     out: dict = {}
     for name, row in rows.items():
         for label, seeds in row["scores"].items():
+            metric = column_metric(results, label)
             values = [v[metric] for v in seeds.values() if v.get(metric) is not None]
             if not values:
                 continue

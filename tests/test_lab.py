@@ -16,7 +16,7 @@ from helpers import one_error_line
 runner = CliRunner()
 
 SHIPPED = ("gqa-uptrain", "flash-exact", "masks", "prepost-warmup", "qk-scale", "positions", "norms", "embed-scale",
-           "tie", "mlm-mask", "tokenizers", "muon-vs-adamw", "document-mask", "qk-norm")
+           "tie", "mlm-mask", "tokenizers", "muon-vs-adamw", "document-mask", "qk-norm", "pooling")
 
 
 def lab(*args: str):

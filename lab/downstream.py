@@ -1,0 +1,71 @@
+"""A lab's `downstream` block: each trained variant fine-tuned on a labelled task, judged on held-out labels.
+
+Pretraining is judged by what it does downstream, and some claims are about the fine-tuning itself (which
+pooled vector a classifier reads). A `downstream` spec fine-tunes the final checkpoint of every variant and
+seed once per head (rows VARIANT+HEAD), with `tfkit finetune`'s trainer and scorer, and scores each row
+on one column: the task's held-out examples (the recipe's data.valid, or the seeded share it holds out).
+The column's metric is the error rate, 1 - accuracy, so that lower is better there as it is for the loss
+on every text column, and the paired-t rule of verdict.py reads both alike. A fine-tuning that predicts
+no better than chance did not learn: its gate is the Matthews correlation of its predictions, which is 0
+for a constant or random classifier whatever the class balance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from .scoring import eval_label
+
+if TYPE_CHECKING:
+    from ..trainer.recipe import Recipe
+    from .plan import Job
+
+METRIC = "error"  # the task column's metric: 1 - accuracy on the held-out examples
+MIN_MATTHEWS = 0.05  # a fine-tuning whose held-out predictions correlate less with the labels did not learn
+
+
+def task_label(recipe: Recipe) -> str:
+    """The task column's name: its held-out text's (`stdlib:topics:valid` -> topics-valid), or `task` for the
+    share a recipe without data.valid holds out of data.train."""
+    return eval_label(recipe.data.valid) if recipe.data.valid else "task"
+
+
+def check_recipes(spec_path: Path, jobs: list[Job], recipes: dict[str, Recipe]) -> None:
+    """A downstream recipe must classify (the error rate needs labels) and all must score one held-out set."""
+    tuned = [recipes[j.key] for j in jobs if j.kind == "finetune"]
+    for recipe in tuned:
+        if recipe.objective.name != "classify":
+            raise ConfigError(f"{spec_path}: downstream.recipe: objective.name is {recipe.objective.name!r}; a "
+                              "downstream row is scored by its error rate on held-out labels, which needs classify")
+    if len({(r.data.train, r.data.valid, r.data.valid_fraction) for r in tuned}) > 1:
+        raise ConfigError(f"{spec_path}: downstream.heads: the heads change the data (data.train, data.valid); "
+                          "every row must be scored on the same held-out examples")
+
+
+def final_scores(run_dir: Path, steps: int) -> dict:
+    """The last validation of a fine-tuning run at its final step: error, accuracy, macro-F1, Matthews
+    correlation and the cross-entropy on the held-out examples (the trainer's metrics.jsonl row)."""
+    from ..trainer.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_accuracy" in r and r["step"] == steps]
+    if not rows:
+        raise ConfigError(f"{run_dir}: no validation at step {steps} in metrics.jsonl; remove the folder and continue "
+                          "the lab to fine-tune it again")
+    val = rows[-1]
+    return {METRIC: 1.0 - val["val_accuracy"], "accuracy": val["val_accuracy"], "macro_f1": val["val_macro_f1"],
+            "matthews": val["val_matthews"], "task_loss": val["val_loss"]}
+
+
+def task_gate(scores: dict) -> dict:
+    """gates.py's entry for one fine-tuning: trained when its Matthews correlation reaches MIN_MATTHEWS."""
+    learned = scores["matthews"] >= MIN_MATTHEWS
+    return {"loss": None, "unigram": None, "step0": None, "matthews": scores["matthews"],
+            "status": "trained" if learned else "did not learn"}
+
+
+def column_metric(results: dict, label: str) -> str:
+    """The metric a column is read by: the task column's error rate, else the lab's metric."""
+    downstream = results.get("downstream") or {}
+    return downstream["metric"] if label == downstream.get("label") else results["metric"]
