@@ -188,7 +188,9 @@ def safe_load(text: str) -> Any:
     try:
         try:
             value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
-        except yaml.YAMLError:
+        except yaml.YAMLError as exc:
+            if "nesting depth" in str(getattr(exc, "problem", "")):  # libyaml's own limit: no slow second parse
+                raise RecursionError from None
             value = yaml.safe_load(text)
     except RecursionError:  # the constructor recurses once per nesting level
         raise AliasBomb(f"its values nest more than {MAX_YAML_DEPTH} levels deep (expected a recipe of sections "
