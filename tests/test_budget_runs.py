@@ -16,7 +16,7 @@ from tfkit.trainer.report import RunResult, report
 from helpers import TINY, Clock
 
 BUDGET_RUN = [s for s in TINY if not s.startswith(("train.max_steps", "eval.sample_prompt"))] + [
-    "train.max_steps=100000", "train.max_time=4s", "train.log_every=7", "train.eval_every=100000",
+    "train.max_steps=100000", "train.max_time=2s", "train.log_every=7", "train.eval_every=100000",
     "train.save_every=100000", "train.keep_best=true"]
 
 

@@ -49,7 +49,7 @@ def test_the_horizon_is_the_steps_that_fit_after_what_the_end_needs():
 
 def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file, tmp_path):
     run = tmp_path / "run"
-    sets = [f"data.train={english_file}", "train.max_steps=100000", "train.max_time=4s", "train.batch_size=4",
+    sets = [f"data.train={english_file}", "train.max_steps=100000", "train.max_time=2s", "train.batch_size=4",
             "data.seq_len=32", "eval.batches=1", "eval.batch_size=4", "tokenizer.vocab_size=400",
             "tokenizer.max_train_mb=0.1", "log.progress=false", "log.plot=false", "log.tensorboard=false",
             "eval.sample_prompt=null", "train.threads=1", "train.log_every=7", "train.eval_every=20",
@@ -64,7 +64,7 @@ def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file,
     assert 5 < steps < 100000 and last["step"] == steps  # ended early, its last update logged
     assert last["lr"] < 3e-3 / 2  # the schedule decayed over the steps that fit (peak 3e-3)
     config = json.loads((run / "checkpoints" / f"step-{steps}" / "config.json").read_text())
-    assert "as many steps as fit in 4s" in result.stdout and f"{steps:,} (fitted in train.max_time=4s" in result.stdout
+    assert "as many steps as fit in 2s" in result.stdout and f"{steps:,} (fitted in train.max_time=2s" in result.stdout
     assert config["step"] == steps
 
 
