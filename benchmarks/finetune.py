@@ -67,7 +67,7 @@ class Sizes:
     few_epochs: int
 
 
-FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4, 2000, 4096,
+FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4, 4000, 4096,
              hf.Hyper(lr=2e-3, steps=374, warmup=37), 500, 400, (5e-4, 1e-3, 2e-3), 10)
 QUICK = Sizes(256, 64, 128, (1,), hf.Hyper(lr=1e-3, steps=4, warmup=1), 2, 1, 6, 200,
               hf.Hyper(lr=2e-3, steps=6, warmup=1), 32, 16, (2e-3,), 2)
