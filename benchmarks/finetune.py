@@ -1,6 +1,6 @@
 """Fine-tuning, measured: `python -m benchmarks.run --only finetune`.
 
-Four rows, each tfkit against HuggingFace (or a control) in the same run, on AG News (finetune_setup.py:
+Four comparisons, each tfkit against HuggingFace (or a control) in the same run, on AG News (finetune_setup.py:
 the first 6,000 items of its test file to train on, the last 1,600 to score; fp32, one thread by default):
 
 1. quality parity: all-MiniLM-L6-v2, `tfkit import-hf`ed and fine-tuned by `tfkit finetune` (the command's
@@ -232,7 +232,7 @@ def parity_row(env: Env, split: Split, hf_folder: Path, imported: Path, sizes: S
 
 
 def run(ctx: Context) -> list[Row]:
-    """The four rows (module doc) at FULL sizes, or QUICK ones on made-up data with a random encoder."""
+    """The comparisons of the module doc at FULL sizes, or QUICK ones on made-up data with a random encoder."""
     sizes = QUICK if ctx.quick else FULL
     hf.quiet()
     work = Path(tempfile.mkdtemp(prefix="tfkit-bench-finetune-"))
