@@ -102,7 +102,8 @@ def few_label_sets(split: Split, sizes: Sizes, seed: int) -> list[Item]:
     by_class: dict[str, list[Item]] = {}
     for item in pool:
         by_class.setdefault(item[0], []).append(item)
-    chosen = [item for label in sorted(by_class) for item in rng.sample(by_class[label], sizes.few_labels // len(by_class))]
+    share = sizes.few_labels // len(by_class)
+    chosen = [item for label in sorted(by_class) for item in rng.sample(by_class[label], share)]
     rng.shuffle(chosen)
     return chosen
 
@@ -117,18 +118,22 @@ def few_label_row(env: Env, split: Split, sizes: Sizes, run_dir: Path) -> Row:
     scores: dict[tuple[str, float], list[tuple[float, float]]] = {}  # (start, lr) -> [(held back, scored)] per seed
     for seed in sizes.seeds:
         train_csv = write_csv(split.folder / f"few-{seed}.csv", few_label_sets(split, sizes, seed))
-        for (start, init_from), lr in ((s, lr) for s in starts.items() for lr in sizes.few_lrs):
-            hyper = hf.Hyper(lr=lr, steps=steps, warmup=max(1, steps // 10), batch_size=sizes.tiny.batch_size)
-            recipe = finetune_recipe(env, split, train_csv, hyper, seed, init_from=init_from,
-                                     tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
-            recipe["data"]["valid"] = str(held_back)
-            folder, _ = run_recipe(env, "finetune", f"few-{start}-{lr:g}-{seed}", recipe)
-            scored = score_classifier(folder, str(split.test_csv), batch_size=hyper.eval_batch, device=torch.device("cpu"))
-            scores.setdefault((start, lr), []).append((final_accuracy(folder), scored["accuracy"]))
-            shutil.rmtree(folder, ignore_errors=True)
-            env.ctx.log(f"finetune: {sizes.few_labels} labels, {start}, lr {lr:g}, seed {seed}: held back "
-                        f"{100 * scores[start, lr][-1][0]:.2f}, scored {100 * scores[start, lr][-1][1]:.2f}")
-    best = {start: max(sizes.few_lrs, key=lambda lr: statistics.mean(h for h, _ in scores[start, lr])) for start in starts}
+        for start, init_from in starts.items():
+            for lr in sizes.few_lrs:
+                hyper = hf.Hyper(lr=lr, steps=steps, warmup=max(1, steps // 10), batch_size=sizes.tiny.batch_size)
+                recipe = finetune_recipe(env, split, train_csv, hyper, seed, init_from=init_from,
+                                         tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
+                recipe["data"]["valid"] = str(held_back)
+                folder, _ = run_recipe(env, "finetune", f"few-{start}-{lr:g}-{seed}", recipe)
+                held = final_accuracy(folder)
+                scored = score_classifier(folder, str(split.test_csv), batch_size=hyper.eval_batch,
+                                          device=torch.device("cpu"))["accuracy"]
+                shutil.rmtree(folder, ignore_errors=True)
+                scores.setdefault((start, lr), []).append((held, scored))
+                env.ctx.log(f"finetune: {sizes.few_labels} labels, {start}, lr {lr:g}, seed {seed}: held back "
+                            f"{100 * held:.2f}, scored {100 * scored:.2f}")
+    best = {start: max(sizes.few_lrs, key=lambda lr: statistics.mean(h for h, _ in scores[start, lr]))
+            for start in starts}
     pre, rand = ([s for _, s in scores[start, best[start]]] for start in ("pretrained", "random"))
     gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
     every = "; ".join(f"{start} lr {lr:g}: {spread([s for _, s in scores[start, lr]])}"

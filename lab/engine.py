@@ -342,7 +342,8 @@ def run(lab: Lab) -> dict:
                 scores, fresh = {label: diverged_scores(message) for label in columns}, False
             elif job.kind == "finetune":  # the task's held-out examples, as its trainer scored them last
                 recipe = lab.recipes[job.key]
-                scores, fresh = {task_label(recipe): final_scores(lab.folder / job.folder, recipe.train.max_steps)}, False
+                scores = {task_label(recipe): final_scores(lab.folder / job.folder, recipe.train.max_steps)}
+                fresh = False
             else:
                 scores, fresh = score_job(lab, job, checkpoint_of(lab, job), scoring_recipe(lab, job))
             row = rows.setdefault(job.name, {"kind": job.kind, "scores": {}})

@@ -6,8 +6,8 @@ then uptraining of each conversion for a fraction of the original steps together
 `convert.from` model trained for the same extra steps (an uptrained GQA model must beat more training of
 the model it came from, not only the conversion it started at). Under `sweep` each variant is trained at
 every value of the swept key (`sweep_runs`). Last, a `downstream` block fine-tunes every trained variant once
-per head (rows VARIANT+HEAD), starting from that seed's final checkpoint. Every recipe is loaded here, before any compute is spent, so a
-bad key in any variant is one error naming the variant."""
+per head (rows VARIANT+HEAD), starting from that seed's final checkpoint. Every recipe is loaded here, before
+any compute is spent, so a bad key in any variant is one error naming the variant."""
 
 from __future__ import annotations
 
@@ -48,12 +48,15 @@ class LabOptions:
                 "sets": self.sets, "quick": self.quick}
 
 
+LM_KINDS = ("train", "uptrain")  # jobs that train a language model: scored on text, with curves and a scale
+
+
 @dataclass
 class Job:
     """One run of the lab: a training (`train`, `uptrain`, `finetune`) or a conversion (`convert`) for one seed."""
     name: str  # the row of the results table
     seed: int
-    kind: str  # train | convert | uptrain | finetune
+    kind: str  # train | convert | uptrain | finetune (LM_KINDS: those that train a language model)
     overrides: list[str] = field(default_factory=list)  # the variant's own, on top of the base
     source: str | None = None  # name of the job whose checkpoint this one starts from
     kv_heads: int | None = None
@@ -79,14 +82,10 @@ def uptrain_suffix(fraction: float) -> str:
     return f"+up{fraction * 100:g}%"
 
 
-def downstream_name(variant: str, head: str) -> str:
-    return f"{variant}+{head}"
-
-
 def downstream_rows(spec: LabSpec) -> dict[str, tuple[str, list[str]]]:
     """VARIANT+HEAD -> (variant, the head's overrides) for every fine-tuning a `downstream` block adds."""
     heads = (spec.downstream or {}).get("heads", {})
-    return {downstream_name(v, h): (v, list(o)) for v in spec.variants for h, o in heads.items()}
+    return {f"{v}+{h}": (v, list(o)) for v in spec.variants for h, o in heads.items()}
 
 
 def scratch_names(spec: LabSpec) -> dict[int, str]:

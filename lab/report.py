@@ -85,7 +85,8 @@ def gate_lines(results: dict) -> list[str]:
         seeds = run["seeds"]
         if not seeds:
             continue
-        known = {k: [v[k] for v in seeds.values() if v.get(k) is not None] for k in ("loss", "unigram", "step0", "matthews")}
+        known = {k: [v[k] for v in seeds.values() if v.get(k) is not None]
+                 for k in ("loss", "unigram", "step0", "matthews")}
         mean = {k: f"{sum(v) / len(v):.3f}" if v else "-" for k, v in known.items()}  # a divergence has no figures
         stopped += [f"- {name}, seed {seed}: {v['why']}" for seed, v in seeds.items() if v.get("why")]
         failed = {}
@@ -150,8 +151,8 @@ def render(results: dict) -> str:
               f"to the reference {r['reference']}.", ""]
     if r.get("downstream"):
         d = r["downstream"]
-        lines += [f"Rows VARIANT+HEAD (kind finetune) are each variant's final checkpoint fine-tuned on a labelled task: "
-                  f"{d['metric']} (1 - accuracy, lower is better) on {d['label']} = `{d['data']}`, its held-out "
+        lines += ["Rows VARIANT+HEAD (kind finetune) are each variant's final checkpoint fine-tuned on a labelled "
+                  f"task: {d['metric']} (1 - accuracy, lower is better) on {d['label']} = `{d['data']}`, its held-out "
                   "examples, at the fine-tuning's last step.", ""]
     if r.get("sweep"):
         sw = r["sweep"]

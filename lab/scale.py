@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..layout import CONFIG
+from .plan import LM_KINDS
 
 if TYPE_CHECKING:
     from .engine import Lab
@@ -35,7 +36,7 @@ def run_scale(lab: Lab, rows: dict) -> dict:
     from .engine import checkpoint_of
 
     label, seed, out = next(iter(lab.evals)), lab.seeds[0], {}
-    for job in (j for j in lab.jobs if j.seed == seed and j.kind not in ("convert", "finetune")):  # pretrainings
+    for job in (j for j in lab.jobs if j.seed == seed and j.kind in LM_KINDS):
         checkpoint, recipe = checkpoint_of(lab, job), lab.recipes[job.key]
         has_checkpoint = (checkpoint / CONFIG).is_file()  # not after a divergence
         tokenizer = checkpoint if has_checkpoint else recipe.tokenizer.path

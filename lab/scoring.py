@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..files import write_atomic
 from ..jsonfile import read_json
 from ..trainer.recipe import Recipe
+from .plan import LM_KINDS
 
 if TYPE_CHECKING:
     from .engine import Lab
@@ -142,7 +143,7 @@ def read_curves(lab: Lab) -> dict:
     out: dict = {}
     for job in lab.jobs:
         path = lab.folder / job.folder / "metrics.jsonl"
-        if job.kind not in ("convert", "finetune") and path.is_file():  # language-model losses only
+        if job.kind in LM_KINDS and path.is_file():
             rows = [[r["step"], r["val_loss"]] for r in read_metrics(path) if "val_loss" in r]
             out.setdefault(job.name, {})[str(job.seed)] = rows
     return out

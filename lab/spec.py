@@ -249,8 +249,8 @@ def _downstream(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any
         problems.append(f"downstream.heads: expected a mapping of name -> list of SECTION.KEY=VALUE, got {heads_raw!r}")
     else:
         heads = {str(name): _strings(items, f"downstream.heads.{name}", problems) for name, items in heads_raw.items()}
-    return {"recipe": recipe if isinstance(recipe, str) else "", "set": _strings(raw.get("set"), "downstream.set", problems),
-            "heads": heads}
+    return {"recipe": recipe if isinstance(recipe, str) else "",
+            "set": _strings(raw.get("set"), "downstream.set", problems), "heads": heads}
 
 
 def _check_probed(spec: LabSpec, exp: Expectation, key: str, problems: list[str]) -> None:

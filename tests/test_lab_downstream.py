@@ -50,7 +50,8 @@ def test_each_variant_is_fine_tuned_once_per_head_after_every_training(tmp_path)
 
 
 def test_a_downstream_recipe_that_cannot_give_an_error_rate_is_refused_before_any_training(tmp_path):
-    path = spec_file(tmp_path, SPEC.replace("set: [train.max_steps=20]", "set: [objective.name=regress, task.metric=auto]"))
+    regress = SPEC.replace("set: [train.max_steps=20]", "set: [objective.name=regress, task.metric=auto]")
+    path = spec_file(tmp_path, regress)
     result = runner.invoke(app, ["lab", "run", str(path), "--out", str(tmp_path / "lab")])
     line = one_error_line(result)
     assert "downstream.recipe" in line and "classify" in line and str(path) in line
@@ -74,8 +75,8 @@ def test_a_bad_downstream_block_is_one_line_naming_its_key(tmp_path, block, says
 
 
 def test_an_expectation_may_name_only_rows_the_spec_makes(tmp_path):
-    result = runner.invoke(app, ["lab", "run", str(spec_file(tmp_path, SPEC.replace("better: small+mean", "better: small+max"))),
-                                 "--out", str(tmp_path / "lab")])
+    path = spec_file(tmp_path, SPEC.replace("better: small+mean", "better: small+max"))
+    result = runner.invoke(app, ["lab", "run", str(path), "--out", str(tmp_path / "lab")])
     assert "small+max" in one_error_line(result)
 
 
