@@ -46,7 +46,8 @@ def run(
     quick: Annotated[bool, typer.Option("--quick", help="A few steps at a tiny size: checks the lab runs, "
                                         "not the claim.")] = False,
 ) -> None:
-    """Train every variant for every seed, add the controls, score on held-out text, write the verdicts."""
+    """Train every variant for every seed, add the controls, score on held-out text (and a `downstream` task's
+    held-out labels), write the verdicts."""
     from ..lab.engine import prepare, run as run_lab
     from ..lab.plan import LabOptions
     from ..lab.report import MARKDOWN, write_report
