@@ -14,8 +14,9 @@ ranges overlap (so a block outside the overlap is skipped safely), and a block i
 blocks hold one and the same document.
 
 The block mask is built eagerly, outside any compiled graph (`torch.compiler.disable`: one graph break
-per forward), and handed to the compiled kernel as an input. Built inside the compiled model it went
-wrong on an H200 (torch 2.11): with `create_block_mask` the kernel read out of bounds (an illegal memory
+per forward), and handed to the compiled kernel as an input. The disable is applied at the call, not as a
+decorator, because applying it imports TorchDynamo (a second on every command's start). Built inside the
+compiled model it went wrong on an H200 (torch 2.11): with `create_block_mask` the kernel read out of bounds (an illegal memory
 access, gpt2-small at T=1024), and with these tables the output was off by 45% and the gradients by
 more than their size, though the same tables built eagerly and passed to the same compiled kernel
 matched dense SDPA (0.3% in bf16) and `create_block_mask`'s tables entry for entry.
@@ -40,7 +41,6 @@ except ImportError:  # torch without flex_attention: SDPA with the dense bool ma
 BLOCK = 128  # flex_attention's block of queries and of keys
 
 
-@torch.compiler.disable
 def flex_block_mask(length: int, doc_ids: Tensor | None, *, causal: bool, window: int | None,
                     device: torch.device) -> object | None:
     """The BlockMask of "same document (doc_ids (B, T); None: one per row), causal when `causal`, within
@@ -48,6 +48,12 @@ def flex_block_mask(length: int, doc_ids: Tensor | None, *, causal: bool, window
     Never traced: a compiled model gets it as an input (the module's docstring says why)."""
     if BlockMask is None:
         return None
+    return torch.compiler.disable(_block_mask)(length, doc_ids, causal=causal, window=window, device=device)
+
+
+def _block_mask(length: int, doc_ids: Tensor | None, *, causal: bool, window: int | None,
+                device: torch.device) -> object:
+    """`flex_block_mask`, built with plain tensor ops."""
 
     def allowed(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
         keep = (q - k).abs() < window if window is not None else q >= 0  # q >= 0: every key, as a tensor

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
+from tfkit.models import flex as tfkit_flex  # noqa: E402
 from tfkit.models.flex import flex_block_mask  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def test_unordered_document_ids_never_lose_a_block():
     assert not dense(mine.full_kv_num_blocks, mine.full_kv_indices, 3).any()  # every block mixes documents
 
 
-def test_a_compiled_forward_gets_the_tables_built_eagerly():
+def test_a_compiled_forward_gets_the_tables_built_eagerly(monkeypatch):
     """Inside a compiled forward the block mask is built outside the graph (traced, it gave wrong attention
     on an H200) and reaches the code after it with the same tables as an eager call. Each call of the
     compiled function gets its own ids' tables, not the first call's."""
@@ -74,12 +75,17 @@ def test_a_compiled_forward_gets_the_tables_built_eagerly():
         mask = flex_block_mask(ids.shape[1], ids, causal=True, window=None, device=ids.device)
         return mask.kv_num_blocks * 1, mask.kv_indices * 1, mask.full_kv_num_blocks * 1, mask.full_kv_indices * 1
 
+    traced = []
+    classify = tfkit_flex.block_classes
+    monkeypatch.setattr(tfkit_flex, "block_classes",
+                        lambda *a, **k: traced.append(torch.compiler.is_compiling()) or classify(*a, **k))
     compiled = torch.compile(tables, backend="eager")
     generator = torch.Generator().manual_seed(0)
     for rate in (0.02, 0.002):
         doc_ids = (torch.rand(2, 300, generator=generator) < rate).cumsum(1)  # (B, T)
         for got, expected in zip(compiled(doc_ids), tables(doc_ids)):
             assert torch.equal(got, expected)
+    assert traced == [False] * 4  # two compiled calls and two eager ones, none of them traced
 
 
 @pytest.mark.slow
