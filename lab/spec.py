@@ -150,6 +150,7 @@ def _numbers(value: Any, key: str, problems: list[str], kind: type = float) -> l
 
 
 def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
+    """The spec of a parsed file; every problem found is appended to `problems` (all of them are told at once)."""
     for key in raw:
         if key not in TOP_KEYS:
             problems.append(f"{key}: unknown key{suggest(key, TOP_KEYS)}")
@@ -178,23 +179,8 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         problems.append(f"metric: got {spec.metric!r}, expected one of {', '.join(METRICS)}")
     spec.cost = mapping(raw.get("cost"), "cost", ("cpu_minutes", "runs", "note"), problems)
     names = set(variants)
-    if raw.get("convert") is not None:
-        conv = mapping(raw["convert"], "convert", ("from", "kv_heads", "methods"), problems)
-        if conv.get("from") not in variants:
-            problems.append(f"convert.from: got {conv.get('from')!r}, expected one of the variants "
-                            f"({', '.join(variants)})")
-        methods = _strings(conv.get("methods", ["mean"]), "convert.methods", problems)
-        for m in methods:
-            if m not in METHODS:
-                problems.append(f"convert.methods: got {m!r}, expected one of {', '.join(METHODS)}")
-        spec.convert = {"from": conv.get("from"), "methods": methods,
-                        "kv_heads": _numbers(conv.get("kv_heads"), "convert.kv_heads", problems, int)}
-    if raw.get("uptrain") is not None:
-        up = mapping(raw["uptrain"], "uptrain", ("fractions", "set"), problems)
-        if spec.convert is None:
-            problems.append("uptrain: needs a convert step (uptraining continues the converted checkpoints)")
-        fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
-        spec.uptrain = {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
+    spec.convert = _convert(raw.get("convert"), variants, problems)
+    spec.uptrain = _uptrain(raw.get("uptrain"), spec, problems)
     spec.downstream = _downstream(raw.get("downstream"), spec, problems)
     spec.probes = mapping(raw.get("probes"), "probes", PROBES, problems)
     spec.sweep = _sweep(raw.get("sweep"), spec, problems)
@@ -205,7 +191,49 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     names |= set(derived_names(spec))
     if spec.reference not in names:
         problems.append(f"reference: got {spec.reference!r}, expected one of {', '.join(sorted(names))}")
-    for key, probe in spec.probes.items():
+    _check_probes(spec.probes, names, problems)
+    expect = raw.get("expect") or []
+    if not isinstance(expect, list):
+        problems.append("expect: expected a list of expectations")
+        expect = []
+    for i, item in enumerate(expect):
+        for exp in parse_expectation(item, f"expect[{i}]", names, problems):
+            spec.expect.append(exp)
+            if exp.probe in PROBE_SOURCE:
+                _check_probed(spec, exp, f"expect[{i}]", problems)
+    return spec
+
+
+def _convert(value: Any, variants: dict[str, list[str]], problems: list[str]) -> dict[str, Any] | None:
+    """The `convert` block (MHA checkpoints turned into GQA ones): which variant, how many kv-heads, how."""
+    if value is None:
+        return None
+    conv = mapping(value, "convert", ("from", "kv_heads", "methods"), problems)
+    if conv.get("from") not in variants:
+        problems.append(f"convert.from: got {conv.get('from')!r}, expected one of the variants "
+                        f"({', '.join(variants)})")
+    methods = _strings(conv.get("methods", ["mean"]), "convert.methods", problems)
+    for m in methods:
+        if m not in METHODS:
+            problems.append(f"convert.methods: got {m!r}, expected one of {', '.join(METHODS)}")
+    return {"from": conv.get("from"), "methods": methods,
+            "kv_heads": _numbers(conv.get("kv_heads"), "convert.kv_heads", problems, int)}
+
+
+def _uptrain(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any] | None:
+    """The `uptrain` block: the fractions of the original training that continue each converted checkpoint."""
+    if value is None:
+        return None
+    up = mapping(value, "uptrain", ("fractions", "set"), problems)
+    if spec.convert is None:
+        problems.append("uptrain: needs a convert step (uptraining continues the converted checkpoints)")
+    fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
+    return {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
+
+
+def _check_probes(probes: dict[str, Any], names: set[str], problems: list[str]) -> None:
+    """Each probe's settings, and the runs it names among the spec's variants and derived runs."""
+    for key, probe in probes.items():
         if key == "lengths":
             if any(f < 2 for f in _numbers(probe, "probes.lengths", problems, int)):
                 problems.append(f"probes.lengths: got {probe!r}, expected factors of 2 or more (x the training length)")
@@ -219,16 +247,6 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
         for run in runs:
             if run is not None and run not in names:
                 problems.append(f"probes.{key}: run {run!r} is none of {', '.join(sorted(names))}")
-    expect = raw.get("expect") or []
-    if not isinstance(expect, list):
-        problems.append("expect: expected a list of expectations")
-        expect = []
-    for i, item in enumerate(expect):
-        for exp in parse_expectation(item, f"expect[{i}]", names, problems):
-            spec.expect.append(exp)
-            if exp.probe in PROBE_SOURCE:
-                _check_probed(spec, exp, f"expect[{i}]", problems)
-    return spec
 
 
 def _downstream(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any] | None:
