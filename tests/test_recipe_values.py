@@ -22,10 +22,10 @@ def _float_keys() -> list[str]:
 
 def _compound_float_keys() -> list[str]:
     """Keys that hold floats inside another type: a list of floats, or a duration that may be a number."""
-    keys = []
+    keys, plain = [], set(_float_keys())
     for section in SECTIONS:
         for name, hint in typing.get_type_hints(typing.get_type_hints(Recipe)[section]).items():
-            if f"{section}.{name}" not in _float_keys() and "float" in str(hint):
+            if f"{section}.{name}" not in plain and "float" in str(hint):
                 keys.append(f"{section}.{name}")
     return keys
 
