@@ -33,7 +33,7 @@ from .heads import SequenceClassifier
 from .hf_classifier import split_classifier, take_head_weights
 from .hf_names import BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json, split_to_tfkit
 from .hf_tokenizer import import_tokenizer
-from .io import assign_weights, load_plain_pickle, parameters_on_meta, pickle_refusal, save_model
+from .io import SkipMetaInit, assign_weights, load_plain_pickle, parameters_on_meta, pickle_refusal, save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
@@ -278,7 +278,7 @@ def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tenso
     """hf_to_tfkit once the config is mapped (import_hf maps it before reading the weights)."""
     hf = _normalise_keys(family, hf_state)
     _drop_redundant(family, cfg, hf)
-    with torch.device("meta"):
+    with torch.device("meta"), SkipMetaInit():
         shapes = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
     state: dict[str, Tensor] = {}
     missing: dict[str, list[str]] = {"body": [], "head": [], "pooler": []}

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from safetensors.torch import load_model as load_safetensors_into
 from safetensors.torch import save_model as save_safetensors_from
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .. import __version__
 from ..errors import CheckpointError, TfkitError
@@ -286,9 +287,24 @@ def parameters_on_meta() -> Iterator[None]:
 
     nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
     try:
-        yield
+        with SkipMetaInit():
+            yield
     finally:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+class SkipMetaInit(TorchFunctionMode):
+    """In-place ops on meta tensors (the initialisers: `normal_`, `uniform_`, `zero_`, ...) return their
+    tensor untouched. There is nothing to compute, and on meta tensors torch runs random initialisers
+    through its reference implementations, whose first call imports TorchDynamo: 1.2 s of every load."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else kwargs.get("tensor")  # nn.init's functions pass it by keyword
+        if name.endswith("_") and not name.endswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
 
 
 def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Path, what: str) -> None:

@@ -1,10 +1,13 @@
-"""The CLI answers at once: commands that run no model never import torch (seconds on a busy machine)."""
+"""The CLI answers at once: commands that run no model never import torch (seconds on a busy machine), and
+one that runs a model without compiling it never imports TorchDynamo (about as long again)."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+
+from helpers import make_checkpoint
 
 # Runs the CLI as the `tfkit` executable would, then reports which heavy modules got imported.
 DRIVER = """
@@ -17,7 +20,8 @@ except SystemExit as exc:
     code = exc.code
 else:
     code = 0
-print(json.dumps({"code": code, "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules}), file=sys.stderr)
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules,
+                  "dynamo": "torch._dynamo" in sys.modules}), file=sys.stderr)
 """
 
 
@@ -42,3 +46,10 @@ def test_train_tokenizer_leaves_torch_and_numpy_unimported(tmp_path):
     assert seen["code"] == 0 and not seen["torch"] and not seen["numpy"], seen
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
+
+
+def test_a_model_command_that_does_not_compile_leaves_the_compiler_unimported(eval_tokenizers, tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ckpt", eval_tokenizers["bpe"])
+    seen = imports_of(["generate", str(checkpoint), "-p", "The", "-n", "2", "--seed", "0", "--device", "cpu"],
+                      tmp_path)
+    assert seen["code"] == 0 and seen["torch"] and not seen["dynamo"], seen
