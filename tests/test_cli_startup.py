@@ -5,51 +5,56 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from helpers import make_checkpoint
 
-# Runs the CLI as the `tfkit` executable would, then reports which heavy modules got imported.
+# Runs CLI commands in turn as the `tfkit` executable would, reporting after each which heavy modules the
+# process has imported so far: an import is never undone, so the first command that needs a module is named.
 DRIVER = """
 import json, sys
-sys.argv = ["tfkit", *json.loads(sys.argv[1])]
 from tfkit.cli.entry import run
-try:
-    run()
-except SystemExit as exc:
-    code = exc.code
-else:
-    code = 0
-print(json.dumps({"code": code, "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules,
-                  "dynamo": "torch._dynamo" in sys.modules}), file=sys.stderr)
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["tfkit", *args]
+    try:
+        run()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    seen = {"code": code, "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules,
+            "dynamo": "torch._dynamo" in sys.modules}
+    print("IMPORTS " + json.dumps({"args": args, **seen}), file=sys.stderr)
 """
 
 
-def imports_of(args: list[str], cwd) -> dict:
-    result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(args)], cwd=cwd, capture_output=True,
+def imports_of(commands: list[list[str]], cwd) -> list[dict]:
+    """What each command of one process had imported when it ended, in order."""
+    result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=cwd, capture_output=True,
                             text=True, timeout=120)
-    return json.loads(result.stderr.strip().splitlines()[-1])
+    return [json.loads(line[len("IMPORTS "):]) for line in result.stderr.splitlines() if line.startswith("IMPORTS ")]
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["recipes", "list"], ["recipes", "show", "gpt-tiny"],
-                                  ["pretrain", "--help"], ["eval", "--help"], ["generate", "--help"]])
-def test_commands_that_run_no_model_leave_torch_unimported(args, tmp_path):
-    seen = imports_of(args, tmp_path)
-    assert seen["code"] == 0 and not seen["torch"], seen
+NO_MODEL = [["--help"], ["--version"], ["recipes", "list"], ["recipes", "show", "gpt-tiny"], ["pretrain", "--help"],
+            ["eval", "--help"], ["generate", "--help"]]
+
+
+def test_commands_that_run_no_model_leave_torch_unimported(tmp_path):
+    seen = imports_of(NO_MODEL, tmp_path)
+    assert [s["args"] for s in seen] == NO_MODEL
+    for each in seen:
+        assert each["code"] == 0 and not each["torch"], each
 
 
 def test_train_tokenizer_leaves_torch_and_numpy_unimported(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog.\n" * 400, encoding="utf-8")
-    seen = imports_of(["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--vocab-size", "300", "-q"],
-                      tmp_path)
+    [seen] = imports_of([["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--vocab-size", "300",
+                          "-q"]], tmp_path)
     assert seen["code"] == 0 and not seen["torch"] and not seen["numpy"], seen
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
 
-
 def test_a_model_command_that_does_not_compile_leaves_the_compiler_unimported(eval_tokenizers, tmp_path):
     checkpoint = make_checkpoint(tmp_path / "ckpt", eval_tokenizers["bpe"])
-    seen = imports_of(["generate", str(checkpoint), "-p", "The", "-n", "2", "--seed", "0", "--device", "cpu"],
-                      tmp_path)
+    [seen] = imports_of([["generate", str(checkpoint), "-p", "The", "-n", "2", "--seed", "0", "--device", "cpu"]],
+                        tmp_path)
     assert seen["code"] == 0 and seen["torch"] and not seen["dynamo"], seen
