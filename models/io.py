@@ -293,16 +293,25 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
+# What modules run to fill their parameters at construction: nn.init's functions and the in-place tensor
+# ops they and modules' own `reset_parameters` use. All of them set values and keep the shape.
+INITIALISERS = frozenset({
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
+    "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",  # nn.init
+    "zero_", "fill_", "copy_", "mul_", "add_", "sub_", "div_", "clamp_", "erfinv_", "exponential_", "bernoulli_",
+    "random_", "log_normal_", "cauchy_", "geometric_", "fill_diagonal_",  # Tensor methods
+})
+
+
 class SkipMetaInit(TorchFunctionMode):
-    """In-place ops on meta tensors (the initialisers: `normal_`, `uniform_`, `zero_`, ...) return their
-    tensor untouched. There is nothing to compute, and on meta tensors torch runs random initialisers
-    through its reference implementations, whose first call imports TorchDynamo: 1.2 s of every load."""
+    """Initialisers (`INITIALISERS`) on meta tensors return their tensor untouched. There is nothing to
+    compute, and on meta tensors torch runs random initialisers through its reference implementations,
+    whose first call imports TorchDynamo: 1.2 s of every load. Any other op runs as usual."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
         target = args[0] if args else kwargs.get("tensor")  # nn.init's functions pass it by keyword
-        if name.endswith("_") and not name.endswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
+        if getattr(func, "__name__", "") in INITIALISERS and isinstance(target, torch.Tensor) and target.is_meta:
             return target
         return func(*args, **kwargs)
 
