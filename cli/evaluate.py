@@ -155,10 +155,17 @@ def evaluate(
                   f"({rows[-1]['dtype']}), {time.perf_counter() - started:.1f} s")
     console = output_console()
     console.print(results_table(rows, checkpoints, data))
-    objectives = sorted({r["objective"] for r in rows})
-    if len(objectives) > 1:
-        err.print(f"note: these rows score different objectives ({', '.join(objectives)}: masked tokens seen from "
-                  "both sides, next tokens, a target given its source): their losses, perplexities and bits per "
-                  "byte measure different tasks and do not compare across objectives")
+    if note := mixed_objectives_note(rows):
+        err.print(note)
     if json_out is not None:
         write_rows(json_out, rows)
+
+
+def mixed_objectives_note(rows: list[dict]) -> str | None:
+    """A note when the rows score different objectives, whose losses do not compare; else None."""
+    objectives = sorted({r["objective"] for r in rows})
+    if len(objectives) < 2:
+        return None
+    return (f"note: these rows score different objectives ({', '.join(objectives)}: masked tokens seen from both "
+            "sides, next tokens, a target given its source): their losses, perplexities and bits per byte measure "
+            "different tasks and do not compare across objectives")
