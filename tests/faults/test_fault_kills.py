@@ -11,6 +11,7 @@ available and not (the two-rename fallback of other file systems)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,8 +87,8 @@ def _commands(work: Path, run: Path, hf2: Path, hf4: Path) -> dict:
 
 
 POINTS = ("first", "25%", "50%", "75%", "last-3", "last-2", "last")
-CASES = [(c, p, x) for c in ("train-tokenizer", "convert", "export-hf", "import-hf") for p in POINTS
-         for x in (True, False)]
+COMMANDS = ("train-tokenizer", "convert", "export-hf", "import-hf")
+CASES = [(c, p, x) for c in COMMANDS for p in POINTS for x in (True, False)]
 
 
 def _kill_at(point: str, total: int) -> int:
@@ -100,13 +101,19 @@ def _kill_at(point: str, total: int) -> int:
 
 @pytest.fixture(scope="module")
 def sources(tiny_run, tmp_path_factory):
-    """HF exports of the tiny run's two checkpoints (the inputs of import-hf), and each command's count of
-    file-system mutations when it replaces its old output."""
+    """HF exports of the tiny run's two checkpoints (the inputs of import-hf), each command's work folder
+    after its first run (its input and its old output, copied into every case rather than made anew), and
+    each command's count of file-system mutations when it replaces its old output."""
     root = tmp_path_factory.mktemp("kills")
     hf2, hf4 = root / "hf2", root / "hf4"
     for step, hf in ((2, hf2), (4, hf4)):
         assert cli(["export-hf", tiny_run[1] / "checkpoints" / f"step-{step}", "--out", hf]).exit_code == 0
-    return hf2, hf4, {}
+    olds = {}
+    for command in COMMANDS:
+        olds[command] = _work(root / f"old-{command}")
+        first, _ = _commands(olds[command], tiny_run[1], hf2, hf4)[command]
+        assert cli(first).exit_code == 0
+    return hf2, hf4, olds, {}
 
 
 def _work(tmp_path: Path) -> Path:
@@ -130,17 +137,14 @@ def _leftovers(work: Path) -> list[str]:
 def test_a_killed_replacement_leaves_the_old_or_the_new_folder(command, point, exchange, tiny_run, sources, tmp_path,
                                                                monkeypatch):
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / ".cache"))
-    hf2, hf4, totals = sources
-    work = _work(tmp_path)
-    first, replace = _commands(work, tiny_run[1], hf2, hf4)[command]
-    assert cli(first).exit_code == 0
+    hf2, hf4, olds, totals = sources
+    work = shutil.copytree(olds[command], tmp_path / "work")
+    replace = _commands(work, tiny_run[1], hf2, hf4)[command][1]
     old = _content(work / "out")
     key = (command, exchange)
-    if key not in totals:  # a complete replacement in a copy of the folder, counted
-        count_work = _work(tmp_path / "count")
-        count_first, count_replace = _commands(count_work, tiny_run[1], hf2, hf4)[command]
-        assert cli(count_first).exit_code == 0
-        totals[key] = _forked(count_replace, None, exchange)
+    if key not in totals:  # a complete replacement in another copy of the folder, counted
+        count_work = shutil.copytree(olds[command], tmp_path / "count" / "work")
+        totals[key] = _forked(_commands(count_work, tiny_run[1], hf2, hf4)[command][1], None, exchange)
     assert _forked(replace, _kill_at(point, totals[key]), exchange) == -1, "not killed"
     killed = _content(work / "out")  # with the exchange, what a reader sees at the kill
     files.remove_stale(work / "out")  # what the next writer does first
