@@ -109,6 +109,7 @@ def loglikelihoods(out: dict, task: str) -> list[float]:
     return [lp for sample in out[task]["samples"][task] for lp, _ in sample["filtered_resps"]]
 
 
+@pytest.mark.slow  # four lm-eval runs and transformers' model: seconds; CI's slow run holds it
 def test_a_local_task_scores_the_same_in_lm_eval_tfkit_and_lm_evals_hf_backend(checkpoint, english_text, offline,
                                                                                tmp_path):
     files = write_tasks(tmp_path, english_text)

@@ -10,6 +10,8 @@ from tfkit.models.config import ModelConfig
 from tfkit.trainer.objectives import LossModule, compile_loss_module
 from tfkit.trainer.recipe import ObjectiveSection
 
+pytestmark = pytest.mark.slow  # compiled-model checks: TorchDynamo traces every objective
+
 OBJECTIVE = {"gpt": "clm", "bert": "mlm", "transformer": "seq2seq"}
 
 
@@ -61,7 +63,6 @@ def test_mlm_with_fixed_positions_traces_without_data_dependent_shapes():
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
-@pytest.mark.slow
 def test_compiled_bert_training_equals_eager_across_target_counts():
     """Inductor on the CPU: the losses and gradients of the compiled objective equal the eager ones while
     the number of masked targets changes from batch to batch, without recompiling."""
