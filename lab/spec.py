@@ -180,7 +180,7 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     spec.cost = mapping(raw.get("cost"), "cost", ("cpu_minutes", "runs", "note"), problems)
     names = set(variants)
     spec.convert = _convert(raw.get("convert"), variants, problems)
-    spec.uptrain = _uptrain(raw.get("uptrain"), spec, problems)
+    spec.uptrain = _uptrain(raw.get("uptrain"), spec.convert is not None, problems)
     spec.downstream = _downstream(raw.get("downstream"), spec, problems)
     spec.probes = mapping(raw.get("probes"), "probes", PROBES, problems)
     spec.sweep = _sweep(raw.get("sweep"), spec, problems)
@@ -220,12 +220,12 @@ def _convert(value: Any, variants: dict[str, list[str]], problems: list[str]) ->
             "kv_heads": _numbers(conv.get("kv_heads"), "convert.kv_heads", problems, int)}
 
 
-def _uptrain(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any] | None:
+def _uptrain(value: Any, converts: bool, problems: list[str]) -> dict[str, Any] | None:
     """The `uptrain` block: the fractions of the original training that continue each converted checkpoint."""
     if value is None:
         return None
     up = mapping(value, "uptrain", ("fractions", "set"), problems)
-    if spec.convert is None:
+    if not converts:
         problems.append("uptrain: needs a convert step (uptraining continues the converted checkpoints)")
     fractions = _numbers(up.get("fractions"), "uptrain.fractions", problems)
     return {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}

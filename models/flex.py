@@ -16,10 +16,10 @@ blocks hold one and the same document.
 The block mask is built eagerly, outside any compiled graph (`torch.compiler.disable`: one graph break
 per forward), and handed to the compiled kernel as an input. The disable is applied at the call, not as a
 decorator, because applying it imports TorchDynamo (a second on every command's start). Built inside the
-compiled model it went wrong on an H200 (torch 2.11): with `create_block_mask` the kernel read out of bounds (an illegal memory
-access, gpt2-small at T=1024), and with these tables the output was off by 45% and the gradients by
-more than their size, though the same tables built eagerly and passed to the same compiled kernel
-matched dense SDPA (0.3% in bf16) and `create_block_mask`'s tables entry for entry.
+compiled model it went wrong on an H200 (torch 2.11): with `create_block_mask` the kernel read out of
+bounds (an illegal memory access, gpt2-small at T=1024), and with these tables the output was off by 45%
+and the gradients by more than their size, though the same tables built eagerly and passed to the same
+compiled kernel matched dense SDPA (0.3% in bf16) and `create_block_mask`'s tables entry for entry.
 
 Guarded: builds of torch without flex_attention (or without CUDA) get None from `flex_block_mask`, and
 attention.py then passes the same rule to SDPA as the bool tensor it also gives the naive path.
