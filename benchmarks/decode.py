@@ -102,7 +102,8 @@ def to_hf(model: torch.nn.Module) -> torch.nn.Module | None:
     transformers or the export is unavailable. The shape above (RoPE, RMSNorm, SwiGLU) exports as Llama."""
     try:
         import transformers
-        from tfkit.models.hf_export import tfkit_to_hf
+
+        from tfkit.checkpoints.hf_export import tfkit_to_hf
     except ImportError:
         return None
     config, state = tfkit_to_hf(model.config, model.state_dict())

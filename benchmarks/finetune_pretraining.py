@@ -28,8 +28,8 @@ import torch
 
 from . import finetune_hf as hf
 from .common import Row
-from .finetune import (DROPOUT, PRETRAIN_GOAL, Env, Sizes, bundled, final_accuracy, finetune_recipe, run_recipe,
-                       spread, tfkit_finetune)
+from .finetune import (DROPOUT, PRETRAIN_GOAL, Env, Sizes, bundled, final_accuracy, finetune_recipe, run_recipe, spread,
+                       tfkit_finetune)
 from .finetune_setup import Item, Split, write_csv
 
 if TYPE_CHECKING:  # transformers is imported where used: `benchmarks.run` starts without it
@@ -56,10 +56,10 @@ def hf_config(run_dir: Path, vocab_size: int) -> BertConfig:
     """The `BertConfig` of the architecture tfkit pretrained (its checkpoint's config.json), HF's vocabulary."""
     import transformers as tr
 
-    from tfkit.models.config import ModelConfig
-    from tfkit.models.io import read_config, resolve_checkpoint
+    from tfkit.checkpoints.folders import resolve_checkpoint
+    from tfkit.checkpoints.record import CheckpointRecord
 
-    cfg = ModelConfig.from_dict(read_config(resolve_checkpoint(run_dir))["model"])
+    cfg = CheckpointRecord.read(resolve_checkpoint(run_dir)).model
     return tr.BertConfig(vocab_size=vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
                          num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn_dim, hidden_act=cfg.activation,
                          max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.type_vocab_size,

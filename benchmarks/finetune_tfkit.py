@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tfkit.checkpoints.weights import load_model
 from tfkit.models.heads import HeadConfig, SequenceClassifier
-from tfkit.models.io import load_model
 from tfkit.tokenization.labelled import Examples
 from tfkit.tokenization.task_batches import TaskDataset, task_dataset
 from tfkit.tokenization.tokenizer import load_tokenizer

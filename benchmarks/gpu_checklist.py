@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.files import write_atomic
-from tfkit.trainer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL_BYTES = 256 * 1024  # per step: DIR comes back from a lent machine as at most 8 files of 16 MiB

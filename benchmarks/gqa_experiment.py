@@ -35,13 +35,14 @@ from pathlib import Path
 
 import torch
 
+from tfkit.checkpoints.convert import convert_checkpoint
+from tfkit.checkpoints.weights import load_model
 from tfkit.cli.convert import uptrain_overrides
-from tfkit.models.convert import convert_checkpoint
-from tfkit.replacing import TFKIT_MODEL, check_new_folder
-from tfkit.models import build_model, kv_cache_bytes_per_token, load_model
+from tfkit.evaluation.evaluate import evaluate
+from tfkit.models import build_model, kv_cache_bytes_per_token
 from tfkit.models.convert import attention_params
 from tfkit.models.generation import decode_step, prefill
-from tfkit.evaluation.evaluate import evaluate
+from tfkit.replacing import TFKIT_MODEL, check_new_folder
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from tfkit.checkpoints.hf_export import tfkit_to_hf
 from tfkit.models import ModelConfig
-from tfkit.models.hf_export import tfkit_to_hf
 from tfkit.tokenization.sft_batches import Example, SftDataset
 from tfkit.trainer.objectives import IGNORE
 from tfkit.trainer.optim import autocast_context, build_optimizer, native_bf16

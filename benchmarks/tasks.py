@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.checkpoints.weights import save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.tokenization.stdlib_corpus import stdlib_documents
 
@@ -75,9 +76,9 @@ def run(ctx: Context) -> list[Row]:
     except ImportError:
         ctx.skip("tasks: the lm-eval baseline needs `pip install 'lm-eval[hf]'`")
         return []
+    from tfkit.checkpoints.hf_export import export_hf
+    from tfkit.checkpoints.weights import load_model
     from tfkit.evaluation.loglikelihood import ContinuationScorer
-    from tfkit.models import load_model
-    from tfkit.models.hf_export import export_hf
 
     text = "\n\n".join(doc for _, doc in zip(range(300 if ctx.quick else 2000), stdlib_documents("stdlib:docs:train")))
     words = text.split()

@@ -20,8 +20,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError, DataError
-from ..replacing import TFKIT_MODEL, check_new_folder
 from ..progress import console as output_console
+from ..replacing import TFKIT_MODEL, check_new_folder
 from ..runtime import pick_device
 from ..threads import set_threads
 from .options import Device
@@ -87,8 +87,11 @@ def convert_mqa_to_gqa(
     quality; recover it by uptraining for 5% of the source's steps: the command printed at the end
     (`tfkit pretrain gqa-uptrain --set train.init_from=DIR ...`) sets them.
     """
-    from ..models import kv_cache_bytes_per_token, read_config, resolve_checkpoint
-    from ..models.convert import attention_params, convert_checkpoint
+    from ..checkpoints.convert import convert_checkpoint
+    from ..checkpoints.folders import resolve_checkpoint
+    from ..checkpoints.record import CheckpointRecord
+    from ..models import kv_cache_bytes_per_token
+    from ..models.convert import attention_params
 
     folder = resolve_checkpoint(checkpoint)
     check_new_folder(out, [Path(checkpoint), folder], force, replaces=(TFKIT_MODEL,))
@@ -119,7 +122,7 @@ def convert_mqa_to_gqa(
     console = output_console()
     console.print(f"{folder} -> {out} (--method {method})", highlight=False, markup=False, soft_wrap=True)
     console.print(report(rows, "convert-mqa-to-gqa"), highlight=False)
-    source_steps = read_config(out).get("prior_steps")  # the source's steps (and its own source's)
+    source_steps = CheckpointRecord.read(out).prior_steps  # the source's steps (and its own source's)
     command = uptrain_command(out, new_cfg, source_steps)  # printed on one line: it stays copy-pasteable
     console.print(f"wrote {out}; uptrain it with: {command}", highlight=False, markup=False, soft_wrap=True)
     if not has_tokenizer:
@@ -149,8 +152,8 @@ UPTRAIN_FRACTION = 0.05  # Ainslie et al. (2023): uptraining for 5% of the origi
 def uptrain_overrides(out: Path, cfg) -> list[str]:
     """The `SECTION.KEY=VALUE` overrides that point the bundled gqa-uptrain recipe at the checkpoint `out`
     of config `cfg`: train.init_from, every model key the trainer would find contradicting, the objective."""
-    from ..trainer.source import MAY_DIFFER
     from ..trainer.recipe import OBJECTIVE_FOR_ARCH, load_recipe
+    from ..trainer.source import MAY_DIFFER
 
     recipe = load_recipe("gqa-uptrain")
     wanted = recipe.model.config(cfg.vocab_size)

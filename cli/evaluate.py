@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -24,6 +24,9 @@ from ..threads import set_threads
 from .json_rows import write_rows
 from .options import Device
 from .task_eval import evaluate_task, refuse_corpus_options
+
+if TYPE_CHECKING:
+    from ..checkpoints.record import CheckpointRecord
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -55,7 +58,7 @@ def results_table(rows: list[dict], names: list[str], data: str) -> Table:
     return table
 
 
-def choose_seq_len(configs: list[dict], seq_len: int | None, overrides: list[str] | None = None) -> int:
+def choose_seq_len(records: list[CheckpointRecord], seq_len: int | None, overrides: list[str] | None = None) -> int:
     """One context length for every row, or the numbers would not compare: --seq-len, or the shortest length
     the checkpoints trained at, within the smallest max_seq_len (or the one `--set model.max_seq_len` gives:
     a RoPE model scored longer than it trained, under `model.rope_scaling`)."""
@@ -63,9 +66,9 @@ def choose_seq_len(configs: list[dict], seq_len: int | None, overrides: list[str
     from ..evaluation.model_overrides import parse_model_overrides
 
     longer = dict(parse_model_overrides(overrides or [])).get("max_seq_len")
-    max_len = longer if isinstance(longer, int) else min(config["model"]["max_seq_len"] for config in configs)
+    max_len = longer if isinstance(longer, int) else min(record.model.max_seq_len for record in records)
     if seq_len is None:
-        seq_len = min(trained_seq_len(config) for config in configs)
+        seq_len = min(trained_seq_len(record) for record in records)
         if seq_len < max_len:
             err.print(f"scoring at seq_len {seq_len}, the length the checkpoints trained at "
                       f"(--seq-len takes up to {max_len})")
@@ -122,10 +125,10 @@ def evaluate(
         from .evaluate_labelled import evaluate_labelled
 
         return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
-    from ..models import read_config
-    from ..models.io import chosen_note, read_checkpoint
-    from ..tokenization.corpus import check_text_field
+    from ..checkpoints.folders import chosen_note, read_checkpoint
+    from ..checkpoints.record import CheckpointRecord
     from ..evaluation import evaluate as evaluation
+    from ..tokenization.corpus import check_text_field
 
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
@@ -138,13 +141,13 @@ def evaluate(
                              dtype=dtype)
     check_text_field(data, text_field)
     check_limits(max_tokens, max_batches)
-    configs = []
+    records = []
     for path in checkpoints:  # a run's best/ when it kept one
-        folder, config = read_checkpoint(path, read_config, best=True)
-        configs.append(config)
+        folder, record = read_checkpoint(path, CheckpointRecord.read, best=True)
+        records.append(record)
         if note := chosen_note(path, folder):
             err.print(note)
-    seq_len = choose_seq_len(configs, seq_len, overrides)
+    seq_len = choose_seq_len(records, seq_len, overrides)
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
         started = time.perf_counter()

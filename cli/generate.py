@@ -141,7 +141,8 @@ def generate(
     `==> prompt N: 'PROMPT' <==`, with a blank line between them. Stops at the end-of-text token (not
     before --min-new-tokens), after --max-new-tokens, or at the model's max_seq_len; stderr says which.
     """
-    from ..models.io import check_finite, chosen_note, load_with_tokenizer, read_checkpoint
+    from ..checkpoints.folders import chosen_note, read_checkpoint
+    from ..checkpoints.weights import check_finite, load_with_tokenizer
 
     if sum(x is not None and x != [] for x in (prompt, fill_mask_text, chat)) > 1:
         raise ConfigError("--prompt, --chat and --fill-mask cannot be combined: continue text, answer a chat "

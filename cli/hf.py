@@ -11,12 +11,15 @@ from __future__ import annotations
 import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from ..jsonfile import read_json
+
+if TYPE_CHECKING:
+    from ..models.config import ModelConfig
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -48,15 +51,15 @@ def import_hf(
     missing head is initialised, with a warning. Options tfkit cannot reproduce (rope scaling, relative
     positions, ...) are refused by name.
     """
-    from ..models.hf_import import import_hf as convert
-    from ..models.io import read_config
+    from ..checkpoints.hf_import import import_hf as convert
+    from ..checkpoints.record import CheckpointRecord
 
     path = convert(src, out, force=force)  # its warnings: one line each, by cli.main's showwarning
-    config = read_config(path)
-    model = config["model"]
-    err.print(f"imported {config['hf_architecture']} as {model['arch']} "
-              f"({model['n_layers']} layers, d_model {model['d_model']}, {model['positions']} positions)")
-    if config.get("head") is not None:  # a *ForSequenceClassification: a classifier, as `tfkit finetune` writes
+    record = CheckpointRecord.read(path)
+    model = record.model
+    err.print(f"imported {record.hf_architecture} as {model.arch} "
+              f"({model.n_layers} layers, d_model {model.d_model}, {model.positions} positions)")
+    if record.is_classifier:  # a *ForSequenceClassification: a classifier, as `tfkit finetune` writes
         err.print(f"label rows with: tfkit predict {shlex.quote(str(path))} --data FILE; score it with: tfkit eval "
                   f"{shlex.quote(str(path))} --data LABELLED", markup=False)
     else:
@@ -64,15 +67,15 @@ def import_hf(
     typer.echo(str(path))
 
 
-def pretrain_command(checkpoint: Path, model: dict) -> str:
+def pretrain_command(checkpoint: Path, model: ModelConfig) -> str:
     """`tfkit pretrain RECIPE --set train.init_from=CHECKPOINT`: the run takes the checkpoint's model shape and
     tokenizer, the recipe the rest; its sequences are cut to the checkpoint's max_seq_len when longer."""
     from ..trainer.recipe import load_recipe
 
-    recipe = PRETRAIN_RECIPE[model["arch"]]
+    recipe = PRETRAIN_RECIPE[model.arch]
     sets = [f"train.init_from={checkpoint}"]
-    if load_recipe(recipe).data.seq_len > model["max_seq_len"]:
-        sets.append(f"data.seq_len={model['max_seq_len']}")
+    if load_recipe(recipe).data.seq_len > model.max_seq_len:
+        sets.append(f"data.seq_len={model.max_seq_len}")
     return " ".join(["tfkit pretrain", recipe, *(f"--set {shlex.quote(item)}" for item in sets)])
 
 
@@ -89,7 +92,7 @@ def export_hf(
     *ForSequenceClassification. Other configurations are refused, naming the field.
     The folder's README.md is a model card written from what the run recorded.
     """
-    from ..trainer.model_card import export_hf_with_card
+    from ..checkpoints.model_card import export_hf_with_card
 
     path = export_hf_with_card(ckpt, out, force=force, license=license)
     architecture = read_json(path / "config.json")["architectures"][0]  # what export_hf has just written
@@ -111,7 +114,7 @@ def export_gguf(
     gpt with learned positions + layernorm + gelu -> GPT-2's. The byte-level BPE tokenizer goes into the
     file. What llama.cpp cannot run (ALiBi, post-norm, BatchNorm, sinusoidal positions) is refused, saying why.
     """
-    from ..trainer.model_card import export_gguf_with_card
+    from ..checkpoints.model_card import export_gguf_with_card
 
     path = export_gguf_with_card(ckpt, out, dtype=dtype.value, force=force, license=license)
     err.print(f"exported {ckpt} as GGUF ({dtype.value})")

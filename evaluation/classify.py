@@ -23,11 +23,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..checkpoints.folders import read_checkpoint
+from ..checkpoints.record import CheckpointRecord, TaskRecord
+from ..checkpoints.weights import load_classifier as load_classifier_model
 from ..errors import ConfigError, DataError, TfkitError
 from ..files import atomic_file, write_problem
-from ..progress import progress_bar
 from ..models.heads import HeadConfig, SequenceClassifier, classifier_inputs, head_loss, pool_windows, predictions
-from ..models.io import load_classifier as load_classifier_model, read_checkpoint, read_config
+from ..progress import progress_bar
 from ..tokenization.labelled import Columns, Examples, read_examples, read_texts
 from ..tokenization.task_batches import task_dataset
 from ..tokenization.train import TfkitTokenizer, load_tokenizer
@@ -43,27 +45,27 @@ class Classifier:
     folder: Path
     model: SequenceClassifier
     tokenizer: TfkitTokenizer
-    config: dict  # config.json
+    record: CheckpointRecord  # config.json
 
     @property
     def head(self) -> HeadConfig:
         return self.model.head_config
 
     @property
-    def columns(self) -> Columns:
-        task = self.config.get("task") or {}
-        return Columns(task.get("text", "text"), task.get("text_pair"), task.get("label", "label"))
+    def task(self) -> TaskRecord:
+        """How the fine-tuning run read its rows (the defaults for a classifier that recorded none: an import)."""
+        return self.record.task or TaskRecord()
 
     @property
-    def header(self) -> bool:
-        return (self.config.get("task") or {}).get("header", True)
+    def columns(self) -> Columns:
+        return Columns(self.task.text, self.task.text_pair, self.task.label)
 
 
 def is_classifier(path: str | Path) -> bool:
     """Whether `path` (a checkpoint or run folder; its best/ when kept) is a fine-tuned classifier; False
     for one that cannot be read, whose problem the command's own checks then report in their order."""
     try:
-        return read_checkpoint(path, read_config, best=True)[1].get("head") is not None
+        return read_checkpoint(path, CheckpointRecord.read, best=True)[1].is_classifier
     except (TfkitError, OSError):
         return False
 
@@ -71,7 +73,7 @@ def is_classifier(path: str | Path) -> bool:
 def load_classifier(path: str | Path, device: torch.device) -> Classifier:
     def read(folder: Path) -> Classifier:
         model, _ = load_classifier_model(folder, device)
-        return Classifier(folder, model, load_tokenizer(folder), read_config(folder))
+        return Classifier(folder, model, load_tokenizer(folder), CheckpointRecord.read(folder))
 
     return read_checkpoint(path, read, best=True)[1]
 
@@ -79,11 +81,11 @@ def load_classifier(path: str | Path, device: torch.device) -> Classifier:
 @torch.no_grad()
 def logits(clf: Classifier, texts: list[str], pairs: list[str] | None, batch_size: int) -> Tensor:
     """(E, N) logits of `texts` (and their second texts), windows pooled, in fp32 on the host."""
-    task, cfg = clf.config.get("task") or {}, clf.model.config
+    cfg = clf.model.config
     examples = Examples("", texts, pairs, [0] * len(texts))
-    dataset = task_dataset(examples, clf.tokenizer, cfg.arch, max_len=clf.config.get("train_seq_len") or cfg.max_seq_len,
-                           seed=0, regression=False, truncation=task.get("truncation", "head"),
-                           stride=task.get("stride"), type_vocab_size=cfg.type_vocab_size, packed=True)
+    dataset = task_dataset(examples, clf.tokenizer, cfg.arch, max_len=clf.record.train_seq_len or cfg.max_seq_len,
+                           seed=0, regression=False, truncation=clf.task.truncation, stride=clf.task.stride,
+                           type_vocab_size=cfg.type_vocab_size, packed=True)
     device, rows = next(clf.model.parameters()).device, []
     for batch in dataset.every_example(batch_size):
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -93,7 +95,7 @@ def logits(clf: Classifier, texts: list[str], pairs: list[str] | None, batch_siz
 
 def _targets(clf: Classifier, data: str) -> tuple[Examples, Tensor]:
     """The labelled examples of `data` and their targets as the checkpoint's class ids (or floats)."""
-    examples, first_at = read_examples(data, clf.columns, clf.head.task, clf.header)
+    examples, first_at = read_examples(data, clf.columns, clf.head.task, clf.task.header)
     if clf.head.task == "regression":
         return examples, torch.tensor(examples.targets, dtype=torch.float32)
     label2id = {name: i for i, name in enumerate(clf.head.labels)}
@@ -113,7 +115,7 @@ def score_classifier(path: str | Path, data: str, *, batch_size: int, device: to
     pooled = logits(clf, examples.texts, examples.pairs, batch_size)  # (E, N)
     scores = task_scores(clf.head.task, predictions(pooled, clf.head.task), targets)
     return {"checkpoint": str(clf.folder), "arch": clf.model.config.arch, "task": clf.head.task,
-            "step": clf.config.get("step"), "examples": len(examples), "skipped": examples.skipped,
+            "step": clf.record.step, "examples": len(examples), "skipped": examples.skipped,
             "loss": float(head_loss(pooled, targets, clf.head.task)), **scores}
 
 
@@ -158,7 +160,7 @@ def predict(path: str | Path, data: str, out: Path, *, batch_size: int, device: 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as tmp, tmp.open("w", encoding="utf-8", newline="") as file:
         writer = None
-        for chunk in _chunks(read_texts(data, clf.columns, clf.header)):
+        for chunk in _chunks(read_texts(data, clf.columns, clf.task.header)):
             pairs = None if clf.columns.text_pair is None else [pair for _, _, pair in chunk]
             for record in _records(clf, chunk, logits(clf, [text for _, text, _ in chunk], pairs, batch_size)):
                 if out.name.lower().endswith(".csv"):

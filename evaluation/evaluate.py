@@ -39,16 +39,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checkpoints.folders import read_checkpoint
+from ..checkpoints.record import CheckpointRecord
+from ..checkpoints.weights import load_with_tokenizer
 from ..errors import ConfigError, DataError
-from ..models import kv_cache_bytes_per_token, read_config
-from ..models.io import load_with_tokenizer, read_checkpoint
+from ..models import kv_cache_bytes_per_token
 from ..runtime import PRECISIONS, check_precision, pick_device
 from ..tokenization.batches import IGNORE_INDEX, ClmDataset, MlmDataset, Seq2SeqDataset
 from ..tokenization.corpus import CorpusWarning
 from ..tokenization.packing import restarted_positions
 from ..tokenization.shards import TokenShards, prepare_tokens
-from ..tokenization.train import TfkitTokenizer
 from ..tokenization.token_bytes import byte_coverage, token_byte_lengths
+from ..tokenization.train import TfkitTokenizer
 from ..trainer.data import is_pair_data, truncation_note
 from ..trainer.objectives import compute_loss, count_inputs, move_batch
 from ..trainer.optim import autocast_context
@@ -56,7 +58,6 @@ from ..trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection
 from ..trainer.source import trained_precision
 from .model_overrides import with_model_overrides
 from .scoring_progress import ScoringProgress
-
 
 LAYOUT_KEYS = ("doc_ids", "position_ids")  # how a checkpoint reads the rows: not part of their data_fingerprint
 
@@ -181,23 +182,22 @@ def _all_batches(dataset, batch_size: int, data_spec: str, seq_len: int) -> tupl
     return dataset.every_example(batch_size), -(-dataset.num_examples // batch_size)
 
 
-def trained_seq_len(config: dict) -> int:
+def trained_seq_len(record: CheckpointRecord) -> int:
     """The context length a checkpoint's weights were trained at (`train_seq_len`, which the trainer
     writes), or its max_seq_len when unknown (imported checkpoints). Scoring at a longer context than
     training saw measures extrapolation rather than the model: positions past data.seq_len were never
     trained (learned tables keep their init; sinusoidal/RoPE run past what the weights fit), and a
     transformer-tiny checkpoint (trained at 64, max 128) scored 6.02 at 128 against 4.53 at 64."""
-    max_len = config["model"]["max_seq_len"]
-    return min(int(config.get("train_seq_len") or max_len), max_len)
+    max_len = record.model.max_seq_len
+    return min(record.train_seq_len or max_len, max_len)
 
 
-def trained_layout(config: dict) -> dict[str, bool]:
+def trained_layout(record: CheckpointRecord) -> dict[str, bool]:
     """{document_mask, reset_positions}: how the packed rows a checkpoint trained on were laid out, from its
     config.json's data record (both False where it says nothing: imports, checkpoints from before the
     record, runs without a document mask)."""
-    data = config.get("data") if isinstance(config.get("data"), dict) else {}
-    mask = data.get("document_mask") is True
-    return {"document_mask": mask, "reset_positions": mask and data.get("reset_positions") is True}
+    data = record.data_record
+    return {"document_mask": data.document_mask, "reset_positions": data.document_mask and data.reset_positions}
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -233,20 +233,20 @@ class Tally:
 
 
 def _load(folder: Path, device: torch.device,
-          overrides: list[str]) -> tuple[torch.nn.Module, Any, TfkitTokenizer, dict]:
+          overrides: list[str]) -> tuple[torch.nn.Module, Any, TfkitTokenizer, CheckpointRecord]:
     """(model under `overrides`, its config, tokenizer, config.json) of one checkpoint, read together so they
     all come from the same folder (`read_checkpoint`)."""
     model, cfg, tokenizer = load_with_tokenizer(folder, device=device)
     model, cfg = with_model_overrides(model, cfg, overrides)
-    return model, cfg, tokenizer, read_config(folder)
+    return model, cfg, tokenizer, CheckpointRecord.read(folder)
 
 
-def checkpoint_precision(folder: Path, config: dict, precision: str) -> str:
+def checkpoint_precision(folder: Path, record: CheckpointRecord, precision: str) -> str:
     """`precision` as given, or for `auto` the one the checkpoint trained in: its config.json's, or its run's
     recipe.yaml's for a checkpoint from before `train.precision: auto`; fp32 where neither says (imports)."""
     if precision != "auto":
         return precision
-    trained = config.get("precision") or trained_precision(folder)
+    trained = record.precision or trained_precision(folder)
     return trained if trained in PRECISIONS else "fp32"
 
 
@@ -302,19 +302,19 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     """
     precision = check_precision(dtype, allow_auto=True)
     device = device if isinstance(device, torch.device) else pick_device(device)
-    folder, (model, cfg, tokenizer, config) = read_checkpoint(
+    folder, (model, cfg, tokenizer, record) = read_checkpoint(
         path, lambda f: _load(f, device, overrides or []), best=best)
-    precision = checkpoint_precision(folder, config, precision)
+    precision = checkpoint_precision(folder, record, precision)
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
-    seq_len = trained_seq_len(config) if seq_len is None else seq_len
+    seq_len = trained_seq_len(record) if seq_len is None else seq_len
     check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
-    pair_fields = tuple(config.get("pair_fields") or ("source", "target"))
+    pair_fields = record.pair_fields or ("source", "target")
     batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size,
                                   stride=stride, seed=seed,
                                   cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
                                   show_progress=show_progress, text_field=text_field, pair_fields=pair_fields,
-                                  masking=masking if objective == "mlm" else None, **trained_layout(config))
+                                  masking=masking if objective == "mlm" else None, **trained_layout(record))
     total = total if total is None or max_batches is None else min(total, max_batches)
     progress = ScoringProgress(folder.name, total, max_tokens, enabled=show_progress)
     t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,
@@ -326,8 +326,8 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
     return {
         "checkpoint": str(folder),
         "arch": cfg.arch,
-        "step": config.get("step"),  # this checkpoint's own training run
-        "prior_steps": config.get("prior_steps") or 0,  # updates its initial weights had had (uptraining)
+        "step": record.step,  # this checkpoint's own training run
+        "prior_steps": record.prior_steps,  # updates its initial weights had had (uptraining)
         "objective": objective,
         "data": data_spec,
         "loss": loss,

@@ -16,10 +16,10 @@ import dataclasses
 import yaml
 from torch import nn
 
+from ..checkpoints.meta import assign_weights, parameters_on_meta
 from ..errors import ConfigError
 from ..models import build_model
 from ..models.config import ModelConfig
-from ..models.io import assign_weights, parameters_on_meta
 
 
 def parse_model_overrides(items: list[str]) -> list[tuple[str, object]]:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints.folders import read_checkpoint
+from ..checkpoints.record import CheckpointRecord
+from ..checkpoints.weights import load_with_tokenizer
 from ..errors import ConfigError
-from ..models import read_config
-from ..models.io import load_with_tokenizer, read_checkpoint
 from ..runtime import check_precision, pick_device
 from ..trainer.optim import autocast_context
 from .evaluate import check_batch_size, checkpoint_precision
@@ -69,7 +70,7 @@ def load_scorer(path: str | Path, *, batch_size: int = 8, device: str | torch.de
     if cfg.arch != "gpt":
         raise ConfigError(f"{folder}: task scoring works on causal (GPT) checkpoints by log-likelihood; this one is "
                           f"arch {cfg.arch}")
-    precision = checkpoint_precision(folder, read_config(folder), dtype)
+    precision = checkpoint_precision(folder, CheckpointRecord.read(folder), dtype)
     model.eval()
     scorer = ContinuationScorer(model, tokenizer, batch_size, autocast=lambda: autocast_context(precision, device))
     return scorer, {"checkpoint": str(folder), "arch": cfg.arch, "params": model.num_params(), "dtype": precision}

@@ -47,7 +47,7 @@ def check_recipes(spec_path: Path, jobs: list[Job], recipes: dict[str, Recipe]) 
 def final_scores(run_dir: Path, steps: int) -> dict:
     """The last validation of a fine-tuning run at its final step: error, accuracy, macro-F1, Matthews
     correlation and the cross-entropy on the held-out examples (the trainer's metrics.jsonl row)."""
-    from ..trainer.metrics import read_metrics
+    from ..checkpoints.run_record import read_metrics
 
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_accuracy" in r and r["step"] == steps]
     if not rows:

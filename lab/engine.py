@@ -27,16 +27,18 @@ from ..errors import ConfigError
 from ..files import staged_folder, write_atomic
 from ..jsonfile import read_json
 from ..layout import CHECKPOINTS, CONFIG
-from ..progress import console as output_console, progress_bar
+from ..progress import console as output_console
+from ..progress import progress_bar
 from ..trainer.recipe import Recipe, load_recipe
-from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
-from .spec import LabSpec
-from .scoring import eval_label, labels, pick_best, read_curves, score_job
 from .documents import document_figures
-from .downstream import METRIC as TASK_METRIC, check_recipes, final_scores, task_label
-from .gates import check_runs, divergence, diverged_scores, record_divergence
-from .scale import run_scale
+from .downstream import METRIC as TASK_METRIC
+from .downstream import check_recipes, final_scores, task_label
+from .gates import check_runs, diverged_scores, divergence, record_divergence
+from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .probing import probe_units, run_probes
+from .scale import run_scale
+from .scoring import eval_label, labels, pick_best, read_curves, score_job
+from .spec import LabSpec
 
 LAB_FILE = "lab.json"
 SPEC_COPY = "spec.yaml"
@@ -305,7 +307,7 @@ def checkpoint_of(lab: Lab, job: Job) -> Path:
 
 
 def _convert(lab: Lab, job: Job, progress: Progress) -> None:
-    from ..models.convert import convert_checkpoint
+    from ..checkpoints.convert import convert_checkpoint
 
     out = lab.folder / job.folder
     if (out / CONFIG).is_file():

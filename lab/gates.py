@@ -81,11 +81,11 @@ def unigram_loss(train_tokens: np.ndarray, labels: np.ndarray, vocab_size: int) 
 def scored_labels(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> np.ndarray:
     """The target ids `scoring.score_checkpoint` scores for `checkpoint` on `text`: the same batches, in
     the same order, as many as it takes."""
+    from ..checkpoints.record import CheckpointRecord
     from ..evaluation.evaluate import eval_batches
-    from ..models import read_config
     from ..tokenization.train import load_tokenizer
 
-    objective = read_config(checkpoint).get("objective", "clm")
+    objective = CheckpointRecord.read(checkpoint).objective or "clm"
     batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
                               batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
                               cache_dir=cache_dir, show_progress=False)
@@ -113,16 +113,16 @@ def unigram_figure(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path)
 def initial_loss(checkpoint: Path, seed: int, text: str, recipe: Recipe, cache_dir: Path) -> float:
     """The loss of the initial weights of a run from scratch (the trainer seeds `train.seed`, then builds
     the model), scored exactly as its final checkpoint is: written to a scratch folder, then evaluated."""
-    from ..models import build_model, read_config, save_model
-    from ..models.config import ModelConfig
+    from ..checkpoints.record import CheckpointRecord
+    from ..checkpoints.weights import save_model
+    from ..models import build_model
     from .scoring import score_checkpoint
 
-    config = read_config(checkpoint)
+    record = CheckpointRecord.read(checkpoint)
     torch.manual_seed(seed)
-    model = build_model(ModelConfig.from_dict(config["model"]))
-    extra = {k: v for k, v in config.items() if k not in ("tfkit_version", "model")}
+    model = build_model(record.model)
     with tempfile.TemporaryDirectory(prefix="step-0-", dir=cache_dir.parent) as tmp:  # the lab folder
-        save_model(model, Path(tmp), extra=extra)
+        save_model(model, Path(tmp), record)
         for name in TOKENIZER_FILES:
             if (checkpoint / name).is_file():
                 (Path(tmp) / name).write_bytes((checkpoint / name).read_bytes())

@@ -51,21 +51,22 @@ def past_training_length(checkpoint: Path, text: str, seq_len: int, factor: int,
     """The degradation of `checkpoint` past its training length `seq_len` on `text`, at rows of
     factor x seq_len tokens (module doc): {loss, bits_per_byte (past - within), past / within losses and
     bits per byte, tokens past and within, seq_len, data_fingerprint, params}."""
+    from ..checkpoints.record import CheckpointRecord
+    from ..checkpoints.weights import load_model
     from ..evaluation.evaluate import eval_batches, trained_layout
-    from ..models import load_model, read_config
     from ..tokenization.token_bytes import token_byte_lengths
     from ..tokenization.train import load_tokenizer
     from .mechanisms import model_inputs
 
-    config = read_config(checkpoint)
-    if config.get("objective", "clm") != "clm":
+    record = CheckpointRecord.read(checkpoint)
+    if (record.objective or "clm") != "clm":
         raise ConfigError(f"probes.lengths: splits rows at the training length, which needs a causal (clm) model; "
-                          f"{checkpoint} is {config.get('objective')}")
+                          f"{checkpoint} is {record.objective}")
     model, _ = load_model(checkpoint)
     tokenizer = load_tokenizer(checkpoint)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
     rows, _ = eval_batches(tokenizer, text, "clm", seq_len=factor * seq_len, batch_size=batch_size, stride=None,
-                           seed=0, cache_dir=cache_dir, show_progress=False, **trained_layout(config))
+                           seed=0, cache_dir=cache_dir, show_progress=False, **trained_layout(record))
     sums, digest = torch.zeros(2, 3, dtype=torch.float64), hashlib.sha256()
     for n, batch in enumerate(rows):
         if batches is not None and n >= batches:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..models import load_model
+from ..checkpoints.weights import load_model
 from ..models.attention import Attention, AttnMask
 from ..models.base import Block
 

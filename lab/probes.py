@@ -33,13 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checkpoints.record import CheckpointRecord
+from ..checkpoints.weights import load_model, save_model
 from ..files import staged_folder
 from ..layout import CONFIG, TOKENIZER_FILES
-from ..models import build_model, load_model, read_config, save_model
+from ..models import build_model
 from ..models.attention import Attention
-from ..models.config import ModelConfig
-
-DROPPED = ("tfkit_version", "model")
 
 
 def ablate_attention(checkpoint: Path, out: Path) -> Path:
@@ -53,10 +52,8 @@ def ablate_attention(checkpoint: Path, out: Path) -> Path:
             if isinstance(module, Attention):
                 for param in module.o_proj.parameters():
                     param.zero_()
-    extra = {k: v for k, v in read_config(checkpoint).items() if k not in DROPPED}
-    extra["ablated"] = "attention output projections zeroed"
     with staged_folder(out) as tmp:
-        save_model(model, tmp, extra=extra)
+        save_model(model, tmp, CheckpointRecord.read(checkpoint))
         for name in TOKENIZER_FILES:
             if (checkpoint / name).is_file():
                 shutil.copy2(checkpoint / name, tmp / name)
@@ -99,12 +96,12 @@ def _saved_bytes(model: nn.Module, ids: torch.Tensor) -> int:
 def activation_memory(checkpoint: Path, seq_lens: list[int]) -> dict:
     """{"seq_lens": [...], "flash": [MiB...], "naive": [MiB...]}: one training step of the checkpoint's
     architecture (fresh weights; memory does not depend on their values) at batch 1 and each length."""
-    cfg = read_config(checkpoint)["model"]
+    cfg = CheckpointRecord.read(checkpoint).model
     out: dict = {"seq_lens": list(seq_lens)}
     for impl in ("flash", "naive"):
         row = []
         for t in seq_lens:
-            config = ModelConfig.from_dict({**cfg, "attention": impl, "max_seq_len": max(t, cfg["max_seq_len"])})
+            config = dataclasses.replace(cfg, attention=impl, max_seq_len=max(t, cfg.max_seq_len))
             torch.manual_seed(0)
             model = build_model(config)
             ids = torch.randint(0, config.vocab_size, (1, t))

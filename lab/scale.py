@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def tokens_seen(metrics_path) -> int | None:
     """The trainer's count of input tokens consumed, from the last metrics row that has one."""
-    from ..trainer.metrics import read_metrics
+    from ..checkpoints.run_record import read_metrics
 
     if not metrics_path.is_file():
         return None
@@ -30,7 +30,7 @@ def tokens_seen(metrics_path) -> int | None:
 def run_scale(lab: Lab, rows: dict) -> dict:
     """{name: {kind, params, tokens, train_tokens, precision, steps}} for every training of the first seed
     (seeds of one variant differ only in their seed)."""
-    from ..models import read_config
+    from ..checkpoints.record import CheckpointRecord
     from ..tokenization.shards import prepare_tokens
     from ..tokenization.train import load_tokenizer
     from .engine import checkpoint_of
@@ -46,7 +46,7 @@ def run_scale(lab: Lab, rows: dict) -> dict:
         out[job.name] = {"kind": job.kind, "params": params[0] if params else None,
                          "tokens": tokens_seen(lab.folder / job.folder / "metrics.jsonl"),
                          "train_tokens": train.num_tokens, "steps": recipe.train.max_steps,
-                         "precision": read_config(checkpoint).get("precision") if has_checkpoint else None}
+                         "precision": CheckpointRecord.read(checkpoint).precision if has_checkpoint else None}
     return out
 
 

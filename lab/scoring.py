@@ -138,7 +138,7 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
 
 def read_curves(lab: Lab) -> dict:
     """{name: {seed: [[step, val_loss], ...]}} of every training's metrics.jsonl."""
-    from ..trainer.metrics import read_metrics
+    from ..checkpoints.run_record import read_metrics
 
     out: dict = {}
     for job in lab.jobs:
@@ -175,12 +175,12 @@ def pick_best(lab: Lab, rows: dict) -> dict:
 def first_batch(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> dict:
     """The first evaluation batch of `text` for `checkpoint`: the tokens every score starts with, with the
     doc_ids / position_ids of the layout it trained with (a document-masked checkpoint)."""
+    from ..checkpoints.record import CheckpointRecord
     from ..evaluation.evaluate import eval_batches, trained_layout
-    from ..models import read_config
     from ..tokenization.train import load_tokenizer
 
-    config = read_config(checkpoint)
-    batches, _ = eval_batches(load_tokenizer(checkpoint), text, config.get("objective", "clm"),
+    record = CheckpointRecord.read(checkpoint)
+    batches, _ = eval_batches(load_tokenizer(checkpoint), text, record.objective or "clm",
                               seq_len=recipe.data.seq_len, batch_size=recipe.eval.batch_size or recipe.train.batch_size,
-                              stride=None, seed=0, cache_dir=cache_dir, show_progress=False, **trained_layout(config))
+                              stride=None, seed=0, cache_dir=cache_dir, show_progress=False, **trained_layout(record))
     return next(iter(batches))

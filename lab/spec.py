@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..trainer.recipe import AliasBomb, safe_load
+from ..yamlfile import AliasBomb, safe_load
 from .expect import PROBE_NAMES, PROBE_SOURCE, Expectation, mapping, parse_expectation, suggest  # noqa: F401
 
 TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "whole_documents", "own_masking",

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "BERT": "bert", "GPT": "gpt", "Transformer": "transformer", "ModelConfig": "config",
     "KVCache": "kv_cache", "kv_cache_bytes_per_token": "kv_cache",
-    "load_model": "io", "read_config": "io", "resolve_checkpoint": "io", "save_model": "io",
     "sized_config": "sizes", "size_names": "sizes",
 }
 

@@ -4,7 +4,7 @@ GQA uptraining starts from a multi-head checkpoint whose K/V projections are *me
 group of consecutive heads ("GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
 Checkpoints", section 2.1), then trains for a small fraction α of the original steps. This module is the
 conversion half, written as a pure function from state dict to state dict (STYLE.md point 9): no model,
-no files, no global state, so it is trivial to test and to reuse on any weights. `convert_checkpoint`
+no files, no global state, so it is trivial to test and to reuse on any weights. `checkpoints/convert.py`
 applies it to a checkpoint folder and writes the new one (what `tfkit convert-mqa-to-gqa` runs).
 
 Which old heads form a group is fixed by attention.py: query head h reads KV head h // (n_heads / kv),
@@ -24,15 +24,11 @@ self-attention, decoder self-attention and decoder cross-attention alike.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, ConfigError
-from ..files import staged_folder
-from ..layout import TOKENIZER_FILES
 from .config import ModelConfig
 from .layers import init_weights
 
@@ -159,46 +155,3 @@ def attention_params(model: nn.Module) -> int:
     from .attention import Attention
 
     return sum(p.numel() for m in model.modules() if isinstance(m, Attention) for p in m.parameters())
-
-
-# --- checkpoint folders ------------------------------------------------------------------------------------
-
-# config.json keys of the source that describe the source itself, not what the converted model is for.
-DROPPED_KEYS = ("tfkit_version", "model", "step", "prior_steps", "converted_from", "method", "kv_heads_before", "seed")
-
-
-def _int(value) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
-    """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
-
-    The caller has checked `out` (replacing.check_new_folder). `out` is written whole or not at all: weights,
-    config.json and the source's tokenizer files. config.json keeps the source's own keys (objective,
-    recipe) except its training step, and records where the weights came from and how."""
-    from . import build_model, load_model, read_config  # late import: models/__init__ lists this module
-    from ..tokenization.tokenizer import load_tokenizer
-    from .io import assign_weights, check_tokenizer_fits, parameters_on_meta, save_model
-
-    source_config = read_config(folder)
-    check_regrouping(ModelConfig.from_dict(source_config["model"]), kv_heads, method)  # fail before loading
-    model, cfg = load_model(folder)
-    if (folder / TOKENIZER_FILES[0]).is_file():  # copied below: it must fit the weights it goes with
-        check_tokenizer_fits(folder, load_tokenizer(folder).vocab_size, cfg.vocab_size)
-    generator = torch.Generator().manual_seed(seed)
-    state_dict, new_cfg = regroup_kv_heads(model.state_dict(), cfg, kv_heads, method, generator=generator)
-    with parameters_on_meta():
-        new_model = build_model(new_cfg)
-    assign_weights(new_model, state_dict, folder, f"the regrouped {new_cfg.arch} model")
-    extra = {k: v for k, v in source_config.items() if k not in DROPPED_KEYS}  # e.g. objective, recipe
-    extra.update(converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads,
-                 prior_steps=_int(source_config.get("prior_steps")) + _int(source_config.get("step")))
-    if method == "random":
-        extra["seed"] = seed
-    with staged_folder(out) as tmp:  # the caller ran check_new_folder: replacing `out` needed --force
-        save_model(new_model, tmp, extra=extra)
-        for name in TOKENIZER_FILES:
-            if (folder / name).is_file():
-                shutil.copy2(folder / name, tmp / name)
-    return model, new_model.eval()

@@ -11,13 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.weights import save_model
 from tfkit.evaluation.evaluate import evaluate
-from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import load_tokenizer
 from tfkit.trainer import objectives
 from tfkit.trainer.distributed import DistInfo
 from tfkit.trainer.loop import Loop
-from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import load_recipe
@@ -239,7 +240,7 @@ def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embed
     if zero_embeddings:  # tied output head = 0: every logit is 0, the next-token distribution is uniform
         with torch.no_grad():
             net.embed.tok.weight.zero_()
-    save_model(net, folder, extra={"step": 5} if train_seq_len is None else {"step": 5, "train_seq_len": train_seq_len})
+    save_model(net, folder, step=5, train_seq_len=train_seq_len)
     tok.save(folder)
     return folder
 

@@ -153,8 +153,9 @@ def test_debug_shows_the_traceback_instead(tmp_path):
 def test_file_system_errors_are_one_line_naming_the_path(tmp_path, monkeypatch):
     """An OSError no check caught (here export-hf writing under a regular file) still gets the boundary's
     one line, with the path, the OS reason and which component is in the way; --debug re-raises it."""
-    import tfkit.models.hf_export as hf_export
-    from tfkit.models import ModelConfig, build_model, save_model
+    import tfkit.checkpoints.hf_export as hf_export
+    from tfkit.checkpoints.weights import save_model
+    from tfkit.models import ModelConfig, build_model
 
     def write_under(ckpt, out, force=False, card=None):
         (Path(out) / "config.json").write_text("{}")  # what a converter does once past its own checks

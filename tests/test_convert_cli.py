@@ -9,9 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import load_model, save_model
 from tfkit.cli.main import app
 from tfkit.errors import TfkitError
-from tfkit.models import ModelConfig, build_model, load_model, save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 
@@ -48,7 +49,7 @@ def run_folder(english_text: str, tmp_path_factory) -> Path:
             if name.endswith(".bias"):
                 p.normal_(0.0, 0.1)
     folder = tmp / "run" / "checkpoints" / "step-9"
-    save_model(model, folder, extra={"objective": "clm", "recipe": "gpt-tiny", "step": 9})
+    save_model(model, folder, objective="clm", recipe="gpt-tiny", step=9)
     tok.save(folder)
     return tmp / "run"
 
@@ -251,7 +252,7 @@ def test_eval_counts_the_updates_behind_converted_and_uptrained_weights(run_fold
     assert prior_steps(out, resumed=False) == 9  # an uptraining run from it starts 9 updates in
     uptrained = tmp_path / "uptrained" / "checkpoints" / "step-3"
     model, _ = load_model(out)
-    save_model(model, uptrained, extra={"step": 3, "prior_steps": 9, "objective": "clm"})
+    save_model(model, uptrained, step=3, prior_steps=9, objective="clm")
     load_tokenizer(out).save(uptrained)
     assert prior_steps(uptrained, resumed=True) == 9  # resuming the uptraining keeps counting its own steps
     assert prior_steps(uptrained, resumed=False) == 12  # and a run initialised from it starts after all 12

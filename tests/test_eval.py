@@ -13,15 +13,16 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from tfkit.tokenization.corpus import CorpusWarning
+from tfkit.checkpoints.hf_tokenizer import import_tokenizer
 from tfkit.errors import ConfigError, DataError
-from tfkit.models.hf_tokenizer import import_tokenizer
-from tfkit.tokenization import load_tokenizer
-from tfkit.tokenization.shards import TokenShards
 from tfkit.evaluation.evaluate import sliding_windows
+from tfkit.tokenization import load_tokenizer
+from tfkit.tokenization.corpus import CorpusWarning
+from tfkit.tokenization.shards import TokenShards
 from tfkit.tokenization.token_bytes import token_byte_lengths
 
-from helpers import eval_score as score, make_checkpoint
+from helpers import eval_score as score
+from helpers import make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_bits_per_byte_is_nll_over_ln2_over_the_scored_bytes(eval_tokenizers, tm
     stream = tok.encode(data.read_text()) + [tok.eos_id]
     n_blocks = (len(stream) - 1) // 16  # the last batch of 2 may hold one
     blocks = torch.tensor([stream[k * 16 : k * 16 + 17] for k in range(n_blocks)])
-    from tfkit.models import load_model
+    from tfkit.checkpoints.weights import load_model
 
     model, _ = load_model(ckpt)
     with torch.no_grad():

@@ -8,21 +8,25 @@ import numpy as np
 import pytest
 import torch
 
+from tfkit.checkpoints.record import CheckpointRecord, DataRecord
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.evaluation.evaluate import evaluate, sliding_windows, trained_layout, window_batches
 from tfkit.models import build_model
 from tfkit.tokenization.shards import TokenShards
-from tfkit.trainer.metrics import read_metrics
-from tfkit.trainer.run import pretrain
 from tfkit.trainer.recipe import load_recipe
+from tfkit.trainer.run import pretrain
 
 from helpers import tiny_cfg, write_recipe
 
 
 def test_the_layout_comes_from_the_checkpoints_record():
-    assert trained_layout({}) == {"document_mask": False, "reset_positions": False}  # imports, older checkpoints
-    assert trained_layout({"data": {"document_mask": True}}) == {"document_mask": True, "reset_positions": False}
-    assert trained_layout({"data": {"document_mask": True, "reset_positions": True}})["reset_positions"]
-    assert not trained_layout({"data": {"document_mask": False, "reset_positions": True}})["reset_positions"]
+    def layout(**data):
+        return trained_layout(CheckpointRecord(tiny_cfg("gpt"), data=DataRecord(**data) if data else None))
+
+    assert layout() == {"document_mask": False, "reset_positions": False}  # imports, older checkpoints
+    assert layout(document_mask=True) == {"document_mask": True, "reset_positions": False}
+    assert layout(document_mask=True, reset_positions=True)["reset_positions"]
+    assert not layout(document_mask=False, reset_positions=True)["reset_positions"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,7 @@ def test_a_document_masked_checkpoint_scores_what_it_validated(masked_run, tmp_p
     val_loss = [r["val_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r][-1]
     checkpoint = run_dir / "checkpoints" / "step-12"
     config = json.loads((checkpoint / "config.json").read_text())
-    assert trained_layout(config) == {"document_mask": True, "reset_positions": True}
+    assert trained_layout(CheckpointRecord.read(checkpoint)) == {"document_mask": True, "reset_positions": True}
     kwargs = dict(batch_size=8, max_batches=2, seq_len=32, cache_dir=tmp_path / "cache", show_progress=False)
     masked = evaluate(checkpoint, str(valid), **kwargs)
     assert masked["loss"] == pytest.approx(val_loss, abs=1e-5)

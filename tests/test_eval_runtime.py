@@ -11,10 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
 from tfkit.evaluation.evaluate import evaluate
 from tfkit.evaluation.scoring_progress import ScoringProgress
-from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import load_tokenizer
 
 
@@ -34,7 +35,7 @@ def checkpoint(folder: Path, tokenizer_dir: Path, **extra) -> Path:
     tok = load_tokenizer(tokenizer_dir)
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, max_seq_len=64))
-    save_model(model, folder, extra={"step": 5, "train_seq_len": 32, **extra})
+    save_model(model, folder, step=5, train_seq_len=32, **extra)
     tok.save(folder)
     return folder
 

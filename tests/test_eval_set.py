@@ -15,12 +15,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import load_model, save_model
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError
-from tfkit.models import ModelConfig, build_model, load_model, save_model
-from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 from tfkit.evaluation.evaluate import evaluate
 from tfkit.evaluation.model_overrides import with_model_overrides
+from tfkit.models import ModelConfig, build_model
+from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 TEXT = ("A small corpus for a small model: the quick brown fox jumps over the lazy dog, and five wizards box "
         "nightly while the jay quickly vexes them. ") * 60

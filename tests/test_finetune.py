@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.weights import load_classifier
 from tfkit.cli.main import app
-from tfkit.models.io import load_classifier
 from tfkit.models.heads import SequenceClassifier
 from tfkit.tokenization.labelled import load_labelled
 from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
-from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.run_folder import resume_command
 
 STEPS = 80

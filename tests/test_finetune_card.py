@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_finetune import run, write_recipe
+
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
-from tfkit.trainer.metrics import read_metrics
 
 huggingface_hub = pytest.importorskip("huggingface_hub")  # the test extra installs it (with transformers)
 

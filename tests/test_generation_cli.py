@@ -9,11 +9,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError, TfkitError
-from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.models.framing import continuation
-from tfkit.models.generation import fill_mask, generate as generate_ids
+from tfkit.models.generation import fill_mask
+from tfkit.models.generation import generate as generate_ids
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 
@@ -60,7 +62,7 @@ def bert_ckpt(corpus: list[str], tmp_path_factory) -> Path:
 
 
 def expected_text(folder: Path, prompt: str, n: int) -> str:
-    from tfkit.models import load_model
+    from tfkit.checkpoints.weights import load_model
 
     model, _ = load_model(folder)
     tok = load_tokenizer(folder)
@@ -97,7 +99,7 @@ def test_several_prompts_are_split_by_header_lines_and_seed_repeats(gpt_ckpt: Pa
 
 def test_several_prompts_stdout_splits_into_exactly_the_continuations(gpt_ckpt: Path) -> None:
     """Continuations may hold newlines and blank lines: the header lines alone must delimit them."""
-    from tfkit.models import load_model
+    from tfkit.checkpoints.weights import load_model
 
     prompts = ["First Citizen:\n\n", "All:", "Speak, speak."]
     model, _ = load_model(gpt_ckpt)
@@ -133,7 +135,7 @@ def test_fill_mask_checks_before_it_prints_its_header(text: str, gpt_ckpt: Path,
 
 
 def test_fill_mask_lists_top_k_fillers_per_mask(bert_ckpt: Path) -> None:
-    from tfkit.models import load_model
+    from tfkit.checkpoints.weights import load_model
 
     model, _ = load_model(bert_ckpt)
     tok = load_tokenizer(bert_ckpt)
@@ -159,7 +161,7 @@ def test_encoder_decoder_checkpoint_generates(corpus: list[str], tmp_path: Path)
 
 
 def test_fill_mask_rejects_gpt_models(gpt_ckpt: Path) -> None:
-    from tfkit.models import load_model
+    from tfkit.checkpoints.weights import load_model
 
     model, _ = load_model(gpt_ckpt)
     with pytest.raises(ConfigError, match="^text_with_mask needs a BERT"):

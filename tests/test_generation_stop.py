@@ -3,8 +3,9 @@
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
-from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.gguf_export import GGUFWarning, export_gguf, gguf_layout, permute
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError
-from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.models.gguf_export import GGUFWarning, export_gguf, gguf_layout, permute
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 
 gguf = pytest.importorskip("gguf")  # the export extra; the test extra installs it

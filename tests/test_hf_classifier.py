@@ -10,12 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from helpers import tiny_cfg
-
+from tfkit.checkpoints.weights import load_classifier, save_model
 from tfkit.cli.main import app
-from tfkit.models import build_model, save_model
+from tfkit.models import build_model
 from tfkit.models.heads import HeadConfig, SequenceClassifier
-from tfkit.models.io import load_classifier
+
+from helpers import tiny_cfg
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,7 +48,7 @@ def write_classifier(folder: Path, family: str, task: str = "classification", po
             param.add_(torch.randn_like(param) * 0.05)
         if family != "bert" and classifier.classifier.bias is not None:
             classifier.classifier.bias.fill_(bias)
-    save_model(classifier, folder, extra={"head": classifier.head_config.to_dict()})
+    save_model(classifier, folder)  # its head from the classifier
     return classifier
 
 
@@ -160,7 +160,7 @@ def test_gpt_rows_as_finetuning_pads_them_pool_the_same_token_in_transformers(tm
     torch.manual_seed(0)
     head = HeadConfig(labels=LABELS, dropout=0.0)
     ours = SequenceClassifier(build_model(tiny_cfg("gpt", vocab_size=300, activation="gelu")), head).eval()
-    save_model(ours, tmp_path / "ckpt", extra={"head": head.to_dict()})
+    save_model(ours, tmp_path / "ckpt")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / "ckpt" / name).write_bytes((bpe / name).read_bytes())
     texts = ["the cat sat", "the dog sat on the mat 3 times", "a bird"]

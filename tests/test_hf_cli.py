@@ -60,7 +60,8 @@ def test_import_errors_exit_2_with_one_line(tmp_path):
 
 
 def test_import_of_a_tfkit_checkpoint_names_the_folder_and_says_what_it_is(tmp_path):
-    from tfkit.models import ModelConfig, build_model, save_model
+    from tfkit.checkpoints.weights import save_model
+    from tfkit.models import ModelConfig, build_model
 
     save_model(build_model(ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)),
                tmp_path / "ckpt")
@@ -95,7 +96,8 @@ def test_import_force_never_replaces_a_huggingface_source_model(tmp_path):
 def test_export_force_replaces_only_an_earlier_export(tmp_path):
     """export-hf --force replaces its own earlier output, never a tfkit checkpoint (a converted model, a
     training checkpoint) nor a HuggingFace model that transformers saved."""
-    from tfkit.models import ModelConfig, build_model, save_model
+    from tfkit.checkpoints.weights import save_model
+    from tfkit.models import ModelConfig, build_model
 
     save_model(build_model(ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)),
                tmp_path / "gpt")
@@ -117,7 +119,8 @@ def test_export_force_replaces_only_an_earlier_export(tmp_path):
 
 
 def test_export_exit_codes(tmp_path):
-    from tfkit.models import ModelConfig, build_model, save_model
+    from tfkit.checkpoints.weights import save_model
+    from tfkit.models import ModelConfig, build_model
 
     base = dict(vocab_size=300, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)
     save_model(build_model(ModelConfig(arch="gpt", **base)), tmp_path / "gpt")
@@ -146,7 +149,7 @@ def test_imported_llama_converts_to_mqa_evaluates_and_exports(tmp_path, monkeypa
     assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in rows)  # finite, not NaN
 
     assert run("export-hf", tmp_path / "mqa", "--out", tmp_path / "mqa-hf").exit_code == 0
-    from tfkit.models import load_model
+    from tfkit.checkpoints.weights import load_model
 
     ours, _ = load_model(tmp_path / "mqa")
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "mqa-hf", output_loading_info=True)

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tfkit.checkpoints.hf_export import export_hf, tfkit_to_hf
+from tfkit.checkpoints.hf_names import HFInteropWarning
+from tfkit.checkpoints.weights import save_model
 from tfkit.errors import CheckpointError, ConfigError
-from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.models.hf_export import export_hf, tfkit_to_hf
-from tfkit.models.hf_names import HFInteropWarning
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tfkit.models import load_model, read_config
-from tfkit.models.hf_import import import_hf
-from tfkit.models.hf_names import HFInteropWarning
+from tfkit.checkpoints.hf_import import import_hf
+from tfkit.checkpoints.hf_names import HFInteropWarning
+from tfkit.checkpoints.record import CheckpointRecord
+from tfkit.checkpoints.weights import load_model
 
-from helpers import (D, H, L, T_MAX, V, bert_config, gpt2_config, llama_config, qwen3_config, randomise,
-                     save_hf)
+from helpers import T_MAX, D, H, L, V, bert_config, gpt2_config, llama_config, qwen3_config, randomise, save_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,7 +84,7 @@ def test_gpt2_logits_match(tmp_path):
         assert expected.std() > 0.5
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)
     assert ours.lm_head.weight is ours.embed.tok.weight
-    assert read_config(tmp_path / "ckpt")["hf_architecture"] == "GPT2LMHeadModel"
+    assert CheckpointRecord.read(tmp_path / "ckpt").hf_architecture == "GPT2LMHeadModel"
 
 
 def test_bare_gpt2_model_imports_with_its_tied_head(tmp_path):
@@ -131,7 +131,7 @@ def test_qwen3_is_a_llama_with_qk_norm_and_its_logits_match(tmp_path, kv_heads, 
 
 
 def test_mistral_with_a_sliding_window_is_a_windowed_gpt_and_round_trips(tmp_path):
-    from tfkit.models.hf_export import export_hf
+    from tfkit.checkpoints.hf_export import export_hf
 
     hf = transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=2,
@@ -193,7 +193,7 @@ def test_pytorch_bin_and_sharded_safetensors_import_alike(tmp_path):
     ("Qwen3ForCausalLM", qwen3_config),
 ])
 def test_import_export_import_round_trips_exactly(tmp_path, cls, config):
-    from tfkit.models.hf_export import export_hf
+    from tfkit.checkpoints.hf_export import export_hf
 
     src = save_hf(getattr(transformers, cls)(config()), tmp_path / "hf")
     with warnings.catch_warnings():
@@ -206,7 +206,7 @@ def test_import_export_import_round_trips_exactly(tmp_path, cls, config):
     assert all(torch.equal(original[k], exported[k]) for k in original)
     one, two = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert sorted(one) == sorted(two) and all(torch.equal(one[k], two[k]) for k in one)
-    assert read_config(tmp_path / "one")["model"] == read_config(tmp_path / "two")["model"]
+    assert CheckpointRecord.read(tmp_path / "one").model == CheckpointRecord.read(tmp_path / "two").model
 
 
 def test_bare_llama_model_imports_with_an_initialised_head_and_a_warning(tmp_path):
@@ -216,7 +216,7 @@ def test_bare_llama_model_imports_with_an_initialised_head_and_a_warning(tmp_pat
     ours, cfg, messages = imported(save_hf(hf, tmp_path / "hf"), tmp_path / "ckpt")
     assert not cfg.tie_embeddings
     assert any(m.startswith("LlamaModel has no LM head: lm_head.weight initialised") for m in messages)
-    assert read_config(tmp_path / "ckpt")["hf_architecture"] == "LlamaModel"
+    assert CheckpointRecord.read(tmp_path / "ckpt").hf_architecture == "LlamaModel"
     with torch.no_grad():
         expected = hf(IDS).last_hidden_state @ ours.lm_head.weight.T  # (B, T, V) through the new head
         torch.testing.assert_close(ours(IDS), expected, atol=ATOL, rtol=0)

@@ -8,11 +8,11 @@ import warnings
 import pytest
 import torch
 
+from tfkit.checkpoints.hf_import import hf_to_tfkit, import_hf
+from tfkit.checkpoints.hf_names import HFInteropWarning
 from tfkit.errors import CheckpointError, ConfigError
-from tfkit.models.hf_import import hf_to_tfkit, import_hf
-from tfkit.models.hf_names import HFInteropWarning
 
-from helpers import D, H, L, T_MAX, V, gpt2_config, llama_config, save_hf
+from helpers import T_MAX, D, H, L, V, gpt2_config, llama_config, save_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,7 +64,7 @@ GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size"
     ({**LLAMA, "sliding_window": "16"}, "sliding_window: got '16', expected an integer or null"),
 ])
 def test_a_wrong_typed_hf_value_is_a_config_error_naming_the_file_and_key(config, message):
-    from tfkit.models.hf_import import config_from_hf
+    from tfkit.checkpoints.hf_import import config_from_hf
 
     with pytest.raises(ConfigError) as err:
         config_from_hf(config, "hf/config.json")
@@ -93,7 +93,7 @@ def test_import_hf_of_a_wrong_typed_config_is_one_line_and_exit_code_2(tmp_path)
 
 
 def test_transformers_4_llama_configs_give_rope_theta_at_the_top_level():
-    from tfkit.models.hf_import import config_from_hf
+    from tfkit.checkpoints.hf_import import config_from_hf
 
     family, arch, cfg = config_from_hf({**LLAMA, "rope_theta": 500000.0, "rope_scaling": None, "rms_norm_eps": 1e-5,
                                         "num_key_value_heads": 1, "tie_word_embeddings": True})
@@ -139,7 +139,8 @@ def test_a_causal_lm_without_its_head_is_still_refused():
 
 
 def test_importing_a_tfkit_checkpoint_names_its_folder_and_says_what_it_is(tmp_path):
-    from tfkit.models import ModelConfig, build_model, save_model
+    from tfkit.checkpoints.weights import save_model
+    from tfkit.models import ModelConfig, build_model
 
     save_model(build_model(ModelConfig(vocab_size=V, d_model=D, n_layers=L, n_heads=H, max_seq_len=T_MAX)),
                tmp_path / "ckpt")

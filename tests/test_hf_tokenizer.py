@@ -10,8 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from tfkit.models.hf_import import import_hf
-from tfkit.models.hf_names import HFInteropWarning
+from tfkit.checkpoints.hf_import import import_hf
+from tfkit.checkpoints.hf_names import HFInteropWarning
 from tfkit.tokenization.train import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -161,7 +161,7 @@ def test_a_sentence_transformers_folder_imports_as_an_encoder_with_its_pooler(tm
     """What a user downloads as a sentence-transformers model imports with exactly two warnings (the MLM
     head it never had, the tokenizer's length settings), keeps the file's pooler, ignores the
     sentence-transformers files, and computes BertModel's hidden states and pooled vector."""
-    from tfkit.models.io import load_model
+    from tfkit.checkpoints.weights import load_model
 
     src = sentence_transformers_folder(tmp_path / "hf")
     messages = import_quietly(src, tmp_path / "ckpt")

@@ -4,9 +4,9 @@ import json
 
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.training import best_loss
+from tfkit.checkpoints.weights import load_model
 from tfkit.cli.main import app
-from tfkit.models import load_model
-from tfkit.trainer.checkpoint import best_loss
 
 SETS = ["train.max_steps=6", "train.eval_every=2", "train.save_every=100", "train.keep_best=true",
         "train.batch_size=4", "eval.batch_size=4", "data.seq_len=32", "eval.batches=1", "tokenizer.vocab_size=400",

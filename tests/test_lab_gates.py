@@ -123,8 +123,9 @@ def test_the_mask_leak_probe_sees_batchnorm_look_ahead_in_training(arch, tmp_pat
     """In eval mode BatchNorm uses running statistics and hides nothing; in training its statistics span
     every position of the batch, so a GPT's earlier outputs move with later tokens. A BERT's padding stays
     out of its statistics. Dropout is on: both forwards must draw the same masks."""
+    from tfkit.checkpoints.weights import save_model
     from tfkit.lab.probes import mask_leak
-    from tfkit.models import build_model, save_model
+    from tfkit.models import build_model
     from tfkit.models.config import ModelConfig
 
     leaks = {}

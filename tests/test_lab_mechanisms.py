@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tfkit.checkpoints.weights import save_model
 from tfkit.lab.lengths import past_training_length, split_sums
 from tfkit.lab.mechanisms import attention_stats, layer_stats, residual_updates
-from tfkit.models import build_model, save_model
+from tfkit.models import build_model
 from tfkit.models.attention import AttnMask, self_attention_mask
 from tfkit.tokenization.batches import IGNORE_INDEX
 

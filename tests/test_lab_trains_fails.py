@@ -10,11 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
 from tfkit.lab.probes import attention_logits
 from tfkit.lab.spec import Expectation, load_spec
 from tfkit.lab.verdict import judge
-from tfkit.models import build_model, save_model
+from tfkit.models import build_model
 
 from helpers import tiny_cfg
 

@@ -137,10 +137,10 @@ def test_commands_still_name_their_flags(args, line, tmp_path):
 
 
 def test_the_library_says_the_same_with_the_parameter_names(tmp_path):
+    from tfkit.checkpoints.folders import resolve_resume
     from tfkit.lab.engine import prepare
     from tfkit.lab.plan import LabOptions
     from tfkit.lab.spec import load_spec
-    from tfkit.trainer.checkpoint import resolve_resume
     from tfkit.trainer.recipe import load_recipe
 
     missing = str(pytest.raises(TfkitError, resolve_resume, tmp_path / "none").value)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import load_model
 from tfkit.cli.main import app
-from tfkit.models import load_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,8 +40,8 @@ def test_llama_tiny_pretrains_and_exports_with_gqa_and_the_same_logits(english_f
 def test_grouped_kv_that_cannot_export_says_what_does(recipe: str):
     """The refusal names two ways out, and each one exports: the checkpoint regrouped to MHA, and (for a
     decoder only: no HF encoder groups K/V) a model trained with the recipe keys it prints."""
+    from tfkit.checkpoints.hf_export import export_family
     from tfkit.errors import ConfigError
-    from tfkit.models.hf_export import export_family
     from tfkit.trainer.recipe import load_recipe
 
     cfg = load_recipe(recipe, ["model.n_kv_heads=2"]).model.config(400)

@@ -13,11 +13,12 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
+from tfkit.checkpoints.hf_export import export_hf
+from tfkit.checkpoints.weights import save_model
 from tfkit.evaluation.lm_eval_bridge import TfkitLM  # noqa: E402
 from tfkit.evaluation.task_file import read_task  # noqa: E402
 from tfkit.evaluation.task_scores import score_task  # noqa: E402
-from tfkit.models import ModelConfig, build_model, save_model  # noqa: E402
-from tfkit.models.hf_export import export_hf  # noqa: E402
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer  # noqa: E402
 
 CHOICE_YAML = """task: {name}
@@ -69,7 +70,7 @@ def checkpoint(english_text: str, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     net = build_model(ModelConfig(arch="gpt", vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4,
                                   max_seq_len=64, init_std=0.3))
-    save_model(net, root / "ckpt", extra={"step": 3})
+    save_model(net, root / "ckpt", step=3)
     tok.save(root / "ckpt")
     return root / "ckpt"
 

@@ -9,9 +9,10 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
-from tfkit.models import ModelConfig, build_model, save_model
-from tfkit.trainer.metrics import read_metrics
+from tfkit.models import ModelConfig, build_model
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

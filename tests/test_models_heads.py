@@ -6,12 +6,13 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_cfg
 
+from tfkit.checkpoints.hf_names import RULES, split_to_tfkit
 from tfkit.errors import ConfigError
 from tfkit.models import build_model
 from tfkit.models.heads import HeadConfig, SequenceClassifier, head_loss, predictions
-from tfkit.models.hf_names import RULES, split_to_tfkit
+
+from helpers import tiny_cfg
 
 LABELS = ("neg", "neutral", "pos")
 CASES = [("bert", "cls"), ("bert", "mean"), ("gpt", "last"), ("gpt", "mean"), ("transformer", "mean")]

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
+from tfkit.checkpoints.hf_export import tfkit_to_hf
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.attention import Attention, AttnMask
 from tfkit.models.generation import decode_step, generate
-from tfkit.models.hf_export import tfkit_to_hf
 
 from helpers import tiny_cfg
 

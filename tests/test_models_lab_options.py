@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tfkit.checkpoints.gguf_export import gguf_layout
+from tfkit.checkpoints.hf_export import export_family
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.attention import Attention, AttnMask, self_attention_mask
 from tfkit.models.convert import check_regrouping
-from tfkit.models.gguf_export import gguf_layout
-from tfkit.models.hf_export import export_family
 
 from helpers import tiny_cfg
 

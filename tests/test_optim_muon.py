@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from tfkit.checkpoints.trainer_state import load_optimizer_state_by_name, optimizer_state_by_name
 from tfkit.errors import ConfigError
 from tfkit.models import build_model
-from tfkit.trainer.checkpoint import load_optimizer_state_by_name, optimizer_state_by_name
 from tfkit.trainer.loop import TrainingDiverged, TrainState, run_loop
 from tfkit.trainer.muon import MuonAdamW, muon_parameters
 from tfkit.trainer.optim import build_optimizer

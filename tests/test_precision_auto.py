@@ -9,10 +9,10 @@ import shutil
 import pytest
 import torch
 
+from tfkit.checkpoints.record import CheckpointRecord
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.errors import ConfigError
-from tfkit.models.io import read_config
 from tfkit.trainer import optim
-from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
@@ -54,7 +54,7 @@ def test_an_auto_run_records_its_choice_and_a_resume_elsewhere_keeps_it(english_
     full = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "full").run_dir
     assert "bf16 autocast on cpu (1 CPU thread); train.precision auto: native bf16 on this cpu" in capsys.readouterr().out
     assert load_recipe(str(full / "recipe.yaml")).train.precision == "bf16"
-    assert read_config(full / "checkpoints" / "step-8")["precision"] == "bf16"
+    assert CheckpointRecord.read(full / "checkpoints" / "step-8").precision == "bf16"
 
     fp32 = pretrain(load_recipe(str(recipe), ["train.precision=fp32"]), run_dir=tmp_path / "fp32").run_dir
     assert losses(fp32) != losses(full)  # the auto run's matmuls did run in bf16
@@ -62,7 +62,7 @@ def test_an_auto_run_records_its_choice_and_a_resume_elsewhere_keeps_it(english_
     monkeypatch.setattr(optim, "native_bf16", lambda device: False)  # "another machine"
     pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "resumed", resume=str(full / "checkpoints" / "step-4"))
     resumed = tmp_path / "resumed"
-    assert read_config(resumed / "checkpoints" / "step-8")["precision"] == "bf16"
+    assert CheckpointRecord.read(resumed / "checkpoints" / "step-8").precision == "bf16"
     assert {k: v for k, v in losses(resumed).items() if k[0] > 4} == {k: v for k, v in losses(full).items() if k[0] > 4}
     for name, tensor in weights(full / "checkpoints" / "step-8").items():
         torch.testing.assert_close(weights(resumed / "checkpoints" / "step-8")[name], tensor, rtol=0, atol=0)
@@ -82,6 +82,6 @@ def test_a_checkpoint_from_before_auto_resumes_in_the_precision_its_run_recorded
     config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "precision"}))
     monkeypatch.setattr(optim, "native_bf16", lambda device: True)
     pretrain(load_recipe(str(recipe), ["train.precision=auto"]), run_dir=interrupted, resume="auto")
-    assert read_config(interrupted / "checkpoints" / "step-8")["precision"] == "fp32"
+    assert CheckpointRecord.read(interrupted / "checkpoints" / "step-8").precision == "fp32"
     for name, tensor in weights(full / "checkpoints" / "step-8").items():
         torch.testing.assert_close(weights(interrupted / "checkpoints" / "step-8")[name], tensor, rtol=0, atol=0)

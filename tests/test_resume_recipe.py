@@ -7,9 +7,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.folders import latest_checkpoint
 from tfkit.cli.main import app
 from tfkit.layout import RECIPE_FILE
-from tfkit.trainer.checkpoint import latest_checkpoint
 from tfkit.trainer.loop import TrainState
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.report import RunResult, report

@@ -7,16 +7,16 @@ import random
 
 import pytest
 import torch
+from test_run_start_block import TINY
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.folders import resolve_checkpoint
+from tfkit.checkpoints.weights import load_with_tokenizer
 from tfkit.cli.main import app
+from tfkit.models import build_model
 from tfkit.models.framing import frame_chat
 from tfkit.models.generation import generate
-from tfkit.models.io import load_with_tokenizer, resolve_checkpoint
 from tfkit.models.resize import grow_vocab
-from tfkit.models import build_model
-
-from test_run_start_block import TINY
 
 LETTERS = "abcdefgh"
 QUIET = ["log.progress=false", "log.plot=false", "log.tensorboard=false", "train.threads=1", "train.precision=fp32"]

@@ -13,11 +13,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
 from tfkit.evaluation.loglikelihood import Group
 from tfkit.evaluation.task_file import CLOZE, MULTIPLE_CHOICE, Item, Task, read_task
 from tfkit.evaluation.task_scores import load_scorer, mean_and_stderr, task_metrics
-from tfkit.models import ModelConfig, build_model, save_model
+from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
 
 ITEMS = [  # choices of one token and of many, contexts of one length; a context longer than a 48-token model
@@ -44,7 +45,7 @@ def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int) -> Path:
     torch.manual_seed(seed)
     net = build_model(ModelConfig(arch="gpt", vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4,
                                   max_seq_len=48, init_std=0.3))  # wide logits: choices far from ties
-    save_model(net, folder, extra={"step": 5})
+    save_model(net, folder, step=5)
     tok.save(folder)
     return folder
 

@@ -10,9 +10,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.cli.main import app
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
-from tfkit.trainer.metrics import read_metrics
 
 
 def sha(path) -> str:

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.cli.main import app
 from tfkit.errors import DataError
-from tfkit.tokenization.corpus import (CorpusStats, check_text_field, corpus_size, iter_documents, iter_pieces,
-                                     text_size)
+from tfkit.tokenization.corpus import CorpusStats, check_text_field, corpus_size, iter_documents, iter_pieces, text_size
 from tfkit.tokenization.shards import prepare_tokens
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
-from tfkit.trainer.metrics import read_metrics
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.cli.main import app
-from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.cli.main import app
-from tfkit.trainer.metrics import read_metrics
 
 CI_SIZED = ["train.max_steps=60", "train.batch_size=8", "data.seq_len=64", "schedule.warmup_steps=10",
             "train.eval_every=1000", "train.save_every=1000", "train.log_every=20", "eval.batches=4",

@@ -1,18 +1,23 @@
 """Trainer components in isolation: parameter groups, objectives, checkpoint atomicity and pruning."""
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
 
+from tfkit.checkpoints.folders import resolve_checkpoint
+from tfkit.checkpoints.weights import load_model
 from tfkit.errors import CheckpointError
-from tfkit.models import build_model, load_model, resolve_checkpoint
+from tfkit.models import build_model
 from tfkit.models.config import ModelConfig
-from tfkit.trainer import checkpoint as ckpt
+from tfkit.checkpoints.folders import latest_checkpoint, list_checkpoints, resolve_resume
+from tfkit.checkpoints.trainer_state import load_optimizer_state_by_name, optimizer_state_by_name, rng_state, seed_rank, set_rng_state
+from tfkit.checkpoints.record import CheckpointRecord
+from tfkit.checkpoints.training import save_checkpoint
+from tfkit.checkpoints import training
+from tfkit.trainer.metrics import mfu, peak_flops
 from tfkit.trainer.objectives import IGNORE, compute_loss
 from tfkit.trainer.optim import build_optimizer, param_groups
 from tfkit.trainer.recipe import ObjectiveSection, OptimSection
-from tfkit.trainer.metrics import mfu, peak_flops
-
 
 TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
 
@@ -84,8 +89,9 @@ def test_clm_and_seq2seq_losses_are_sums_over_labelled_tokens_with_label_smoothi
 
 
 def _save(run_dir, step, model, tok_dir, keep_last=3):
-    state = {"step": step, "rng": ckpt.rng_state()}
-    return ckpt.save_checkpoint(run_dir, step, model, state, tok_dir, {"objective": "clm", "recipe": "t"}, keep_last)
+    state = {"step": step, "rng": rng_state()}
+    return save_checkpoint(run_dir, step, model, state, tok_dir, CheckpointRecord(model.config, objective="clm", recipe="t"),
+                           keep_last)
 
 
 def test_checkpoint_is_self_contained_and_trainer_state_loads_weights_only(tmp_path):
@@ -112,11 +118,11 @@ def test_a_failed_write_leaves_the_previous_checkpoint_as_the_latest(tmp_path, m
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.torch, "save", crash)  # dies after the weights, before trainer_state.pt
+    monkeypatch.setattr(training.torch, "save", crash)  # dies after the weights, before trainer_state.pt
     with pytest.raises(OSError):
         _save(run, 4, model, tmp_path)
     assert not (run / "checkpoints" / "step-4").exists()
-    assert ckpt.latest_checkpoint(run).name == "step-2"
+    assert latest_checkpoint(run).name == "step-2"
     assert resolve_checkpoint(run).name == "step-2"
     load_model(run)
     # a process killed mid-write leaves a temp folder: never resolved, removed by the next save
@@ -134,15 +140,15 @@ def test_keep_last_prunes_the_oldest(tmp_path):
     run = tmp_path / "run"
     for step in (1, 2, 3, 4, 5):
         _save(run, step, model, tmp_path, keep_last=2)
-    assert [s for s, _ in ckpt.list_checkpoints(run)] == [4, 5]
+    assert [s for s, _ in list_checkpoints(run)] == [4, 5]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-5"]
 
 
 def test_resume_path_must_hold_a_trainer_state(tmp_path):
     with pytest.raises(CheckpointError, match="not a training checkpoint"):
-        ckpt.resolve_resume(tmp_path)
+        resolve_resume(tmp_path)
     with pytest.raises(CheckpointError, match=r"^resume .*nonexist: no such file or folder"):
-        ckpt.resolve_resume(tmp_path / "nonexist")
+        resolve_resume(tmp_path / "nonexist")
 
 
 def test_optimizer_state_round_trips_by_parameter_name():
@@ -150,10 +156,10 @@ def test_optimizer_state_round_trips_by_parameter_name():
     opt = build_optimizer(model, OptimSection(), torch.device("cpu"))
     model(torch.randint(0, 97, (2, 8))).sum().backward()
     opt.step()
-    named = ckpt.optimizer_state_by_name(model, opt)
+    named = optimizer_state_by_name(model, opt)
     assert "embed.tok.weight" in named["state"]
     fresh = build_optimizer(model, OptimSection(), torch.device("cpu"))
-    ckpt.load_optimizer_state_by_name(model, fresh, named)
+    load_optimizer_state_by_name(model, fresh, named)
     a, b = opt.state_dict(), fresh.state_dict()
     for i in a["state"]:
         assert torch.equal(a["state"][i]["exp_avg_sq"], b["state"][i]["exp_avg_sq"])
@@ -167,15 +173,15 @@ def test_an_optimizer_state_with_parameters_never_stepped_loads_where_they_are_f
     opt = build_optimizer(model, OptimSection(), torch.device("cpu"))
     model(torch.randint(0, 97, (2, 8)), head=False).sum().backward()  # lm_head gets no gradient
     opt.step()
-    named = ckpt.optimizer_state_by_name(model, opt)
+    named = optimizer_state_by_name(model, opt)
     assert "lm_head.weight" not in named["state"] and "lm_head.weight" in named["param_groups"][0]["params"]
     model.lm_head.weight.requires_grad_(False)
     frozen = build_optimizer(model, OptimSection(), torch.device("cpu"))
-    ckpt.load_optimizer_state_by_name(model, frozen, named)
+    load_optimizer_state_by_name(model, frozen, named)
     assert torch.equal(frozen.state[model.embed.tok.weight]["exp_avg"], opt.state[model.embed.tok.weight]["exp_avg"])
     model.embed.tok.weight.requires_grad_(False)
     with pytest.raises(CheckpointError, match="not trained here: .'embed.tok.weight'"):
-        ckpt.load_optimizer_state_by_name(model, build_optimizer(model, OptimSection(), torch.device("cpu")), named)
+        load_optimizer_state_by_name(model, build_optimizer(model, OptimSection(), torch.device("cpu")), named)
 
 
 def test_ranks_build_the_same_weights_then_draw_their_own_dropout_masks():
@@ -187,7 +193,7 @@ def test_ranks_build_the_same_weights_then_draw_their_own_dropout_masks():
     def start(rank, step=0, seed_ranks=True):  # what Trainer does on this rank: build, then seed_rank
         model = _model("gpt", dropout=0.5)  # torch.manual_seed(0), then the initialisation
         if seed_ranks:
-            ckpt.seed_rank(0, rank, step)
+            seed_rank(0, rank, step)
         return model, masks()
 
     (model0, rank0), (model1, rank1) = start(0), start(1)
@@ -196,10 +202,10 @@ def test_ranks_build_the_same_weights_then_draw_their_own_dropout_masks():
     assert torch.equal(rank0, start(0, seed_ranks=False)[1])  # one process: the masks it always drew
     assert torch.equal(rank1, start(1)[1])  # a pure function of (seed, rank, step)
     assert not torch.equal(rank1, start(1, step=12)[1])  # a resumed rank does not replay its first masks
-    saved = ckpt.rng_state()  # exact resume on one process: the restored state is rank 0's own stream
+    saved = rng_state()  # exact resume on one process: the restored state is rank 0's own stream
     expected = masks()
-    ckpt.set_rng_state(saved)
-    ckpt.seed_rank(0, 0, step=12)
+    set_rng_state(saved)
+    seed_rank(0, 0, step=12)
     assert torch.equal(masks(), expected)
 
 
@@ -228,7 +234,8 @@ def test_metrics_writer_mirrors_scalars_to_tensorboard_and_truncates_on_resume(t
     import sys
     import types
 
-    from tfkit.trainer.metrics import MetricsWriter, plot_loss, read_metrics
+    from tfkit.checkpoints.run_record import read_metrics
+    from tfkit.trainer.metrics import MetricsWriter, plot_loss
 
     scalars = []
 

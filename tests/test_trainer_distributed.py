@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tfkit.trainer.metrics import read_metrics
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tfkit.trainer.metrics import peak_flops, read_metrics
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.trainer.metrics import peak_flops
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 from typer.testing import CliRunner
 
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.weights import load_model
 from tfkit.cli.main import app
-from tfkit.models import ModelConfig, build_model, load_model
-from tfkit.trainer import data as trainer_data, run as trainer_run
-from tfkit.trainer.metrics import read_metrics
+from tfkit.models import ModelConfig, build_model
+from tfkit.trainer import data as trainer_data
+from tfkit.trainer import run as trainer_run
 
 SEED, STEPS, BATCH, ACCUM, SEQ = 1337, 24, 8, 2, 16
 LR, MIN_LR, WARMUP, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-3, 3e-4, 4, 0.1, (0.9, 0.95), 1e-8, 0.5

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.trainer import objectives
-from tfkit.trainer.metrics import plot_loss, read_metrics
+from tfkit.trainer.metrics import plot_loss
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 

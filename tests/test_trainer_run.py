@@ -14,17 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.weights import load_model
 from tfkit.errors import CheckpointError, ConfigError, DataError
-from tfkit.models import load_model
 from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
-from tfkit.trainer import checkpoint as ckpt
+from tfkit.checkpoints.folders import latest_checkpoint, list_checkpoints
 from tfkit.trainer import objectives
 from tfkit.trainer.loop import TrainingDiverged
-from tfkit.trainer.metrics import read_metrics
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
 from helpers import MAX_STEPS, ONE_THREAD, losses, weights, write_corpus, write_recipe
+
 
 @pytest.fixture(scope="module")
 def reference(english_text, tmp_path_factory):
@@ -133,7 +134,7 @@ def test_resume_after_sigkill_is_exact(reference, tmp_path):
     proc.wait()
     proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
-    killed_at = ckpt.latest_checkpoint(run_dir)
+    killed_at = latest_checkpoint(run_dir)
     assert killed_at is not None and not (run_dir / "checkpoints" / f"step-{MAX_STEPS}").exists()
     print("killed after", killed_at.name, "metrics rows:", len(read_metrics(run_dir / "metrics.jsonl")))
     pretrain(load_recipe(str(recipe)), run_dir=run_dir, resume="auto")
@@ -250,7 +251,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(english_tex
     monkeypatch.setattr(objectives, "compute_loss", nan_after_six)
     with pytest.raises(TrainingDiverged, match=r"3 updates in a row.*at step 6.*checkpoints/step-4"):
         pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "run")] == [4]
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [4]
     model, _ = load_model(tmp_path / "run")
     assert all(torch.isfinite(p).all() for p in model.parameters())
     skipped = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("skipped")]
@@ -272,7 +273,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(reference, tmp_path, mon
     monkeypatch.setattr(validation, "validate", terminate_at_step_8)
     result = pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
     assert result.interrupted == signal.SIGTERM and result.final is None
-    assert result.state.step == 8 and ckpt.latest_checkpoint(tmp_path / "run").name == "step-8"
+    assert result.state.step == 8 and latest_checkpoint(tmp_path / "run").name == "step-8"
     monkeypatch.undo()
     pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run", resume="auto")
     assert losses(tmp_path / "run") == losses(ref_dir)

@@ -14,9 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..checkpoints.run_record import read_metrics
 from ..files import write_atomic
-from ..jsonfile import parse_json
 from .trackers import WandbTracker
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity), matched by
@@ -100,19 +99,6 @@ class MetricsWriter:
             self._tb.close()
         if self._tracker is not None:
             self._tracker.close()
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every row of a metrics.jsonl (a torn last line from a killed process is skipped)."""
-    rows = []
-    if not path.exists():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(parse_json(line, path))
-        except DataError:  # checked when a run resumes (run_folder); a torn or damaged row counts for nothing
-            continue
-    return rows
 
 
 def truncate_after(path: Path, step: int) -> None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..checkpoints.trainer_state import load_optimizer_state_by_name, optimizer_state_by_name
 from ..models.config import ModelConfig
-from .checkpoint import load_optimizer_state_by_name, optimizer_state_by_name
 from .distributed import DistInfo
 
 

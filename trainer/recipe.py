@@ -24,10 +24,12 @@ from ..models.config import type_problem
 from ..models.sizes import sized_config
 from ..ranges import POSITIVE, USUAL_PEAK_LR
 from ..ranges import hints as _hints
+from ..yamlfile import AliasBomb, check_expansion, safe_load
 from .resources import recipe_resource_problems
-from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
-                       DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection, OptimSection,
-                       ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
+from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS,  # noqa: F401 - re-exported
+                       TASK_OBJECTIVES, DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
+                       OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
+
 
 @dataclass
 class Recipe:
@@ -146,57 +148,6 @@ def find_recipe(name_or_path: str) -> Path:
 # A post-norm GPT at gpt-tiny's peak lr of 3e-3 (30 warmup steps) stalled: loss flat at 6.1-6.2 for 150 steps,
 # pre-norm 3.96. The bundled post-norm recipes (bert-tiny, transformer-tiny) train well at 2e-3.
 POST_NORM_PEAK_LR = 2e-3
-
-
-
-MAX_YAML_NODES = 100_000  # a recipe has ~70 keys; YAML aliases can make 9 lines expand to 9**8 values
-MAX_YAML_DEPTH = 100  # a recipe nests 3 levels; thousands of [[[...]]] overflow Python's stack downstream
-
-
-class AliasBomb(ValueError):
-    """A YAML document too large to walk: aliases expanding beyond MAX_YAML_NODES values, or values nested
-    beyond MAX_YAML_DEPTH levels."""
-
-
-def check_expansion(value: Any, limit: int = MAX_YAML_NODES) -> None:
-    """Raise AliasBomb when `value`, with every alias expanded, holds more than `limit` values.
-
-    The loader shares one object per anchor, so loading a "billion laughs" document is cheap; what is not
-    is everything that walks it afterwards (the type checks, the message quoting a bad value: 25 MB for
-    9**7 values, 33 s and 1.8 GB for 9**8). The walk stops as soon as it passes the limit."""
-    count, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        count += 1
-        if count > limit:
-            raise AliasBomb(f"its YAML aliases expand to more than {limit:,} values (expected a recipe of a few "
-                            "dozen keys; write the values out instead of repeating anchors)")
-        if depth > MAX_YAML_DEPTH:  # what walks the value afterwards (checks, messages) recurses
-            raise AliasBomb(f"its values nest more than {MAX_YAML_DEPTH} levels deep (expected a recipe of "
-                            "sections of keys)")
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in (*item.keys(), *item.values()))
-        elif isinstance(item, (list, tuple)):
-            stack.extend((v, depth + 1) for v in item)
-
-
-def safe_load(text: str) -> Any:
-    """`yaml.safe_load` through libyaml's C parser where PyYAML has it: the same safe loader (plain types
-    only, no Python objects), ten times faster, which `tfkit recipes list` (every bundled recipe) notices.
-    Invalid YAML is parsed again by the pure-Python loader, whose errors name the offending character.
-    A document whose aliases expand beyond MAX_YAML_NODES values raises AliasBomb (`check_expansion`)."""
-    try:
-        try:
-            value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
-        except yaml.YAMLError as exc:
-            if "nesting depth" in str(getattr(exc, "problem", "")):  # libyaml's own limit: no slow second parse
-                raise RecursionError from None
-            value = yaml.safe_load(text)
-    except RecursionError:  # the constructor recurses once per nesting level
-        raise AliasBomb(f"its values nest more than {MAX_YAML_DEPTH} levels deep (expected a recipe of sections "
-                        "of keys)") from None
-    check_expansion(value)
-    return value
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:

@@ -27,17 +27,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checkpoints.finetune_card import write_cards
+from ..checkpoints.folders import resolve_checkpoint
+from ..checkpoints.trainer_state import seed_rank, set_rng_state
+from ..checkpoints.training import load_source_weights
 from ..errors import TfkitError
 from ..files import is_disk_full
 from ..models import build_model
 from ..models.config import ModelConfig
-from ..models.io import resolve_checkpoint
-from ..progress import Transcript, console as output_console
+from ..progress import Transcript
+from ..progress import console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
-from . import checkpoint as ckpt
 from . import run_folder, task, validation
 from .budget import TimeBudget, parse_duration
+from .checkpointer import Checkpointer
 from .data import build_run_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
@@ -46,8 +50,6 @@ from .objectives import LossModule, compile_loss_module, freeze_unreached
 from .optim import build_optimizer, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
-from .checkpointer import Checkpointer
-from .finetune_card import write_cards
 from .report import RunResult, describe, report, sample
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .trackers import open_tracker
@@ -198,7 +200,7 @@ class Trainer(contextlib.AbstractContextManager):
         else:
             self.model = build_model(self.cfg)
             if self.source is not None:
-                ckpt.load_source_weights(self.model, self.source)
+                load_source_weights(self.model, self.source)
         self.model.to(info.device)
         freeze_unreached(self.model, recipe.objective.name)
         if recipe.train.activation_checkpointing:
@@ -238,13 +240,13 @@ class Trainer(contextlib.AbstractContextManager):
         if max_time is not None:  # the budget counts from here, the baseline validation included
             self.loop.budget = TimeBudget(parse_duration(max_time), spent_before=state.seconds)
         if self.saved is not None:
-            ckpt.set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
+            set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
         else:
             validating = time.perf_counter()
             self.validate(0)  # the untrained baseline every curve starts from
             if self.loop.budget is not None:
                 self.loop.budget.took("validation", time.perf_counter() - validating)
-        ckpt.seed_rank(self.recipe.train.seed, self.info.rank, state.step)
+        seed_rank(self.recipe.train.seed, self.info.rank, state.step)
         self.steps_before, self.tokens_before, started = state.step, state.tokens, time.perf_counter()
         run_loop(self.loop, last_checkpoint=lambda: self.checkpoints.set_aside_diverged(state.step))
         self.train_time = time.perf_counter() - started

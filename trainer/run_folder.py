@@ -21,13 +21,15 @@ from pathlib import Path
 
 import yaml
 
+from ..checkpoints.folders import latest_checkpoint, list_checkpoints, resolve_resume
+from ..checkpoints.record import CheckpointRecord
+from ..checkpoints.run_record import read_metrics
 from ..errors import CheckpointError, disk_full
 from ..files import LOCK_FILE, folder_lock, write_atomic
 from ..jsonfile import parse_json
 from ..layout import CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
-from ..models.io import read_config
-from .checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_resume
-from .recipe import TASK_OBJECTIVES, AliasBomb, safe_load
+from ..yamlfile import AliasBomb, safe_load
+from .recipe import TASK_OBJECTIVES
 
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
 AUTO_SUFFIX = r"-\d{8}-\d{6}(-\d+)?"  # what choose_run_dir appends to the recipe name: -YYYYmmdd-HHMMSS[-N]
@@ -188,7 +190,7 @@ def write_recipe(run_dir: Path, recipe, resumed_from: Path | None, console) -> N
     is the one to keep."""
     step, changes = None, []
     if resumed_from is not None:
-        step = checkpoint_step(resumed_from, read_config(resumed_from))
+        step = CheckpointRecord.read(resumed_from).step or 0
         previous = _previous_recipe(run_dir, resumed_from)
         if previous is not None:
             kept = previous.read_bytes()  # copied byte for byte below
@@ -250,8 +252,6 @@ def check_run_files(run_dir: Path) -> None:
 
 def has_validation_row(run_dir: Path, step: int) -> bool:
     """Whether metrics.jsonl holds the validation row of `step`."""
-    from .metrics import read_metrics
-
     path = run_dir / "metrics.jsonl"
     return path.is_file() and any(row.get("step") == step and "val_loss" in row for row in read_metrics(path))
 

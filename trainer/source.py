@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..checkpoints.record import CheckpointRecord
 from ..errors import ConfigError
 from ..layout import RECIPE_FILE
 from ..models.config import ModelConfig
-from ..models.io import read_config
 from ..threads import set_threads
 from ..tokenization.train import load_tokenizer
 from .optim import resolve_precision
@@ -46,7 +46,7 @@ def keep_threads(recipe: Recipe, resumed_from: Path | None) -> None:
     """A resumed run with `train.threads: auto` computes with the CPU thread count its checkpoint trained
     with (config.json's cpu_threads), as it keeps its precision: an exact resume needs the same reductions."""
     if resumed_from is not None and recipe.train.threads == "auto":
-        set_threads(read_config(resumed_from).get("cpu_threads") or "auto")
+        set_threads(CheckpointRecord.read(resumed_from).cpu_threads or "auto")
 
 
 def prior_steps(source: Path | None, resumed: bool) -> int:
@@ -56,10 +56,8 @@ def prior_steps(source: Path | None, resumed: bool) -> int:
     300+15 steps rather than 15."""
     if source is None:
         return 0
-    config = read_config(source)
-    before = config.get("prior_steps") if isinstance(config.get("prior_steps"), int) else 0
-    step = config.get("step") if isinstance(config.get("step"), int) else 0
-    return before if resumed else before + step
+    record = CheckpointRecord.read(source)
+    return record.prior_steps if resumed else record.total_steps
 
 
 def source_data(recipe, source: Path | None):
@@ -72,11 +70,13 @@ def source_data(recipe, source: Path | None):
     if source is None:
         raise ConfigError("data.train: null means the data of the train.init_from checkpoint, but the run starts "
                           "from none; set data.train or train.init_from")
-    data = read_config(source).get("data")
-    if not isinstance(data, dict) or not isinstance(data.get("train"), str):
+    data = CheckpointRecord.read(source).data
+    if data is None or data.train is None:
         raise ConfigError(f"data.train: null means the data {source} was trained on, but its config.json does not "
                           "record it (an imported or older checkpoint); set data.train")
-    known = {k: v for k, v in data.items() if k in ("train", "valid", "valid_fraction", "text_field")}
+    known = {"train": data.train, "valid": data.valid, "text_field": data.text_field}
+    if data.valid_fraction is not None:
+        known["valid_fraction"] = data.valid_fraction
     return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **known))
 
 
@@ -94,7 +94,7 @@ def source_precision(recipe, device, resumed_from: Path | None):
 def trained_precision(checkpoint: Path) -> object:
     """The precision a checkpoint trained in: its config.json's, or for one written before `auto` existed,
     its run's recipe.yaml's (<run>/checkpoints/step-N -> <run>/recipe.yaml); None when neither says."""
-    saved = read_config(checkpoint).get("precision")
+    saved = CheckpointRecord.read(checkpoint).precision
     run_recipe = checkpoint.parent.parent / RECIPE_FILE
     if saved is not None or not run_recipe.is_file():
         return saved
@@ -120,7 +120,7 @@ def source_model(recipe, source: Path, out=None):
     model key is the checkpoint's, except the MAY_DIFFER ones and those given by `--set model.KEY`, which
     `model_config` then checks. A user continuing an imported model names the checkpoint, not its shape.
     The replaced keys are said in one line on `out` (the start block), when given."""
-    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
+    saved = CheckpointRecord.read(source).model
     wanted = recipe.model.config(saved.vocab_size)
     explicit = {key.split(".", 1)[1] for key in recipe.overrides if key.startswith("model.")}
     kept = set(MAY_DIFFER) | explicit
@@ -154,7 +154,7 @@ def model_config(recipe, tokenizer, source: Path | None) -> ModelConfig:
         if cfg.pad_token_id is None and tokenizer.pad_id is not None:
             cfg = dataclasses.replace(cfg, pad_token_id=tokenizer.pad_id)
         return cfg.validate()
-    saved = ModelConfig.from_dict(read_config(source)["model"])  # read_config names the file of a bad value
+    saved = CheckpointRecord.read(source).model
     wanted = recipe.model.config(saved.vocab_size)
     skip = set(MAY_DIFFER) | {"pad_token_id"}
     conflicts = [f"model.{f.name} is {getattr(wanted, f.name)!r} but the checkpoint has {getattr(saved, f.name)!r}"

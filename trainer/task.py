@@ -27,12 +27,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checkpoints.record import CheckpointRecord
+from ..checkpoints.weights import load_weights_into
 from ..errors import ConfigError
 from ..layout import WEIGHTS
 from ..models import build_model
 from ..models.config import ModelConfig
 from ..models.heads import HeadConfig, SequenceClassifier, classifier_inputs, head_loss, pool_windows, predictions
-from ..models.io import load_weights_into, read_config
 from ..progress import Transcript
 from ..tokenization.labelled import Columns, load_labelled
 from ..tokenization.task_batches import TaskDataset, task_dataset
@@ -82,16 +83,11 @@ def build_task_data(recipe: Recipe, tokenizer: TfkitTokenizer, cfg: ModelConfig,
     return splits[0], splits[1], head
 
 
-def _head_of(folder: Path) -> HeadConfig | None:
-    raw = read_config(folder).get("head")
-    return None if raw is None else HeadConfig.from_dict(raw, str(folder / "config.json"))
-
-
 def build_classifier(cfg: ModelConfig, head: HeadConfig, init_from: Path | None,
                      resume_from: Path | None) -> SequenceClassifier:
     """The classifier a run trains (see the module doc); the caller has seeded torch."""
     if resume_from is not None:
-        saved = _head_of(resume_from)
+        saved = CheckpointRecord.read(resume_from).head
         if saved is None or saved.labels != head.labels or saved.task != head.task:
             had = "no head" if saved is None else f"{saved.task} labels {list(saved.labels)}"
             raise ConfigError(f"{resume_from}: the checkpoint has {had}, but the data gives {head.task} labels "
@@ -101,7 +97,7 @@ def build_classifier(cfg: ModelConfig, head: HeadConfig, init_from: Path | None,
         return model
     body = build_model(cfg)
     if init_from is not None:
-        source_head = _head_of(init_from)  # a fine-tuned checkpoint lends its body, not its head
+        source_head = CheckpointRecord.read(init_from).head  # a fine-tuned checkpoint lends its body, not its head
         holder = body if source_head is None else SequenceClassifier(body, source_head)
         load_weights_into(holder, init_from / WEIGHTS, what=f"the {cfg.arch} model its config.json describes")
     return SequenceClassifier(body, head)

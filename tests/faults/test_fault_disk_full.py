@@ -92,9 +92,9 @@ def full_disk(monkeypatch, limit: int = 0):
         m.setattr(io, "open", open_)
         m.setattr(builtins, "open", open_)
         m.setattr(torch, "save", checked(torch.save, lambda *a, **k: 4096))
-        from tfkit.models import hf_export, io as tfkit_io
+        from tfkit.checkpoints import hf_export, weights
 
-        m.setattr(tfkit_io, "save_safetensors_from", safetensors_full(st.save_model))
+        m.setattr(weights, "save_safetensors_from", safetensors_full(st.save_model))
         m.setattr(hf_export, "save_file", safetensors_full(st.save_file))
         yield budget
 
@@ -179,10 +179,11 @@ def test_full_disk_import_hf(limit, work, hf_folder, monkeypatch):
 def test_a_disk_filling_mid_run_names_the_intact_checkpoint_and_the_run_resumes_exactly(work, tiny_run, monkeypatch):
     """The disk fills while the step-4 checkpoint is written: step-2 is named intact, and once there is
     room again `--resume auto` ends where the uninterrupted run ended, bit for bit."""
-    from tfkit.trainer import checkpoint as ckpt
+    from tfkit.checkpoints import training
+    from tfkit.checkpoints.folders import list_checkpoints
 
     recipe, reference = tiny_run
-    real, calls = ckpt.save_checkpoint, [0]
+    real, calls = training.save_checkpoint, [0]
 
     def second_save_fills_the_disk(*args, **kwargs):
         calls[0] += 1
@@ -191,10 +192,10 @@ def test_a_disk_filling_mid_run_names_the_intact_checkpoint_and_the_run_resumes_
                 return real(*args, **kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", second_save_fills_the_disk)
+    monkeypatch.setattr(training, "save_checkpoint", second_save_fills_the_disk)
     line = _check_full(cli(["pretrain", recipe, "--run-dir", work / "run"]), "step-2")
-    monkeypatch.setattr(ckpt, "save_checkpoint", real)
-    assert [s for s, _ in ckpt.list_checkpoints(work / "run")] == [2], line
+    monkeypatch.setattr(training, "save_checkpoint", real)
+    assert [s for s, _ in list_checkpoints(work / "run")] == [2], line
     _no_temporaries(work / "run")
     result = cli(["pretrain", recipe, "--run-dir", work / "run", "--resume", "auto"])
     assert result.exit_code == 0, result.output

@@ -56,7 +56,7 @@ def _prepare(copy_run, tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize(("reader", "damage"), CASES, ids=[f"load-{r}-{d}" for r, d in CASES])
 def test_a_checkpoint_that_cannot_load_is_one_line_naming_it(reader, damage, copy_run, tmp_path, monkeypatch):
-    monkeypatch.setattr("tfkit.models.io.machine_memory", lambda: 16 * 2**30)  # a 16 GiB machine, on any machine
+    monkeypatch.setattr("tfkit.checkpoints.weights.machine_memory", lambda: 16 * 2**30)  # a 16 GiB machine, on any machine
     ckpt = _prepare(copy_run, tmp_path, monkeypatch)
     edit, expected = DAMAGE[damage]
     edit(ckpt)
@@ -82,9 +82,9 @@ def _rotating(monkeypatch, times: int) -> list[str]:
     """Make the first `times` reads of a run's weights find that the run has just saved a newer checkpoint
     and removed the one being read (train.keep_last), as a training still running does. Returns the
     names of the checkpoints removed so."""
-    import tfkit.models.io as io
+    import tfkit.checkpoints.weights as weights
 
-    real, removed = io.load_file, []
+    real, removed = weights.load_file, []
 
     def load_file_as_the_run_rotates(filename, device="cpu"):
         folder = Path(filename).parent
@@ -95,7 +95,7 @@ def _rotating(monkeypatch, times: int) -> list[str]:
             removed.append(folder.name)
         return real(filename, device=device)
 
-    monkeypatch.setattr(io, "load_file", load_file_as_the_run_rotates)
+    monkeypatch.setattr(weights, "load_file", load_file_as_the_run_rotates)
     return removed
 
 

@@ -10,12 +10,14 @@ import shutil
 
 import pytest
 import torch
-from fault_helpers import assert_one_line_error, changes, cli, snapshot, tiny_recipe
 from safetensors.torch import load_file
 
+from tfkit.checkpoints.run_record import read_metrics
 from tfkit.files import LOCK_FILE, folder_lock
-from tfkit.trainer import checkpoint as ckpt
-from tfkit.trainer.metrics import read_metrics
+from tfkit.checkpoints.folders import latest_checkpoint, list_checkpoints
+from tfkit.checkpoints.training import NonFiniteWeights, save_checkpoint
+
+from fault_helpers import assert_one_line_error, changes, cli, snapshot, tiny_recipe
 
 
 @pytest.mark.parametrize("resume", ["auto", None], ids=["lock-resume", "lock-fresh"])
@@ -38,7 +40,7 @@ def test_a_stale_lock_file_from_a_dead_process_does_not_block(tiny_run, copy_run
     (run / LOCK_FILE).write_text("999999")  # left by a killed run: nobody holds the lock
     result = cli(["pretrain", recipe, "--run-dir", run, "--resume", "auto", "--set", "train.max_steps=5"])
     assert result.exit_code == 0, result.output
-    assert ckpt.latest_checkpoint(run).name == "step-5"
+    assert latest_checkpoint(run).name == "step-5"
 
 
 def _diverge_after(monkeypatch, good_steps: int) -> None:
@@ -58,16 +60,16 @@ def test_a_diverged_run_names_only_a_good_checkpoint_and_never_resumes_an_explod
     _diverge_after(monkeypatch, good_steps)
     run = tmp_path / "run"
     line = assert_one_line_error(cli(["pretrain", recipe, "--run-dir", run]), "training diverged")
-    good = [step for step, _ in ckpt.list_checkpoints(run)]
+    good = [step for step, _ in list_checkpoints(run)]
     assert good == list(range(1, good_steps + 1)), (good, line)
     assert f"last good checkpoint: {run / 'checkpoints' / f'step-{good_steps}'}" in line if good_steps else \
         "last good checkpoint: none" in line, line
-    for _, folder in ckpt.list_checkpoints(run):
+    for _, folder in list_checkpoints(run):
         weights = load_file(str(folder / "model.safetensors"))
         assert all(torch.isfinite(t).all() for t in weights.values())
     val = {r["step"]: r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r}
     assert all(math.isfinite(val[s]) and val[s] < 20 for s in good), val  # the named ones evaluate sanely
-    latest = ckpt.latest_checkpoint(run)
+    latest = latest_checkpoint(run)
     assert (latest.name if latest else None) == (f"step-{good_steps}" if good_steps else None)
 
 
@@ -78,8 +80,8 @@ def test_a_checkpoint_of_non_finite_weights_is_never_written(tmp_path):
     model = build_model(ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, max_seq_len=16))
     with torch.no_grad():
         next(model.parameters())[0, 0] = float("nan")
-    with pytest.raises(ckpt.NonFiniteWeights, match="not finite"):
-        ckpt.save_checkpoint(tmp_path, 3, model, {}, tmp_path / "tokenizer", {}, keep_last=3)
+    with pytest.raises(NonFiniteWeights, match="not finite"):
+        save_checkpoint(tmp_path, 3, model, {}, tmp_path / "tokenizer", {}, keep_last=3)
     assert not (tmp_path / "checkpoints" / "step-3").exists()
     assert not list((tmp_path / "checkpoints").glob(".step-*"))
 

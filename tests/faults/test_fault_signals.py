@@ -12,11 +12,13 @@ import time
 
 import pytest
 import torch
-from fault_helpers import environment
 from safetensors.torch import load_file
 
-from tfkit.trainer import checkpoint as ckpt
-from tfkit.trainer.metrics import read_metrics
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.folders import latest_checkpoint, list_checkpoints
+from tfkit.checkpoints.trainer_state import load_trainer_state
+
+from fault_helpers import environment
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +62,8 @@ def test_sigkill_at_a_random_point_then_resume_is_bit_exact(point, tiny_run, tmp
     _wait_for(proc, point)
     proc.kill()
     proc.wait()
-    for _, folder in ckpt.list_checkpoints(run):  # every complete checkpoint loads
-        ckpt.load_trainer_state(folder)
+    for _, folder in list_checkpoints(run):  # every complete checkpoint loads
+        load_trainer_state(folder)
     args = ["pretrain", recipe, "--run-dir", run] + (["--resume", "auto"] if (run / "recipe.yaml").exists() else [])
     result = cli(args)
     assert result.exit_code == 0, result.output
@@ -79,7 +81,7 @@ def test_a_signal_saves_exits_with_its_code_and_the_run_resumes_exactly(sig, cod
     proc.send_signal(sig)
     proc.communicate(timeout=120)
     assert proc.returncode == code
-    assert ckpt.latest_checkpoint(run) is not None
+    assert latest_checkpoint(run) is not None
     assert cli(["pretrain", recipe, "--run-dir", run, "--resume", "auto"]).exit_code == 0
     _same_as_reference(run, reference)
 
@@ -98,5 +100,5 @@ def test_two_pretrain_processes_on_one_run_folder(tiny_run, tmp_path):
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=120)
     assert first.returncode == 143
-    step = ckpt.latest_checkpoint(run)
-    assert step is not None and ckpt.load_trainer_state(step)["state"]["step"] > 0
+    step = latest_checkpoint(run)
+    assert step is not None and load_trainer_state(step)["state"]["step"] > 0

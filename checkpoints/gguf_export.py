@@ -34,10 +34,11 @@ from .. import __version__
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import atomic_file, write_atomic, write_problem
 from ..layout import CARD_MARK, MODEL_CARD
+from ..models.config import ModelConfig
 from ..tokenization.tokenizer import TfkitTokenizer, load_tokenizer
-from .config import ModelConfig
+from .folders import resolve_checkpoint
 from .hf_export import tfkit_to_hf
-from .io import load_model, resolve_checkpoint
+from .weights import load_model
 
 EXTRA = 'pip install "tfkit[export]"'
 # --dtype -> (gguf's GGMLQuantizationType of the matrices, its LlamaFileType for general.file_type)

@@ -26,14 +26,16 @@ from torch import Tensor
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import staged_folder
 from ..jsonfile import member
+from ..models import build_model
+from ..models.config import ModelConfig, type_problem
+from ..models.heads import SequenceClassifier
 from ..replacing import TFKIT_MODEL, check_new_folder
-from . import build_model
-from .config import ModelConfig, type_problem
-from .heads import SequenceClassifier
 from .hf_classifier import split_classifier, take_head_weights
 from .hf_names import BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json, split_to_tfkit
 from .hf_tokenizer import import_tokenizer
-from .io import SkipMetaInit, assign_weights, load_plain_pickle, parameters_on_meta, pickle_refusal, save_model
+from .meta import SkipMetaInit, assign_weights, parameters_on_meta
+from .plain_pickle import load_plain_pickle, pickle_refusal
+from .weights import save_model
 
 SUPPORTED = {
     "bert": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
@@ -395,6 +397,5 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
             raise ConfigError(f"{src}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
                               f"vocab_size {cfg.vocab_size} (config.json): ids from {cfg.vocab_size} on have no "
                               "embedding, so nothing was imported; import a folder whose tokenizer fits its model")
-        save_model(model, tmp, extra={"imported_from": str(src.resolve()), "hf_architecture": name or arch,
-                                      **({"head": head.to_dict()} if head is not None else {})})
+        save_model(model, tmp, imported_from=str(src.resolve()), hf_architecture=name or arch)  # a head: the model's
     return out

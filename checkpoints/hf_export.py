@@ -32,12 +32,14 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..files import staged_folder
 from ..layout import MODEL_CARD
+from ..models.config import ModelConfig
 from ..replacing import TFKIT_EXPORT, check_new_folder
 from ..tokenization.train import load_tokenizer
-from .config import ModelConfig
-from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
+from .folders import resolve_checkpoint
 from .hf_classifier import classifier_to_hf
-from .io import load_classifier, load_model, read_config, resolve_checkpoint, safetensors_writes
+from .hf_names import EXPORT_ARCHITECTURE, RULES, HFInteropWarning, join_to_hf, read_json
+from .record import CheckpointRecord
+from .weights import load_classifier, load_model, safetensors_writes
 
 # What each HF class fixes, as (field, allowed values, what HF has); checked in this order.
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")  # every HF family
@@ -230,13 +232,13 @@ def _framing_tokenizer(ckpt: Path, tok, family: str) -> str:
 
 def export_hf(ckpt: str | Path, out_dir: str | Path, *, force: bool = False, card: str | None = None) -> Path:
     """Write the HF folder (config.json, model.safetensors, tokenizer files, and `card` as README.md when
-    given: `trainer.model_card`) of a tfkit checkpoint or run folder into `out_dir`; returns `out_dir`.
+    given: `model_card.py`) of a tfkit checkpoint or run folder into `out_dir`; returns `out_dir`.
     A classifier made by `tfkit finetune` is exported as its family's `*ForSequenceClassification`
     (hf_classifier.py).
     An existing non-empty `out_dir` needs force=True."""
     folder, out = resolve_checkpoint(ckpt), Path(out_dir)
     check_new_folder(out, [folder], force, replaces=(TFKIT_EXPORT,))
-    head = read_config(folder).get("head")
+    head = CheckpointRecord.read(folder).head
     model, cfg = load_classifier(folder) if head is not None else load_model(folder)
     family = export_family(cfg)  # a config without an HF equivalent fails before anything is written
     tokenizer = load_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None

@@ -10,10 +10,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import tfkit
+from tfkit.checkpoints.folders import resolve_checkpoint
+from tfkit.checkpoints.record import CheckpointRecord
+from tfkit.checkpoints.weights import load_model, save_model
 from tfkit.cli.main import app
-
 from tfkit.errors import CheckpointError, ConfigError
-from tfkit.models import build_model, load_model, read_config, resolve_checkpoint, save_model
+from tfkit.models import build_model
 
 from helpers import tiny_cfg
 
@@ -28,7 +31,7 @@ def logits(model, arch):
 @pytest.mark.parametrize("arch", ["gpt", "bert", "transformer"])
 def test_round_trip_gives_identical_logits(tmp_path, arch, tie):
     model = build_model(tiny_cfg(arch, tie_embeddings=tie, positions="rope", n_kv_heads=2)).eval()
-    save_model(model, tmp_path / "ckpt", extra={"step": 7})
+    save_model(model, tmp_path / "ckpt", step=7)
     loaded, cfg = load_model(tmp_path / "ckpt")
     assert cfg == model.config and not loaded.training
     torch.testing.assert_close(logits(loaded, arch), logits(model, arch), atol=0, rtol=0)
@@ -65,11 +68,13 @@ def test_loading_allocates_the_weights_once_with_no_random_init(tmp_path, arch, 
     assert written  # the spy sees an ordinary build's initialisers
 
 
-def test_config_json_holds_version_model_and_extra(tmp_path):
-    save_model(build_model(tiny_cfg("bert")), tmp_path, extra={"recipe": {"lr": 1e-3}})
+def test_config_json_holds_version_model_and_the_facts_given(tmp_path):
+    save_model(build_model(tiny_cfg("bert")), tmp_path, recipe="bert-tiny", step=3)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert set(config) == {"tfkit_version", "model", "recipe"}
-    assert config["model"]["arch"] == "bert" and config == read_config(tmp_path)
+    assert config == {"tfkit_version": tfkit.__version__, "model": tiny_cfg("bert").to_dict(), "step": 3,
+                      "prior_steps": 0, "recipe": "bert-tiny"}
+    record = CheckpointRecord.read(tmp_path)
+    assert (record.model, record.recipe, record.step) == (tiny_cfg("bert"), "bert-tiny", 3)
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
 
 
@@ -139,7 +144,7 @@ def test_corrupt_or_invalid_config_is_named(tmp_path):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"tfkit_version": "0.1.0"}))
     with pytest.raises(CheckpointError, match="'model' section"):
-        read_config(tmp_path)
+        CheckpointRecord.read(tmp_path)
 
 
 def edit_model_config(folder: Path, **values) -> Path:
@@ -168,7 +173,7 @@ def edit_model_config(folder: Path, **values) -> Path:
 ])
 def test_a_wrong_type_or_value_in_config_json_is_a_config_error_naming_file_and_key(tmp_path, values, message):
     file = edit_model_config(save_model(build_model(tiny_cfg("gpt")), tmp_path / "ckpt"), **values)
-    for load in (load_model, read_config):
+    for load in (load_model, CheckpointRecord.read):
         with pytest.raises(ConfigError) as err:
             load(tmp_path / "ckpt")
         assert str(err.value) == f"{file}: {message}"

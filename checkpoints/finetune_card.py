@@ -24,10 +24,12 @@ from ..errors import TfkitError
 from ..files import write_atomic
 from ..layout import BEST, CARD_MARK, CONFIG, MODEL_CARD
 from ..models.config import ModelConfig
-from .metrics import read_metrics
+from ..models.head_config import HeadConfig
+from ..yamlfile import AliasBomb, safe_load
+from .folders import run_folder_of
 from .model_card import hardware_lines
-from .recipe import AliasBomb, safe_load
-from .run_record import ORIGIN_LINE, RunRecord, last_block, read_run_record, run_folder_of
+from .record import TaskRecord
+from .run_record import ORIGIN_LINE, RunRecord, last_block, read_metrics, read_run_record
 
 # start.log's line of a fine-tuning run's data (trainer/task.py prints it)
 TASK_DATA_LINE = re.compile(r"^data: (classification|regression), (.+?): ([\d,]+) training examples from (.+), "
@@ -53,24 +55,23 @@ def write_cards(run_dir: Path, final: Path | None) -> None:
 def finetune_card(folder: Path) -> str:
     """The README.md text of the fine-tuned checkpoint `folder` (see the module doc)."""
     record = read_run_record(folder)
-    config, run_dir = record.config, record.run_dir
-    head, task = config.get("head") or {}, config.get("task") or {}
+    run_dir, head, task = record.run_dir, record.checkpoint.head, record.checkpoint.task
     recipe = _recipe(run_dir / "recipe.yaml") if run_dir is not None else {}
     block = last_block(run_dir / "start.log") if run_dir is not None else []
     data = next((m for line in block if (m := TASK_DATA_LINE.match(line))), None)
-    scores = _validation_row(run_dir, record.step) if run_dir is not None else None
+    scores = _validation_row(run_dir, record.checkpoint.step) if run_dir is not None else None
     train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}
     init_from = (_initialised_from(run_dir) if run_dir is not None else None) or train.get("init_from")
     source = _source(init_from)
-    regression = head.get("task") == "regression"
+    regression = head is not None and head.task == "regression"
     front = _front_matter(record, regression, data, scores)
-    what = "regressor (one float output)" if regression else f"text classifier ({head.get('num_labels')} classes)"
+    what = "regressor (one float output)" if regression else f"text classifier ({head.num_labels if head else None} classes)"
     control = "init_from" in train and train["init_from"] is None  # recipe.yaml says so, not a missing key
     start = (f"fine-tuned from the weights of `{init_from}`" if init_from
              else "trained from random weights (no pretrained body: the control)" if control else None)
-    body = [f"# {record.name}", "", f"A {record.cfg.arch} {what} made by `tfkit finetune`"
+    body = [f"# {record.name}", "", f"A {record.checkpoint.model.arch} {what} made by `tfkit finetune`"
             + (f", {start}." if start else "."), ""]
-    for title, lines in (("Task", _task_lines(head, task, regression)), ("Model", _model_lines(record.cfg)),
+    for title, lines in (("Task", _task_lines(head, task, regression)), ("Model", _model_lines(record.checkpoint.model)),
                          ("Starting checkpoint", _source_lines(init_from, source)),
                          ("Labelled data", _data_lines(data, block)),
                          ("Training", _training_lines(record, recipe)),
@@ -114,7 +115,7 @@ def _source(path: str | None) -> RunRecord | None:
 
 
 def _front_matter(record: RunRecord, regression: bool, data: re.Match | None, scores: dict | None) -> dict:
-    front: dict = {"library_name": "tfkit", "tags": ["tfkit", record.cfg.arch, "regression" if regression
+    front: dict = {"library_name": "tfkit", "tags": ["tfkit", record.checkpoint.model.arch, "regression" if regression
                                                      else "text-classification"],
                    "pipeline_tag": "text-classification"}
     if data is not None:
@@ -130,27 +131,20 @@ def _front_matter(record: RunRecord, regression: bool, data: re.Match | None, sc
     return front
 
 
-def _task_lines(head: dict, task: dict, regression: bool) -> list[str]:
+def _task_lines(head: HeadConfig | None, task: TaskRecord | None, regression: bool) -> list[str]:
     lines = []
     if regression:
         lines.append("- Regression: one float per text (mean squared error)")
-    elif head.get("id2label"):
-        labels = [head["id2label"][str(i)] for i in range(len(head["id2label"]))]
-        lines.append(f"- Classification into {len(labels)} classes: " + ", ".join(f"`{x}`" for x in labels)
+    elif head is not None and head.labels:
+        lines.append(f"- Classification into {len(head.labels)} classes: " + ", ".join(f"`{x}`" for x in head.labels)
                      + " (id2label / label2id in config.json)")
-    columns = [f"text column `{task['text']}`"] if task.get("text") is not None else []
-    if task.get("text_pair") is not None:
-        columns.append(f"pair column `{task['text_pair']}`")
-    if task.get("label") is not None:
-        columns.append(f"label column `{task['label']}`")
-    if columns:
-        lines.append("- Input: " + ", ".join(columns))
-    if task.get("truncation"):
-        stride = f"; long texts read as windows {task['stride']} tokens apart" if task.get("stride") else ""
-        lines.append(f"- Long texts: truncation `{task['truncation']}`{stride}")
-    if head.get("pooling"):
-        lines.append(f"- Head: one linear layer on the `{head['pooling']}`-pooled vector, "
-                     f"dropout {head.get('dropout')}")
+    if task is not None:
+        pair = [f"pair column `{task.text_pair}`"] if task.text_pair is not None else []
+        lines.append("- Input: " + ", ".join([f"text column `{task.text}`", *pair, f"label column `{task.label}`"]))
+        stride = f"; long texts read as windows {task.stride} tokens apart" if task.stride else ""
+        lines.append(f"- Long texts: truncation `{task.truncation}`{stride}")
+    if head is not None and head.pooling:
+        lines.append(f"- Head: one linear layer on the `{head.pooling}`-pooled vector, dropout {head.dropout}")
     return lines
 
 
@@ -168,8 +162,8 @@ def _source_lines(path: str | None, source: RunRecord | None) -> list[str]:
         if source.train_corpus:
             size = f", {source.train_corpus_tokens:,} tokens" if source.train_corpus_tokens else ""
             lines.append(f"- Pretrained on `{source.train_corpus}`" + (f" (a corpus of {size[2:]})" if size else ""))
-        if source.step is not None:
-            lines.append(f"- Steps: {source.step + source.prior_steps:,}"
+        if source.checkpoint.step is not None:
+            lines.append(f"- Steps: {source.checkpoint.total_steps:,}"
                          + (f", {source.tokens:,} tokens seen" if source.tokens is not None else ""))
         lines += [f"- {line[0].upper()}{line[1:]}" for line in source.lineage]  # an import-hf folder, a conversion
     return lines
@@ -186,8 +180,8 @@ def _data_lines(data: re.Match | None, block: list[str]) -> list[str]:
 
 def _training_lines(record: RunRecord, recipe: dict) -> list[str]:
     lines = []
-    if record.step is not None:
-        lines.append(f"- Steps: {record.step:,}")
+    if record.checkpoint.step is not None:
+        lines.append(f"- Steps: {record.checkpoint.step:,}")
     values = [f"{section}.{key} {recipe[section][key]}" for section, key in HYPERPARAMETERS
               if isinstance(recipe.get(section), dict) and recipe[section].get(key) is not None]
     if values:

@@ -16,9 +16,11 @@ import yaml
 from ..layout import CARD_MARK, CLASSIFIER_EXPORT_ARCHITECTURES, EXPORT_ARCHITECTURES
 from ..models import build_model
 from ..models.config import ModelConfig
-from ..models.io import parameters_on_meta, refuse_classifier, resolve_checkpoint
 from ..tokenization.tokenizer import load_tokenizer
+from .folders import resolve_checkpoint
+from .meta import parameters_on_meta
 from .run_record import RunRecord, read_run_record
+from .weights import refuse_classifier
 
 TASK = {"clm": ("text-generation", "Causal language modeling"), "mlm": ("fill-mask", "Masked language modeling")}
 CLASSIFY = ("text-classification", "Text classification")  # a `tfkit finetune` classifier or regressor
@@ -52,21 +54,21 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
 
 
 def _is_classifier(record: RunRecord) -> bool:
-    return record.config.get("head") is not None
+    return record.checkpoint.is_classifier
 
 
 def _task(record: RunRecord) -> tuple[str, str]:
     """(pipeline tag, task name) of what the checkpoint was trained for."""
     if _is_classifier(record):
         return CLASSIFY
-    return TASK.get(record.config.get("objective"), TASK["mlm" if record.cfg.arch == "bert" else "clm"])
+    return TASK.get(record.checkpoint.objective, TASK["mlm" if record.checkpoint.model.arch == "bert" else "clm"])
 
 
 def _model_kind(record: RunRecord) -> str:
     if _is_classifier(record):
-        return f"{record.cfg.arch} sequence classifier (fine-tuned with `tfkit finetune`)"
+        return f"{record.checkpoint.model.arch} sequence classifier (fine-tuned with `tfkit finetune`)"
     return {"gpt": "decoder-only Transformer language model", "bert": "BERT-style masked language model",
-            "transformer": "encoder-decoder Transformer"}[record.cfg.arch]
+            "transformer": "encoder-decoder Transformer"}[record.checkpoint.model.arch]
 
 
 def _front_matter(record: RunRecord, family: str, export: str, license: str | None, corpus: str | None) -> dict:
@@ -101,7 +103,7 @@ def _attention(cfg: ModelConfig) -> str:
 
 
 def _model_lines(record: RunRecord, family: str, export: str) -> list[str]:
-    cfg = record.cfg
+    cfg = record.checkpoint.model
     with parameters_on_meta():
         params = build_model(cfg).num_params()
     positions = f"RoPE (theta {cfg.rope_theta:g})" if cfg.positions == "rope" else f"{cfg.positions} positions"
@@ -113,8 +115,8 @@ def _model_lines(record: RunRecord, family: str, export: str) -> list[str]:
              f"{positions}; context {cfg.max_seq_len} tokens; "
              f"{'tied' if cfg.tie_embeddings else 'untied'} input and output embeddings"]
     if _is_classifier(record):  # the export drops the body's language-model head: its count would be wrong
-        labels = record.config["head"].get("id2label") or {}
-        return lines + [f"- Head: {', '.join(str(v) for v in labels.values()) or 'one regression output'}"]
+        labels = record.checkpoint.head.labels
+        return lines + [f"- Head: {', '.join(labels) or 'one regression output'}"]
     return lines + [f"- Parameters: {params:,}"]
 
 
@@ -127,11 +129,12 @@ def _training_lines(record: RunRecord) -> list[str]:
     if record.recipe_sha256:
         seed = f", seed {record.seed}" if record.seed is not None else ""
         lines.append(f"- Recipe: `{record.name}` (sha256 of its recipe.yaml `{record.recipe_sha256[:16]}`){seed}")
-    if record.step is not None:
-        before = f" (after {record.prior_steps:,} steps of the weights it started from)" if record.prior_steps else ""
-        lines.append(f"- Steps: {record.step:,}{before}")
-    elif record.prior_steps:  # a converted or imported model: the steps are its source's
-        lines.append(f"- Steps: {record.prior_steps:,}, all before the conversion")
+    step, prior = record.checkpoint.step, record.checkpoint.prior_steps
+    if step is not None:
+        before = f" (after {prior:,} steps of the weights it started from)" if prior else ""
+        lines.append(f"- Steps: {step:,}{before}")
+    elif prior:  # a converted or imported model: the steps are its source's
+        lines.append(f"- Steps: {prior:,}, all before the conversion")
     if record.tokens is not None:
         lines.append(f"- Tokens: {record.tokens:,} by step {record.tokens_step:,}")
     return lines + hardware_lines(record)
@@ -172,22 +175,22 @@ def _usage(family: str, export: str, gguf_name: str, classifier: bool = False) -
 
 
 def export_hf_with_card(ckpt: str | Path, out: str | Path, *, force: bool = False, license: str | None = None) -> Path:
-    """`models.hf_export.export_hf` with the model card of the checkpoint's run as the folder's README.md."""
-    from ..models.hf_export import export_family, export_hf
+    """`hf_export.export_hf` with the model card of the checkpoint's run as the folder's README.md."""
+    from .hf_export import export_family, export_hf
 
     record = read_run_record(ckpt)
-    family = export_family(record.cfg)  # a model without an HF equivalent fails before the card is written
+    family = export_family(record.checkpoint.model)  # a model without an HF equivalent fails before the card is written
     return export_hf(ckpt, out, force=force, card=model_card(ckpt, family, "hf", license))
 
 
 def export_gguf_with_card(ckpt: str | Path, out: str | Path, *, dtype: str = "f16", force: bool = False,
                           license: str | None = None) -> Path:
-    """`models.gguf_export.export_gguf` with the model card of the checkpoint's run as README.md beside the file."""
-    from ..models.gguf_export import export_gguf
+    """`gguf_export.export_gguf` with the model card of the checkpoint's run as README.md beside the file."""
+    from .gguf_export import export_gguf
 
     record = read_run_record(ckpt)
-    refuse_classifier(resolve_checkpoint(ckpt), record.config)
-    layout = "llama" if record.cfg.positions == "rope" else "gpt2"  # export_gguf refuses what llama.cpp cannot run
+    refuse_classifier(resolve_checkpoint(ckpt), record.checkpoint)
+    layout = "llama" if record.checkpoint.model.positions == "rope" else "gpt2"  # export_gguf refuses what llama.cpp cannot run
     card = model_card(ckpt, layout, "gguf", license, gguf_name=Path(out).name)
     return export_gguf(ckpt, out, dtype=dtype, force=force, name=record.name, license=license, card=card)
 
@@ -195,8 +198,8 @@ def export_gguf_with_card(ckpt: str | Path, out: str | Path, *, dtype: str = "f1
 def hardware_lines(record: RunRecord) -> list[str]:
     """The precision and the machine a run trained on, as its start.log and config.json recorded them."""
     lines = []
-    precision = record.config.get("precision")
-    if isinstance(precision, str) and record.run_dir is not None:
+    precision = record.checkpoint.precision
+    if precision is not None and record.run_dir is not None:
         lines.append(f"- Precision: {precision}")
     if record.device:
         threads = f", {record.threads} CPU thread{'s' * (record.threads != 1)}" if record.threads else ""

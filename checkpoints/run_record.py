@@ -1,4 +1,4 @@
-"""What a checkpoint's run recorded, gathered for its model card (`trainer/model_card.py`).
+"""What a checkpoint's run recorded, gathered for its model card (`model_card.py`, `finetune_card.py`).
 
 Everything here is read from files tfkit wrote, never estimated: the checkpoint's config.json (model,
 step, precision, conversions), and, when the checkpoint lies in a run folder (`<run>/checkpoints/step-N`
@@ -13,15 +13,16 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from ..errors import TfkitError
-from ..layout import BEST, CHECKPOINTS, CONFIG, RECIPE_FILE, START_LOG
-from ..models.config import ModelConfig
-from ..models.io import read_config, resolve_checkpoint
-from .metrics import read_metrics
-from .recipe import AliasBomb, safe_load
+from ..errors import DataError, TfkitError
+from ..jsonfile import parse_json
+from ..layout import CONFIG, RECIPE_FILE, START_LOG
+from ..yamlfile import AliasBomb, safe_load
+from .folders import resolve_checkpoint, run_folder_of
+from .record import CheckpointRecord
 
 # start.log lines (trainer/data.py and run._describe print them; the last start block is the one read)
 DATA_LINE = re.compile(r"^data: ([\d,]+) training tokens from (.+?) \(.*?\); ([\d,]+) validation tokens "
@@ -44,11 +45,8 @@ class Validation:
 @dataclass
 class RunRecord:
     name: str  # the recipe's name, else the checkpoint folder's
-    cfg: ModelConfig
-    config: dict  # the checkpoint's whole config.json
+    checkpoint: CheckpointRecord  # the checkpoint's config.json
     run_dir: Path | None = None
-    step: int | None = None
-    prior_steps: int = 0  # updates behind the weights this run started from (uptraining, conversions)
     seed: int | None = None
     recipe_sha256: str | None = None
     train_corpus: str | None = None
@@ -71,28 +69,19 @@ class RunRecord:
         return self.tokens / self.train_corpus_tokens
 
 
-def run_folder_of(folder: Path) -> Path | None:
-    """The training run a checkpoint folder belongs to (`<run>/checkpoints/step-N`, `<run>/best`), if any."""
-    run = folder.parent.parent if folder.parent.name == CHECKPOINTS else folder.parent if folder.name == BEST else None
-    return run if run is not None and (run / RECIPE_FILE).is_file() else None
-
-
 def read_run_record(path: str | Path, depth: int = 0) -> RunRecord:
     """Everything the checkpoint (or run folder) `path` and its run recorded about how it was made, with the
     record of the checkpoint it was converted from (up to MAX_SOURCES conversions back)."""
     folder = resolve_checkpoint(path)
-    config = read_config(folder)
-    step = config.get("step") if isinstance(config.get("step"), int) else None
-    prior = config.get("prior_steps") if isinstance(config.get("prior_steps"), int) else 0
-    record = RunRecord(name=config.get("recipe") if isinstance(config.get("recipe"), str) else folder.name,
-                       cfg=ModelConfig.from_dict(config["model"]), config=config, step=step, prior_steps=prior,
-                       run_dir=run_folder_of(folder), lineage=_lineage(config))
+    checkpoint = CheckpointRecord.read(folder)
+    record = RunRecord(name=checkpoint.recipe or folder.name, checkpoint=checkpoint, run_dir=run_folder_of(folder),
+                       lineage=_lineage(checkpoint))
     if record.run_dir is not None:
         _read_recipe(record, record.run_dir / RECIPE_FILE)
         _read_start_log(record, record.run_dir / START_LOG)
         _read_metrics(record, record.run_dir / "metrics.jsonl")
-    source = config.get("converted_from")
-    if isinstance(source, str) and depth < MAX_SOURCES and (Path(source) / CONFIG).is_file():
+    source = checkpoint.converted_from
+    if source is not None and depth < MAX_SOURCES and (Path(source) / CONFIG).is_file():
         try:
             record.source = read_run_record(source, depth + 1)
         except TfkitError:  # a source changed since: the card tells the conversion without its training
@@ -100,16 +89,15 @@ def read_run_record(path: str | Path, depth: int = 0) -> RunRecord:
     return record
 
 
-def _lineage(config: dict) -> list[str]:
+def _lineage(checkpoint: CheckpointRecord) -> list[str]:
     """The conversions the config.json records (convert-mqa-to-gqa, import-hf)."""
     out = []
-    if isinstance(config.get("imported_from"), str):
-        out.append(f"imported from the HuggingFace {config.get('hf_architecture', 'model')} at "
-                   f"`{config['imported_from']}` (tfkit import-hf)")
-    if isinstance(config.get("converted_from"), str):
-        after = ModelConfig.from_dict(config["model"]).kv_heads
-        out.append(f"regrouped from {config.get('kv_heads_before', '?')} to {after} key/value heads "
-                   f"(method `{config.get('method', '?')}`) from `{config['converted_from']}` (tfkit convert-mqa-to-gqa)")
+    if checkpoint.imported_from is not None:
+        out.append(f"imported from the HuggingFace {checkpoint.hf_architecture or 'model'} at "
+                   f"`{checkpoint.imported_from}` (tfkit import-hf)")
+    if checkpoint.converted_from is not None:
+        out.append(f"regrouped from {checkpoint.kv_heads_before or '?'} to {checkpoint.model.kv_heads} key/value heads "
+                   f"(method `{checkpoint.method or '?'}`) from `{checkpoint.converted_from}` (tfkit convert-mqa-to-gqa)")
     return out
 
 
@@ -149,12 +137,26 @@ def _read_start_log(record: RunRecord, path: Path) -> None:
 def _read_metrics(record: RunRecord, path: Path) -> None:
     """Tokens seen by the checkpoint's step and its validation row (the run's last validation at that step)."""
     rows = [r for r in read_metrics(path) if isinstance(r.get("step"), int)
-            and (record.step is None or r["step"] <= record.step)]
+            and (record.checkpoint.step is None or r["step"] <= record.checkpoint.step)]
     train = [r for r in rows if isinstance(r.get("tokens"), int) and "loss" in r]
     if train:
         record.tokens, record.tokens_step = train[-1]["tokens"], train[-1]["step"]
-    valid = [r for r in rows if isinstance(r.get("val_loss"), (int, float)) and r["step"] == record.step]
+    valid = [r for r in rows if isinstance(r.get("val_loss"), (int, float)) and r["step"] == record.checkpoint.step]
     if valid:
         row = valid[-1]
         record.validation = Validation(row["step"], row["val_loss"], row.get("val_ppl"), row.get("val_accuracy"),
                                        record.validation_corpus)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every row of a metrics.jsonl (a torn last line from a killed process is skipped)."""
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(parse_json(line, path))
+        except DataError:  # checked when a run resumes (run_folder); a torn or damaged row counts for nothing
+            continue
+    return rows
+

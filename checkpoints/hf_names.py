@@ -28,7 +28,7 @@ from torch import Tensor
 from ..errors import CheckpointError
 from ..jsonfile import read_json as read_guarded
 from ..layout import EXPORT_ARCHITECTURES
-from .config import ModelConfig
+from ..models.config import ModelConfig
 
 # The HF model class each family is exported as (layout.py: files.py recognises an export by it).
 EXPORT_ARCHITECTURE = EXPORT_ARCHITECTURES
