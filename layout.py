@@ -13,7 +13,7 @@ import re
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TRAINER_STATE = "trainer_state.pt"
-MODEL_CARD = "README.md"  # in an exported model: its HuggingFace-style model card (trainer/model_card.py)
+MODEL_CARD = "README.md"  # in an exported model: its HuggingFace-style model card (checkpoints/model_card.py)
 CARD_MARK = "<!-- model card written by tfkit -->"  # its last line: a README.md the next export may replace
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 RECIPE_FILE = "recipe.yaml"
@@ -21,10 +21,10 @@ BEST = "best"  # in a run folder: the weights with the best validation loss (tra
 START_LOG = "start.log"  # in a run folder: the start-of-run block of every start (fresh, then each resume)
 CHECKPOINTS = "checkpoints"
 STEP_FOLDER = re.compile(r"^step-(\d+)$")  # excludes temp folders such as ".step-5.tmp"
-# The HuggingFace class each family is exported as (models/hf_names.py), named in an export's config.json.
+# The HuggingFace class each family is exported as (checkpoints/hf_names.py), named in an export's config.json.
 EXPORT_ARCHITECTURES = {"bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
                         "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
-# ... and a classifier made by `tfkit finetune` (models/hf_classifier.py).
+# ... and a classifier made by `tfkit finetune` (checkpoints/hf_classifier.py).
 CLASSIFIER_EXPORT_ARCHITECTURES = {"bert": "BertForSequenceClassification", "gpt2": "GPT2ForSequenceClassification",
                                    "llama": "LlamaForSequenceClassification",
                                    "qwen3": "Qwen3ForSequenceClassification",

@@ -186,7 +186,7 @@ def main() -> None:
         table.append(row)
     hf_models = {name: to_hf(model) for name, model in models.items()} if args.hf else {}
     if any(m is None for m in hf_models.values()):
-        print("# HF comparison skipped: transformers or tfkit.models.hf_export not importable")
+        print("# HF comparison skipped: transformers or tfkit.checkpoints.hf_export not importable")
         hf_models = {}
     print_table(head, table)
     if hf_models:

@@ -94,7 +94,7 @@ def decode_rows(ctx: Context) -> list[Row]:
         ctx.skip(f"decode: HF generate comparison failed: {type(exc).__name__}: {str(exc)[:200]}")
         return rows
     if hf is None:
-        ctx.skip("decode: HF generate comparison needs transformers and tfkit.models.hf_export")
+        ctx.skip("decode: HF generate comparison needs transformers and tfkit.checkpoints.hf_export")
         return rows
     batch, context = cells[-1]
     rows.append(Row("decode", f"tfkit MHA vs HF generate (same weights), B={batch} T={context}", "tok/s",

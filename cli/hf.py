@@ -1,6 +1,6 @@
 """`tfkit import-hf` and `tfkit export-hf`: move models between tfkit and HuggingFace transformers folders.
 
-Thin on purpose: the conversion lives in `tfkit.models.hf_import` / `hf_export` (one call from Python).
+Thin on purpose: the conversion lives in `tfkit.checkpoints.hf_import` / `hf_export` (one call from Python).
 Conversions that are not a pure copy (an initialised head, an approximated activation) are reported as
 one yellow `warning:` line each on stderr, as is the command that continues pretraining an imported model;
 stdout carries only the output folder, so the commands pipe.
@@ -31,7 +31,7 @@ License = Annotated[str | None, typer.Option(
 
 
 class GGUFDtype(str, Enum):
-    """`--dtype` of export-gguf: models.gguf_export.DTYPES, named here so the help needs no import of it."""
+    """`--dtype` of export-gguf: checkpoints.gguf_export.DTYPES, named here so the help needs no import of it."""
     f32 = "f32"
     f16 = "f16"
     bf16 = "bf16"

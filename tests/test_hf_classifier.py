@@ -1,4 +1,4 @@
-"""Fine-tuned classifiers through HuggingFace (models/hf_classifier.py): `export-hf` of a tiny BERT, GPT-2
+"""Fine-tuned classifiers through HuggingFace (checkpoints/hf_classifier.py): `export-hf` of a tiny BERT, GPT-2
 (learned positions) and Llama-layout classifier loads as transformers' `*ForSequenceClassification` with the
 same logits on padded batches, `import-hf` of the export gives the same logits back as a tfkit classifier,
 and a head HF cannot compute is refused in one line, exit code 2."""
