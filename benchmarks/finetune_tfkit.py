@@ -27,7 +27,7 @@ from tfkit.trainer.loop import Loop, StopFlag
 from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import ObjectiveSection, OptimSection, Recipe, TrainSection
-from tfkit.trainer.step import replay, run_window
+from tfkit.trainer.step import Update, replay, run_window
 
 from .finetune_hf import Hyper, labels_of
 from .finetune_setup import Item
@@ -56,9 +56,10 @@ def tfkit_update(folder: Path, items: list[Item], hyper: Hyper, packed: bool) ->
                                        grad_clip=hyper.grad_clip),
                     train=TrainSection(batch_size=hyper.batch_size, precision="fp32"))
     device = torch.device("cpu")
-    loop = Loop(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, device),
-                grad_scaler("fp32", device), dataset(folder, items, hyper.max_len, packed), DistInfo(device=device),
-                log=lambda row: None, save=lambda state: None, validate=lambda step: {})
+    update = Update.of(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, device),
+                       grad_scaler("fp32", device), DistInfo(device=device))
+    loop = Loop(recipe, update, dataset(folder, items, hyper.max_len, packed), log=lambda row: None,
+                save=lambda state: None, validate=lambda step: {})
     stop = StopFlag()  # never entered: no signal handlers, signum stays 0
     return lambda: list(replay(loop, run_window(loop, stop, 1)))
 

@@ -38,7 +38,7 @@ import torch
 from tfkit.checkpoints.convert import convert_checkpoint
 from tfkit.checkpoints.weights import load_model
 from tfkit.cli.convert import uptrain_overrides
-from tfkit.evaluation.evaluate import evaluate
+from tfkit.evaluation.evaluate import EvalRequest, evaluate
 from tfkit.models import build_model, kv_cache_bytes_per_token
 from tfkit.models.convert import attention_params
 from tfkit.models.generation import decode_step, prefill
@@ -81,8 +81,9 @@ def log(message: str, start: float) -> None:
 
 def val_loss(checkpoint: Path, setup: Setup, work: Path) -> float:
     """Mean next-token loss on the first `eval_tokens` validation tokens (identical batches every call)."""
-    return evaluate(checkpoint, VALID, batch_size=16, seq_len=128, max_tokens=setup.eval_tokens,
-                               cache_dir=work / "eval-tokens", show_progress=False)["loss"]
+    request = EvalRequest(batch_size=16, seq_len=128, max_tokens=setup.eval_tokens, cache_dir=work / "eval-tokens",
+                          show_progress=False)
+    return evaluate(checkpoint, VALID, request)["loss"]
 
 
 def train(recipe: str, overrides: list[str], run_dir: Path, work: Path) -> Path:

@@ -44,7 +44,7 @@ from tfkit.trainer.metrics import mfu, peak_flops
 from tfkit.trainer.objectives import IGNORE, LossModule, compile_loss_module, move_batch
 from tfkit.trainer.optim import autocast_context, build_optimizer, grad_scaler, native_bf16
 from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSection, Recipe, TrainSection
-from tfkit.trainer.step import replay, run_window
+from tfkit.trainer.step import Update, replay, run_window
 
 from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
 from .reference_gpt import ReferenceGPT, configure_optimizers
@@ -187,9 +187,10 @@ def tfkit_step(case: Case, batch: dict[str, Tensor], device: torch.device, compi
     module = LossModule(model, recipe.objective)
     if compile:
         compile_loss_module(module)
-    loop = Loop(recipe, model, module, build_optimizer(model, recipe.optim, device),
-                grad_scaler(case.precision, device), FixedBatch(batch), DistInfo(device=device),
-                log=lambda row: None, save=lambda state: None, validate=lambda step: {})
+    update = Update.of(recipe, model, module, build_optimizer(model, recipe.optim, device),
+                       grad_scaler(case.precision, device), DistInfo(device=device))
+    loop = Loop(recipe, update, FixedBatch(batch), log=lambda row: None, save=lambda state: None,
+                validate=lambda step: {})
     stop = StopFlag()  # never entered: no signal handlers, signum stays 0
     return lambda: list(replay(loop, run_window(loop, stop, 1))), model
 

@@ -49,23 +49,19 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
                          ("Provenance", _provenance_lines(record))):
         if lines:
             body += [f"## {title}", "", *lines, ""]
-    body += ["## How to use", "", *_usage(family, export, gguf_name, _is_classifier(record)), "", CARD_MARK]
+    body += ["## How to use", "", *_usage(family, export, gguf_name, record.checkpoint.is_classifier), "", CARD_MARK]
     return "---\n" + yaml.safe_dump(front, sort_keys=False, allow_unicode=True) + "---\n\n" + "\n".join(body) + "\n"
-
-
-def _is_classifier(record: RunRecord) -> bool:
-    return record.checkpoint.is_classifier
 
 
 def _task(record: RunRecord) -> tuple[str, str]:
     """(pipeline tag, task name) of what the checkpoint was trained for."""
-    if _is_classifier(record):
+    if record.checkpoint.is_classifier:
         return CLASSIFY
     return TASK.get(record.checkpoint.objective, TASK["mlm" if record.checkpoint.model.arch == "bert" else "clm"])
 
 
 def _model_kind(record: RunRecord) -> str:
-    if _is_classifier(record):
+    if record.checkpoint.is_classifier:
         return f"{record.checkpoint.model.arch} sequence classifier (fine-tuned with `tfkit finetune`)"
     return {"gpt": "decoder-only Transformer language model", "bert": "BERT-style masked language model",
             "transformer": "encoder-decoder Transformer"}[record.checkpoint.model.arch]
@@ -107,14 +103,14 @@ def _model_lines(record: RunRecord, family: str, export: str) -> list[str]:
     with parameters_on_meta():
         params = build_model(cfg).num_params()
     positions = f"RoPE (theta {cfg.rope_theta:g})" if cfg.positions == "rope" else f"{cfg.positions} positions"
-    classes = CLASSIFIER_EXPORT_ARCHITECTURES if _is_classifier(record) else EXPORT_ARCHITECTURES
+    classes = CLASSIFIER_EXPORT_ARCHITECTURES if record.checkpoint.is_classifier else EXPORT_ARCHITECTURES
     target = f"transformers' `{classes[family]}`" if export == "hf" else f"llama.cpp's `{family}` architecture"
     lines = [f"- Architecture: tfkit `{cfg.arch}`, exported as {target}: "
              f"{cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, d_model {cfg.d_model}, {_attention(cfg)}",
              f"- Feed-forward: {cfg.activation}, hidden size {cfg.ffn_dim}; {cfg.norm} ({cfg.norm_placement}-norm); "
              f"{positions}; context {cfg.max_seq_len} tokens; "
              f"{'tied' if cfg.tie_embeddings else 'untied'} input and output embeddings"]
-    if _is_classifier(record):  # the export drops the body's language-model head: its count would be wrong
+    if record.checkpoint.is_classifier:  # the export drops the body's language-model head: its count would be wrong
         labels = record.checkpoint.head.labels
         return lines + [f"- Head: {', '.join(labels) or 'one regression output'}"]
     return lines + [f"- Parameters: {params:,}"]

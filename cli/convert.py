@@ -36,11 +36,11 @@ def score(folder: Path, data: str, max_tokens: int, device: torch.device) -> dic
     """`tfkit eval`'s metrics of `folder` on `data`, at the length the checkpoint was trained at. Too little
     text is reported as such: eval's own advice (a smaller --seq-len or --batch-size) names options that
     convert does not have."""
-    from ..evaluation.evaluate import TooLittleText, evaluate
+    from ..evaluation.evaluate import EvalRequest, TooLittleText, evaluate
 
     started = time.perf_counter()
     try:
-        result = evaluate(folder, data, max_tokens=max_tokens, device=device)
+        result = evaluate(folder, data, EvalRequest(max_tokens=max_tokens, device=device))
     except TooLittleText as exc:
         raise DataError(f"--eval-data {data}: too little text to score one sequence of {exc.seq_len} tokens "
                         f"(the length {folder} was trained at); give more text") from None

@@ -114,20 +114,26 @@ def evaluate(
     multiple-choice accuracy by log-likelihood (acc, and acc_norm per byte of the choice) or cloze
     last-word accuracy (LAMBADA), each with its standard error.
     """
-    from ..evaluation.classify import is_classifier
+    from ..checkpoints.folders import chosen_note, read_checkpoint
+    from ..checkpoints.record import CheckpointRecord
 
     if (data is None) == (task is None):
         raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
-    if any(is_classifier(path) for path in checkpoints):  # made by `tfkit finetune`: scored on labelled rows
+    records = []
+    for path in checkpoints:  # every argument resolved before any work (a run's best/ when it kept one)
+        folder, record = read_checkpoint(path, CheckpointRecord.read, best=True)
+        records.append(record)
+        if note := chosen_note(path, folder):
+            err.print(note)
+    if any(record.is_classifier for record in records):  # made by `tfkit finetune`: scored on labelled rows
         if task is not None:
             raise ConfigError("--task scores language models; a classifier made by `tfkit finetune` is scored on "
                               "labelled rows: --data FILE")
         from .evaluate_labelled import evaluate_labelled
 
         return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
-    from ..checkpoints.folders import chosen_note, read_checkpoint
-    from ..checkpoints.record import CheckpointRecord
-    from ..evaluation import evaluate as evaluation
+    from ..evaluation.evaluate import EvalRequest
+    from ..evaluation.evaluate import evaluate as evaluate_one
     from ..tokenization.corpus import check_text_field
 
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
@@ -141,19 +147,14 @@ def evaluate(
                              dtype=dtype)
     check_text_field(data, text_field)
     check_limits(max_tokens, max_batches)
-    records = []
-    for path in checkpoints:  # a run's best/ when it kept one
-        folder, record = read_checkpoint(path, CheckpointRecord.read, best=True)
-        records.append(record)
-        if note := chosen_note(path, folder):
-            err.print(note)
-    seq_len = choose_seq_len(records, seq_len, overrides)
+    request = EvalRequest(batch_size=batch_size, max_batches=max_batches, max_tokens=max_tokens,
+                          seq_len=choose_seq_len(records, seq_len, overrides), stride=stride, device=torch_device,
+                          dtype=precision, seed=seed, text_field=text_field, overrides=tuple(overrides or ()),
+                          best=True)
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
         started = time.perf_counter()
-        rows.append(evaluation.evaluate(ckpt, data, batch_size=batch_size, max_batches=max_batches, best=True,
-                                        max_tokens=max_tokens, seq_len=seq_len, stride=stride, device=torch_device,
-                                        dtype=precision, seed=seed, text_field=text_field, overrides=overrides))
+        rows.append(evaluate_one(ckpt, data, request))
         err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens "
                   f"({rows[-1]['dtype']}), {time.perf_counter() - started:.1f} s")
     console = output_console()

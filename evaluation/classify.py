@@ -26,7 +26,7 @@ from torch import Tensor
 from ..checkpoints.folders import read_checkpoint
 from ..checkpoints.record import CheckpointRecord, TaskRecord
 from ..checkpoints.weights import load_classifier as load_classifier_model
-from ..errors import ConfigError, DataError, TfkitError
+from ..errors import ConfigError, DataError
 from ..files import atomic_file, write_problem
 from ..models.heads import HeadConfig, SequenceClassifier, classifier_inputs, head_loss, pool_windows, predictions
 from ..progress import progress_bar
@@ -59,15 +59,6 @@ class Classifier:
     @property
     def columns(self) -> Columns:
         return Columns(self.task.text, self.task.text_pair, self.task.label)
-
-
-def is_classifier(path: str | Path) -> bool:
-    """Whether `path` (a checkpoint or run folder; its best/ when kept) is a fine-tuned classifier; False
-    for one that cannot be read, whose problem the command's own checks then report in their order."""
-    try:
-        return read_checkpoint(path, CheckpointRecord.read, best=True)[1].is_classifier
-    except (TfkitError, OSError):
-        return False
 
 
 def load_classifier(path: str | Path, device: torch.device) -> Classifier:

@@ -279,46 +279,62 @@ def _score(model, batches: Iterator[dict], loss_spec: ObjectiveSection, byte_tab
     return t
 
 
-@torch.no_grad()
-def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batches: int | None = None,
-             max_tokens: int | None = None, seq_len: int | None = None, stride: int | None = None,
-             device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
-             cache_dir: str | Path | None = None, show_progress: bool = True, text_field: str = "text",
-             overrides: list[str] | None = None, best: bool = False, masking: dict | None = None) -> dict:
-    """Score one checkpoint (folder, or run folder: its latest checkpoint, its best/ with `best`) on
-    `data_spec`; returns the metrics dict (module doc).
+@dataclass(frozen=True)
+class EvalRequest:
+    """How `evaluate` scores a checkpoint on a corpus (`tfkit eval`'s options, the lab's and the tests').
 
-    Stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first
-    (both None: the whole corpus). seq_len defaults to the length the checkpoint trained at
-    (`trained_seq_len`; only None does: 0 is an error, not "the default"). `device` is a device name
-    (runtime.pick_device) or a torch.device. `dtype` is fp32 / bf16 / fp16 autocast, or `auto`: the
-    precision the checkpoint trained in (`tfkit eval`'s default; fp32 stays the library's, so callers such
-    as the lab, whose scores must compare with those already written, keep their arithmetic).
-    `text_field` is the JSON/JSONL key holding the text. `overrides` (`model.KEY=VALUE`, eval's --set)
-    evaluate the weights under another setting of a model key that keeps every weight
-    (evaluation/model_overrides.py). `show_progress`: a bar on a terminal, a line now and then off one.
-    `masking` (MLM checkpoints): the masking to score under, `eval_batches`' (the lab scores a model on the
-    corruption it trained with); None = the common 15% with 80/10/10.
-    """
-    precision = check_precision(dtype, allow_auto=True)
-    device = device if isinstance(device, torch.device) else pick_device(device)
+    Scoring stops after `max_batches` batches or once `max_tokens` tokens are scored, whichever comes first (both
+    None: the whole corpus). `seq_len` defaults to the length the checkpoint trained at (`trained_seq_len`; only
+    None does: 0 is an error, not "the default"); `stride` (causal models) scores sliding windows. `device` is a
+    device name (runtime.pick_device) or a torch.device. `dtype` is fp32 / bf16 / fp16 autocast, or `auto`: the
+    precision the checkpoint trained in (`tfkit eval`'s default; fp32 stays the library's, so callers such as the
+    lab, whose scores must compare with those already written, keep their arithmetic). `seed` draws the MLM masks.
+    `text_field` is the JSON/JSONL key holding the text. `overrides` (`model.KEY=VALUE`, eval's --set) evaluate the
+    weights under another setting of a model key that keeps every weight (evaluation/model_overrides.py).
+    `show_progress`: a bar on a terminal, a line now and then off one. `best`: a run folder's best/ when it kept
+    one. `masking` (MLM checkpoints): the masking to score under, `eval_batches`' (the lab scores a model on the
+    corruption it trained with); None = the common 15% with 80/10/10."""
+
+    batch_size: int = 8
+    max_batches: int | None = None
+    max_tokens: int | None = None
+    seq_len: int | None = None
+    stride: int | None = None
+    device: str | torch.device = "cpu"
+    dtype: str = "fp32"
+    seed: int = 0
+    cache_dir: str | Path | None = None
+    show_progress: bool = True
+    text_field: str = "text"
+    overrides: tuple[str, ...] = ()
+    best: bool = False
+    masking: dict | None = None
+
+
+@torch.no_grad()
+def evaluate(path: str | Path, data_spec: str, request: EvalRequest = EvalRequest()) -> dict:
+    """Score one checkpoint (folder, or run folder: its latest checkpoint, its best/ with `request.best`) on
+    `data_spec` as `request` says; returns the metrics dict (module doc)."""
+    q = request
+    precision = check_precision(q.dtype, allow_auto=True)
+    device = q.device if isinstance(q.device, torch.device) else pick_device(q.device)
     folder, (model, cfg, tokenizer, record) = read_checkpoint(
-        path, lambda f: _load(f, device, overrides or []), best=best)
+        path, lambda f: _load(f, device, list(q.overrides)), best=q.best)
     precision = checkpoint_precision(folder, record, precision)
     objective = OBJECTIVE_FOR_ARCH[cfg.arch]
-    seq_len = trained_seq_len(record) if seq_len is None else seq_len
-    check_options(stride, seq_len, cfg.max_seq_len, objective, batch_size)
+    seq_len = trained_seq_len(record) if q.seq_len is None else q.seq_len
+    check_options(q.stride, seq_len, cfg.max_seq_len, objective, q.batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
     pair_fields = record.pair_fields or ("source", "target")
-    batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=batch_size,
-                                  stride=stride, seed=seed,
-                                  cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-                                  show_progress=show_progress, text_field=text_field, pair_fields=pair_fields,
-                                  masking=masking if objective == "mlm" else None, **trained_layout(record))
-    total = total if total is None or max_batches is None else min(total, max_batches)
-    progress = ScoringProgress(folder.name, total, max_tokens, enabled=show_progress)
+    batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=q.batch_size,
+                                  stride=q.stride, seed=q.seed,
+                                  cache_dir=Path(q.cache_dir) if q.cache_dir else default_cache_dir(),
+                                  show_progress=q.show_progress, text_field=q.text_field, pair_fields=pair_fields,
+                                  masking=q.masking if objective == "mlm" else None, **trained_layout(record))
+    total = total if total is None or q.max_batches is None else min(total, q.max_batches)
+    progress = ScoringProgress(folder.name, total, q.max_tokens, enabled=q.show_progress)
     t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,
-               device, progress, max_batches, max_tokens)
+               device, progress, q.max_batches, q.max_tokens)
     if t.scored == 0:
         raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller seq_len, "
                             "or more data)", seq_len, params=("seq_len",))
@@ -336,9 +352,10 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         "token_accuracy": t.correct / t.scored,
         "tokens": t.scored,
         "bytes": t.n_bytes,
-        "byte_coverage": byte_coverage(tokenizer, byte_table.numpy(), data_spec, text_field) if objective != "seq2seq" else None,
+        "byte_coverage": (byte_coverage(tokenizer, byte_table.numpy(), data_spec, q.text_field)
+                          if objective != "seq2seq" else None),
         "seq_len": seq_len,
-        "stride": stride,
+        "stride": q.stride,
         "params": model.num_params(),
         "dtype": precision,  # of the forward passes
         # at bf16, the dtype a KV cache is kept in for inference, whatever --dtype scored: one number per model,
@@ -346,5 +363,5 @@ def evaluate(path: str | Path, data_spec: str, *, batch_size: int = 8, max_batch
         "kv_cache_bytes_per_token": None if cfg.arch == "bert" else kv_cache_bytes_per_token(cfg),
         "tokens_per_sec": t.fed / t.seconds if t.seconds else None,
         "data_fingerprint": t.digest.hexdigest()[:16],
-        "set": list(overrides or []),  # the model keys evaluated under another value than the checkpoint's
+        "set": list(q.overrides),  # the model keys evaluated under another value than the checkpoint's
     }

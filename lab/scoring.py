@@ -85,7 +85,7 @@ def scores_file(lab: Lab, job: Job) -> Path:
 
 
 def own_masking(recipe: Recipe) -> dict:
-    """The MLM masking `recipe` trains with, as `evaluate(masking=...)` takes it."""
+    """The MLM masking `recipe` trains with, as `EvalRequest.masking` takes it."""
     o = recipe.objective
     return {"mask_prob": o.mask_prob, "mask_replace": list(o.mask_replace), "whole_word": o.whole_word_mask}
 
@@ -95,7 +95,7 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
     """The kept metrics of `checkpoint` on `text`: packed blocks of data.seq_len tokens (under the
     checkpoint's own masking with `own`), the degradation past the training length at `factor` > 1, or
     with `whole` document by document (module doc)."""
-    from ..evaluation.evaluate import evaluate
+    from ..evaluation.evaluate import EvalRequest, evaluate
     from .lengths import past_training_length
 
     batch_size, seq_len = recipe.eval.batch_size or recipe.train.batch_size, recipe.data.seq_len * factor
@@ -103,13 +103,13 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
         return past_training_length(checkpoint, text, recipe.data.seq_len, factor, batch_size, recipe.eval.batches,
                                     cache_dir)
     if whole:
-        result = evaluate(checkpoint, text, batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2),
-                          max_tokens=recipe.eval.batches * batch_size * seq_len, seed=0,
-                          cache_dir=cache_dir, show_progress=False)
+        request = EvalRequest(batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2),
+                              max_tokens=recipe.eval.batches * batch_size * seq_len, cache_dir=cache_dir,
+                              show_progress=False)
     else:
-        result = evaluate(checkpoint, text, batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
-                          seed=0, cache_dir=cache_dir, show_progress=False,
-                          masking=own_masking(recipe) if own else None)
+        request = EvalRequest(batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
+                              cache_dir=cache_dir, show_progress=False, masking=own_masking(recipe) if own else None)
+    result = evaluate(checkpoint, text, request)
     return {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
 
 

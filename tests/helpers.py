@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from tfkit.checkpoints.run_record import read_metrics
 from tfkit.checkpoints.weights import save_model
-from tfkit.evaluation.evaluate import evaluate
+from tfkit.evaluation.evaluate import EvalRequest, evaluate
 from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import load_tokenizer
 from tfkit.trainer import objectives
@@ -22,6 +22,7 @@ from tfkit.trainer.loop import Loop
 from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import load_recipe
+from tfkit.trainer.step import Update
 
 # --- models ------------------------------------------------------------------------------------------------
 
@@ -115,8 +116,9 @@ def tiny_loop(overrides, rows=None,
     info = DistInfo()
     rows = [] if rows is None else rows
     saves = []
-    loop = Loop(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, info.device),
-                grad_scaler("fp32", info.device), RowDataset(), info, rows.append, saves.append, validate)
+    update = Update.of(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, info.device),
+                       grad_scaler("fp32", info.device), info)
+    loop = Loop(recipe, update, RowDataset(), rows.append, saves.append, validate)
     return loop, rows, saves
 
 
@@ -247,7 +249,7 @@ def make_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0, zero_embed
 
 def eval_score(path: Path, data: Path, tmp_path: Path, **kw) -> dict:
     """`evaluate` of one checkpoint on `data`, its token cache under `tmp_path`, without a progress bar."""
-    return evaluate(path, str(data), cache_dir=tmp_path / "cache", show_progress=False, **kw)
+    return evaluate(path, str(data), EvalRequest(cache_dir=tmp_path / "cache", show_progress=False, **kw))
 
 
 # --- time ---------------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError, TfkitError
 
-from helpers import eval_score as score, make_checkpoint
+from helpers import eval_score as score
+from helpers import make_checkpoint
 
 
 def cli_app() -> tuple[typer.Typer, list[str]]:
@@ -202,3 +203,27 @@ def test_rows_of_different_objectives_carry_a_note_and_kv_bytes_do_not_depend_on
     kv = {dtype: score(gpt, valid_file, tmp_path, max_batches=1, dtype=dtype)["kv_cache_bytes_per_token"]
           for dtype in ("fp32", "bf16")}
     assert kv["fp32"] == kv["bf16"] > 0  # one meaning: bytes at bf16, as convert-mqa-to-gqa reports them
+
+
+@pytest.mark.parametrize("mode", ["corpus", "task"])
+def test_every_checkpoint_is_resolved_before_anything_is_scored(eval_tokenizers, valid_file: Path, tmp_path: Path,
+                                                                monkeypatch, mode) -> None:
+    """A bad third path is refused before the first two are scored, for a corpus and for a task file."""
+    import tfkit.evaluation.evaluate as evaluate_module
+    import tfkit.evaluation.task_scores as task_module
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("scored a checkpoint although a later argument is not one")
+
+    monkeypatch.setattr(evaluate_module, "evaluate", must_not_run)
+    monkeypatch.setattr(task_module, "score_task", must_not_run)
+    ckpt = make_checkpoint(tmp_path / "gpt", eval_tokenizers["bpe"])
+    task = tmp_path / "task.jsonl"
+    task.write_text(json.dumps({"context": "The cat", "choices": [" sat", " flew"], "gold": 0}) + "\n")
+    what = ["--data", str(valid_file)] if mode == "corpus" else ["--task", str(task)]
+    app, prefix = cli_app()
+    result = CliRunner().invoke(app, [*prefix, str(ckpt), str(ckpt), str(tmp_path / "typo"), *what,
+                                      "--json", str(tmp_path / "rows.json")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'typo'}: no such checkpoint or run folder"]
+    assert not (tmp_path / "rows.json").exists()

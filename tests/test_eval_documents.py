@@ -10,7 +10,7 @@ import torch
 
 from tfkit.checkpoints.record import CheckpointRecord, DataRecord
 from tfkit.checkpoints.run_record import read_metrics
-from tfkit.evaluation.evaluate import evaluate, sliding_windows, trained_layout, window_batches
+from tfkit.evaluation.evaluate import EvalRequest, evaluate, sliding_windows, trained_layout, window_batches
 from tfkit.models import build_model
 from tfkit.tokenization.shards import TokenShards
 from tfkit.trainer.recipe import load_recipe
@@ -51,13 +51,13 @@ def test_a_document_masked_checkpoint_scores_what_it_validated(masked_run, tmp_p
     checkpoint = run_dir / "checkpoints" / "step-12"
     config = json.loads((checkpoint / "config.json").read_text())
     assert trained_layout(CheckpointRecord.read(checkpoint)) == {"document_mask": True, "reset_positions": True}
-    kwargs = dict(batch_size=8, max_batches=2, seq_len=32, cache_dir=tmp_path / "cache", show_progress=False)
-    masked = evaluate(checkpoint, str(valid), **kwargs)
+    request = EvalRequest(batch_size=8, max_batches=2, seq_len=32, cache_dir=tmp_path / "cache", show_progress=False)
+    masked = evaluate(checkpoint, str(valid), request)
     assert masked["loss"] == pytest.approx(val_loss, abs=1e-5)
     del config["data"]["document_mask"]  # the same weights scored as if they had trained attending across
     (checkpoint / "config.json").write_text(json.dumps(config))
     try:
-        across = evaluate(checkpoint, str(valid), **kwargs)
+        across = evaluate(checkpoint, str(valid), request)
         assert abs(across["loss"] - val_loss) > 1e-4  # 12 steps: 4e-4
         assert across["data_fingerprint"] == masked["data_fingerprint"]  # the same tokens, read two ways
     finally:

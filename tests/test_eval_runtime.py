@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tfkit.checkpoints.weights import save_model
 from tfkit.cli.main import app
-from tfkit.evaluation.evaluate import evaluate
+from tfkit.evaluation.evaluate import EvalRequest, evaluate
 from tfkit.evaluation.scoring_progress import ScoringProgress
 from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import load_tokenizer
@@ -85,7 +85,7 @@ def test_eval_scores_in_the_precision_the_checkpoint_trained_in(tokenizer_dir, t
     data = ["--data", text_file, "--max-batches", "2"]
     auto_rows = eval_rows(tmp_path, bf16, unknown, older, *data)
     assert [r["dtype"] for r in auto_rows] == ["bf16", "fp32", "bf16"]
-    library = evaluate(bf16, str(text_file), max_batches=2, dtype="bf16", cache_dir=tmp_path / "cache",
-                       show_progress=False)
+    library = evaluate(bf16, str(text_file), EvalRequest(max_batches=2, dtype="bf16", cache_dir=tmp_path / "cache",
+                                                         show_progress=False))
     assert auto_rows[0]["loss"] == library["loss"]
     assert [r["dtype"] for r in eval_rows(tmp_path, bf16, *data, "--dtype", "fp32")] == ["fp32"]

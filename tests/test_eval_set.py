@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from tfkit.checkpoints.weights import load_model, save_model
 from tfkit.cli.main import app
 from tfkit.errors import ConfigError
-from tfkit.evaluation.evaluate import evaluate
+from tfkit.evaluation.evaluate import EvalRequest, evaluate
 from tfkit.evaluation.model_overrides import with_model_overrides
 from tfkit.models import ModelConfig, build_model
 from tfkit.tokenization import TokenizerSpec, load_tokenizer, train_tokenizer
@@ -44,8 +44,8 @@ def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def score(checkpoint, data, overrides=None) -> dict:
-    return evaluate(checkpoint, str(data), batch_size=4, seq_len=32, max_batches=2, show_progress=False,
-                    cache_dir=data.parent / "cache", overrides=overrides)
+    return evaluate(checkpoint, str(data), EvalRequest(batch_size=4, seq_len=32, max_batches=2, show_progress=False,
+                                                       cache_dir=data.parent / "cache", overrides=tuple(overrides or ())))
 
 
 @pytest.mark.parametrize("overrides", [["model.attention=naive"], ["model.attn_scale=none"],

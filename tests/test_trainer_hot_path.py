@@ -24,6 +24,7 @@ from tfkit.trainer.loop import Loop, TrainingDiverged, run_loop
 from tfkit.trainer.objectives import LossModule, compute_loss
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import ObjectiveSection, load_recipe
+from tfkit.trainer.step import Update
 
 from helpers import RowDataset, poison_loss
 
@@ -58,8 +59,9 @@ def _loop(objective: str, overrides: list[str], rows: list | None = None) -> Loo
                                     max_seq_len=32, pad_token_id=0))
     info = DistInfo()
     log = (rows if rows is not None else []).append
-    return Loop(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, info.device),
-                grad_scaler("fp32", info.device), _dataset(objective), info, log, lambda state: None,
+    update = Update.of(recipe, model, LossModule(model, recipe.objective), build_optimizer(model, recipe.optim, info.device),
+                       grad_scaler("fp32", info.device), info)
+    return Loop(recipe, update, _dataset(objective), log, lambda state: None,
                 lambda step: {"val_loss": 0.0, "val_ppl": 1.0, "val_accuracy": 0.0})
 
 
@@ -116,7 +118,7 @@ def test_the_read_counter_sees_a_data_dependent_gather(monkeypatch):
     """The counter has teeth: MLM on a batch made by hand (labels only) gathers `hidden[labels != -100]`."""
     loop = _loop("mlm", [])
     batch = {k: v for k, v in loop.dataset.batch(0, 4).items() if not k.startswith("mlm_")}
-    reads = count_host_reads(monkeypatch, lambda: loop.train_module(batch))
+    reads = count_host_reads(monkeypatch, lambda: loop.update.train_module(batch))
     assert reads == Counter({"aten.index.Tensor": 2})  # the masked rows and their labels
 
 
@@ -143,7 +145,7 @@ def _run(overrides, monkeypatch, bad_calls=(), scaler=None):
     rows = []
     loop = _loop("clm", overrides, rows)
     if scaler:
-        loop.scaler = scaler()
+        loop.update.scaler = scaler()
     error = None
     try:
         run_loop(loop)
@@ -161,9 +163,9 @@ def _same_run(a, b, log_every: int) -> None:
                 if r.get("skipped") or r["step"] % log_every == 0 or r["step"] == loop_a.recipe.train.max_steps]
     assert [{k: v for k, v in r.items() if k not in timing} for r in rows_b] == expected
     assert err_a == err_b and loop_a.state == loop_b.state
-    for p, q in zip(loop_a.model.parameters(), loop_b.model.parameters()):
+    for p, q in zip(loop_a.update.model.parameters(), loop_b.update.model.parameters()):
         assert torch.equal(p, q)
-    sa, sb = loop_a.optimizer.state_dict()["state"], loop_b.optimizer.state_dict()["state"]
+    sa, sb = loop_a.update.optimizer.state_dict()["state"], loop_b.update.optimizer.state_dict()["state"]
     assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
 
 
@@ -194,7 +196,7 @@ def test_fp16_overflows_are_decided_on_the_device(monkeypatch):
     every = _run(common + ["train.log_every=1"], monkeypatch, scaler=scaler)
     tenth = _run(common + ["train.log_every=10"], monkeypatch, scaler=scaler)
     assert any(r.get("reason") == "fp16 overflow" for r in tenth[1])
-    assert every[0].scaler.get_scale() == tenth[0].scaler.get_scale()
+    assert every[0].update.scaler.get_scale() == tenth[0].update.scaler.get_scale()
     _same_run(every, tenth, 10)
 
 
@@ -219,10 +221,10 @@ def test_fixed_size_mlm_gather_equals_the_masked_rows_gather():
     assert batch["mlm_positions"].shape == (8, loop.dataset.num_targets)
     results = []
     for b in (batch, {k: v for k, v in batch.items() if not k.startswith("mlm_")}):
-        loop.model.zero_grad()
-        out = compute_loss(loop.model, b, loop.recipe.objective)
+        loop.update.model.zero_grad()
+        out = compute_loss(loop.update.model, b, loop.recipe.objective)
         out.loss_sum.backward()
-        results.append((out, [p.grad.clone() for p in loop.model.parameters() if p.grad is not None]))
+        results.append((out, [p.grad.clone() for p in loop.update.model.parameters() if p.grad is not None]))
     (fixed, g_fixed), (gathered, g_gathered) = results
     torch.testing.assert_close(fixed.loss_sum, gathered.loss_sum, rtol=1e-6, atol=1e-6)
     assert int(fixed.correct) == int(gathered.correct) and int(fixed.count) == int(gathered.count) > 8

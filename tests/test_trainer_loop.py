@@ -24,7 +24,7 @@ def test_gradient_accumulation_reproduces_the_full_batch():
     print("full batch:", losses[0], "\naccumulated:", losses[1])
     assert losses[0][-1] < losses[0][0]
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
-    for a, b in zip(full.model.parameters(), accum.model.parameters()):
+    for a, b in zip(full.update.model.parameters(), accum.update.model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert accum.state.batches == 4 * full.state.batches == 24
 
@@ -32,7 +32,7 @@ def test_gradient_accumulation_reproduces_the_full_batch():
 def test_non_finite_steps_are_skipped_counted_and_logged(monkeypatch):
     poison_loss(monkeypatch, {2, 3})
     loop, rows, _ = tiny_loop(["train.max_steps=6", "train.batch_size=4", "train.max_bad_steps=3"])
-    before = {n: p.detach().clone() for n, p in loop.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in loop.update.model.named_parameters()}
     state = run_loop(loop)
     skipped = [r for r in rows if r.get("skipped")]
     assert [r["step"] for r in skipped] == [3, 3]  # both attempts tried to become update 3
@@ -43,8 +43,8 @@ def test_non_finite_steps_are_skipped_counted_and_logged(monkeypatch):
     assert [r["step"] for r in good] == [1, 2, 3, 4, 5, 6]
     assert [r["lr"] for r in good][2] == loop.recipe.optim.lr  # update 3 still gets lr_at(2), the peak
     assert all(math.isfinite(r["loss"]) for r in good)
-    assert all(torch.isfinite(p).all() for p in loop.model.parameters())
-    assert any(not torch.equal(before[n], p) for n, p in loop.model.named_parameters())
+    assert all(torch.isfinite(p).all() for p in loop.update.model.parameters())
+    assert any(not torch.equal(before[n], p) for n, p in loop.update.model.named_parameters())
 
 
 def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch):
@@ -55,7 +55,7 @@ def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch):
     assert isinstance(err.value, TfkitError)
     assert "step-2" in str(err.value)
     assert loop.state.step == 3 and loop.state.bad_steps == 4
-    assert all(torch.isfinite(p).all() for p in loop.model.parameters())
+    assert all(torch.isfinite(p).all() for p in loop.update.model.parameters())
 
 
 def test_sigterm_finishes_the_current_step_then_stops():
@@ -76,7 +76,7 @@ def test_bf16_autocast_trains_with_fp32_weights():
     run_loop(fp32)
     bf16, rows16, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4", "train.precision=bf16"])
     run_loop(bf16)
-    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    assert all(p.dtype == torch.float32 for p in bf16.update.model.parameters())
     l32, l16 = [r["loss"] for r in rows32], [r["loss"] for r in rows16]
     assert l16 == pytest.approx(l32, abs=0.05) and l16 != l32  # close, but the matmuls did run in bf16
 
@@ -85,14 +85,14 @@ def test_fp16_overflow_skips_the_update_lowers_the_scale_and_is_not_divergence()
     """A loss scale so large that the fp16 gradients overflow: those updates are skipped as "fp16 overflow"
     (not counted towards max_bad_steps), the scaler halves its scale each time, and training then proceeds."""
     loop, rows, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
-    loop.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**32)
+    loop.update.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**32)
     state = run_loop(loop)
     skipped = [r for r in rows if r.get("skipped")]
     assert len(skipped) > 2  # more than max_bad_steps, and still no TrainingDiverged
     assert all(r["reason"] == "fp16 overflow" and r["grad_norm"] is None for r in skipped)
     assert all(math.isfinite(r["loss"]) for r in rows)
-    assert state.step == 3 and state.bad_steps == 0 and loop.scaler.get_scale() == 2.0 ** (32 - len(skipped))
-    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in loop.model.parameters())
+    assert state.step == 3 and state.bad_steps == 0 and loop.update.scaler.get_scale() == 2.0 ** (32 - len(skipped))
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in loop.update.model.parameters())
     applied = [r for r in rows if not r.get("skipped")]
     assert [r["step"] for r in applied] == [1, 2, 3] and all(math.isfinite(r["grad_norm"]) for r in applied)
 
@@ -102,7 +102,7 @@ def test_fp16_non_finite_loss_is_a_bad_step_and_training_goes_on(monkeypatch):
     scaler must be told about the skipped step, or its next unscale_ raises)."""
     poison_loss(monkeypatch, {1})
     loop, rows, _ = tiny_loop(["train.max_steps=4", "train.batch_size=4", "train.precision=fp16"])
-    loop.scaler = torch.amp.GradScaler("cpu")
+    loop.update.scaler = torch.amp.GradScaler("cpu")
     state = run_loop(loop)
     assert [r["reason"] for r in rows if r.get("skipped")] == ["non-finite loss or gradient norm"]
     assert state.step == 4 and state.bad_steps == 1 and state.bad_in_a_row == 0
@@ -120,12 +120,12 @@ def test_fp16_overflows_below_a_loss_scale_of_one_are_divergence(monkeypatch):
 
     monkeypatch.setattr(objectives, "compute_loss", huge)
     loop, rows, _ = tiny_loop(["train.max_steps=3", "train.batch_size=4", "train.precision=fp16", "train.max_bad_steps=2"])
-    loop.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    loop.update.scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     with pytest.raises(TrainingDiverged, match="2 updates in a row"):
         run_loop(loop)
     assert all(math.isfinite(r["loss"]) for r in rows) and loop.state.step == 0
     assert [r["reason"] for r in rows] == ["fp16 overflow"] * 3 + ["non-finite loss or gradient norm"] * 2
-    assert loop.scaler.get_scale() == 4.0 / 2**5  # halved after every overflow: 4, 2, 1 were tried, then 0.5, 0.25
+    assert loop.update.scaler.get_scale() == 4.0 / 2**5  # halved after every overflow: 4, 2, 1 were tried, then 0.5, 0.25
 
 
 def test_tokens_per_sec_leaves_out_validation_and_checkpoint_time(monkeypatch):

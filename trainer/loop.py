@@ -36,7 +36,7 @@ from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
 from .metrics import mfu, peak_flops
 from .recipe import Recipe
-from .step import micro_batch_size, replay, run_window, window_length
+from .step import Update, micro_batch_size, replay, run_window, window_length
 
 if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
@@ -79,15 +79,13 @@ def mfu_basis(model: nn.Module, recipe: Recipe, device: torch.device) -> dict[st
 
 @dataclass
 class Loop:
-    """Everything the loop touches, built by trainer.run (or by a test)."""
+    """What a run owns across its updates, built by trainer.run (or by a test): the recipe (schedule, when to
+    log, validate and save), the data, where rows, checkpoints and validations go, the state, the time budget;
+    and `update`, what each update computes with (step.train_step's inputs)."""
 
     recipe: Recipe
-    model: nn.Module  # the bare model (parameters, checkpoints)
-    train_module: nn.Module  # LossModule, possibly DDP-/FSDP-wrapped and compiled: forward(batch) -> sums
-    optimizer: torch.optim.Optimizer  # fused AdamW (optim.build_optimizer): its step takes a device-side skip
-    scaler: torch.amp.GradScaler
+    update: Update
     dataset: object  # .batch(i, batch_size, rank, world_size) -> dict of tensors
-    info: DistInfo
     log: Callable[[dict], None]  # metrics row sink (rank 0 writes, others drop)
     save: Callable[[TrainState], object]  # write a checkpoint of the current state
     validate: Callable[[int], dict]  # step -> validation row (already logged by the callee)
@@ -103,10 +101,9 @@ class Loop:
     def end(self) -> int:
         return self.horizon or self.recipe.train.max_steps
 
-    def __post_init__(self) -> None:
-        if not self.optimizer.defaults.get("fused"):
-            raise ValueError("the training loop skips non-finite updates inside the optimizer step (found_inf), "
-                             "which only the fused AdamW takes: build it with trainer.optim.build_optimizer")
+    @property
+    def info(self) -> DistInfo:
+        return self.update.info
 
 
 class StopFlag:
@@ -148,8 +145,8 @@ def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -
     Checkpoints every `save_every` updates (the caller saves the final one), validates every
     `eval_every`. Raises TrainingDiverged after `max_bad_steps` consecutive skipped updates."""
     r, s, info = loop.recipe, loop.state, loop.info
-    loop.train_module.train()
-    loop.optimizer.zero_grad(set_to_none=True)
+    loop.update.train_module.train()
+    loop.update.optimizer.zero_grad(set_to_none=True)
     loop.horizon = r.train.max_steps
     if loop.budget is not None:
         loop.budget.start(s.step)

@@ -52,6 +52,7 @@ from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
 from .report import RunResult, describe, report, sample
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
+from .step import Update
 from .trackers import open_tracker
 from .validation import ValidationResult
 
@@ -151,9 +152,9 @@ class Trainer(contextlib.AbstractContextManager):
         tracker = open_tracker(recipe, self.run_dir, bool(self.resume_from)) if info.is_main else None  # log.wandb
         self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
                                      self.state.step if self.resume_from else None, tracker=tracker)
-        self.loop = Loop(recipe, self.model, self.train_module, self.optimizer, self.scaler, self.train_data, info,
-                         self.metrics.log, self.checkpoints.save, self.validate, state=self.state,
-                         **mfu_basis(self.model, recipe, info.device))
+        update = Update.of(recipe, self.model, self.train_module, self.optimizer, self.scaler, info)
+        self.loop = Loop(recipe, update, self.train_data, self.metrics.log, self.checkpoints.save, self.validate,
+                         state=self.state, **mfu_basis(self.model, recipe, info.device))
         if info.is_main:  # only now that the whole setup succeeded: a refused run leaves recipe.yaml as it was
             run_folder.write_recipe(self.run_dir, recipe, self.resume_from, console)
             describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,

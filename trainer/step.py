@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .data import Prefetcher
-from .distributed import all_reduce_sum
+from .distributed import DistInfo, all_reduce_sum
 from .objectives import move_batch
 from .optim import autocast_context, clip_grad_norm, set_lr
 from .parallel import no_grad_sync
@@ -39,6 +39,37 @@ from .schedules import lr_at
 
 if TYPE_CHECKING:
     from .loop import Loop, StopFlag
+
+
+@dataclass
+class Update:
+    """What one update computes with, `train_step`'s real inputs; the rest of a run (data, schedule, logging,
+    checkpoints, time budget) is the loop's (loop.Loop).
+
+    The loss: `train_module` is objectives.LossModule (DDP- or FSDP-wrapped and compiled as the recipe says),
+    whose forward is `objectives.compute_loss(model, batch, objective)`, which dispatches to the objective's own
+    function (`clm_loss`, `mlm_loss`, `seq2seq_loss`, `task_loss`): three calls from `train_step`."""
+
+    train_module: nn.Module  # forward(batch) -> (loss sum, correct, predicted tokens)
+    model: nn.Module  # the bare model: the parameters clipped and stepped
+    optimizer: torch.optim.Optimizer  # fused AdamW (optim.build_optimizer): its step takes a device-side skip
+    scaler: torch.amp.GradScaler
+    info: DistInfo  # the ranks losses and token counts are summed over
+    precision: str  # fp32 | bf16 | fp16: the autocast, and for fp16 which overflows count as bad
+    grad_clip: float | None
+    max_bad_steps: int  # bad updates in a row after which nothing more is applied
+
+    def __post_init__(self) -> None:
+        if not self.optimizer.defaults.get("fused"):
+            raise ValueError("the training step skips non-finite updates inside the optimizer step (found_inf), "
+                             "which only the fused AdamW takes: build it with trainer.optim.build_optimizer")
+
+    @classmethod
+    def of(cls, recipe: Recipe, model: nn.Module, train_module: nn.Module, optimizer: torch.optim.Optimizer,
+           scaler: torch.amp.GradScaler, info: DistInfo) -> Update:
+        """The update a recipe's run makes."""
+        return cls(train_module, model, optimizer, scaler, info, recipe.train.precision, recipe.optim.grad_clip,
+                   recipe.train.max_bad_steps)
 
 
 @dataclass
@@ -57,7 +88,8 @@ class Window:
         """A window of at most n attempts from the current state (just read, so these small copies to the
         device wait for nothing)."""
         r, s, device = loop.recipe, loop.state, loop.info.device
-        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, loop.model.config.d_model) for k in range(n)]
+        d_model = loop.update.model.config.d_model  # the noam schedule's scale
+        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, d_model) for k in range(n)]
         return cls(torch.tensor(lrs, dtype=torch.float32, device=device),
                    torch.zeros((), dtype=torch.int64, device=device),
                    torch.full((), s.bad_in_a_row, dtype=torch.int64, device=device), s.batches, loop.end)
@@ -70,40 +102,40 @@ def window_length(step: int, train: TrainSection, end: int | None = None) -> int
     return min([(end or train.max_steps) - step] + [n - step % n for n in every])
 
 
-def train_step(loop: Loop, window: Window, micro: list[dict[str, Tensor]], counts: Tensor) -> None:
+def train_step(update: Update, window: Window, micro: list[dict[str, Tensor]], counts: Tensor) -> None:
     """One update attempt from the micro-batches of one global batch (`counts`: (2,) predicted and input
     tokens of this rank's share), every decision taken on the device; its record joins the window's."""
-    r, info, device = loop.recipe, loop.info, loop.info.device
+    u, info, device = update, update.info, update.info.device
     counts = all_reduce_sum(counts.to(device, non_blocking=True), info)  # (2,) predicted, input tokens: all ranks
     scale = (info.world_size / counts[0].clamp(min=1.0)).float()  # DDP averages over ranks: undo it, / count
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
     for j, batch in enumerate(micro):
         batch = move_batch(batch, device)
-        with no_grad_sync(loop.train_module, skip=j < len(micro) - 1):
-            with autocast_context(r.train.precision, device):
-                loss_sum, correct, _ = loop.train_module(batch)
-            loop.scaler.scale(loss_sum * scale).backward()
+        with no_grad_sync(u.train_module, skip=j < len(micro) - 1):
+            with autocast_context(u.precision, device):
+                loss_sum, correct, _ = u.train_module(batch)  # objectives.compute_loss, under the wrappers
+            u.scaler.scale(loss_sum * scale).backward()
         sums[0] += loss_sum.detach()
         sums[1] += correct
     sums = all_reduce_sum(sums, info)
-    loop.scaler.unscale_(loop.optimizer)
-    norm = clip_grad_norm(loop.model.parameters(), r.optim.grad_clip)  # () float64
+    u.scaler.unscale_(u.optimizer)
+    norm = clip_grad_norm(u.model.parameters(), u.grad_clip)  # () float64
     finite_loss = torch.isfinite(sums[0])
     finite = finite_loss & torch.isfinite(norm)
-    if r.train.precision == "fp16":
+    if u.precision == "fp16":
         # Gradients that overflow fp16 at a loss scale >= 1 are not divergence: the scaler halves its scale and
         # the run goes on. Below a scale of 1 they overflow fp16 unscaled, and count as bad steps.
-        loss_scale = loop.scaler.scale(torch.ones((), dtype=torch.float64, device=device))  # () the scale
+        loss_scale = u.scaler.scale(torch.ones((), dtype=torch.float64, device=device))  # () the scale
         bad = ~finite & ~(finite_loss & (loss_scale >= 1.0))
     else:
         bad = ~finite
-    applied = finite & (window.bad_run < r.train.max_bad_steps)  # nothing more once the run diverged
+    applied = finite & (window.bad_run < u.max_bad_steps)  # nothing more once the run diverged
     lr = window.lrs.index_select(0, window.applied.view(1)).squeeze(0)  # () this update's, with no read
-    _optimizer_step(loop.optimizer, lr, skip=~applied)
+    _optimizer_step(u.optimizer, lr, skip=~applied)
     window.applied += applied
     window.bad_run = torch.where(applied, 0, window.bad_run + bad)  # an fp16 overflow leaves it as it was
-    loop.scaler.update()  # after every unscale_, or the next one raises; a no-op unless fp16
-    loop.optimizer.zero_grad(set_to_none=True)
+    u.scaler.update()  # after every unscale_, or the next one raises; a no-op unless fp16
+    u.optimizer.zero_grad(set_to_none=True)
     window.records.append(torch.stack([sums[0], sums[1], counts[0], counts[1], norm, applied.double(),
                                        bad.double()]))  # (7,) as the module docstring lists them
 
@@ -144,7 +176,7 @@ def run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
         first = window.first_batch + k * grad_accum
         micro, counts = loop.loader.get(first)
         loop.loader.prefetch(first + grad_accum)  # the next update's batches, while this one runs
-        train_step(loop, window, micro, counts)
+        train_step(loop.update, window, micro, counts)
         loop.loader.wait()  # here rather than in the next update: the time is this update's
     return window
 
@@ -157,11 +189,11 @@ def replay(loop: Loop, window: Window) -> Iterator[dict]:
     for loss_sum, correct, count, tokens, grad_norm, applied, bad in torch.stack(window.records).tolist():
         loss = loss_sum / max(count, 1.0)
         row = {"step": s.step + 1, "loss": loss, "accuracy": correct / max(count, 1.0),
-               "lr": lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.model.config.d_model),
+               "lr": lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.update.model.config.d_model),
                "grad_norm": grad_norm}
         s.batches += r.train.grad_accum
         s.tokens += int(tokens)
-        set_lr(loop.optimizer, row["lr"])  # a float again, as checkpoints record it
+        set_lr(loop.update.optimizer, row["lr"])  # a float again, as checkpoints record it
         if applied:
             s.step, s.bad_in_a_row = s.step + 1, 0
         elif not bad:
