@@ -1,7 +1,7 @@
 """Fine-tuning, measured: `python -m benchmarks.run --only finetune`.
 
-Four comparisons, each tfkit against HuggingFace (or a control) in the same run, on AG News (finetune_setup.py:
-the first 6,000 items of its test file to train on, the last 1,600 to score; fp32, one thread by default):
+Two comparisons, each tfkit against HuggingFace in the same run, on AG News (finetune_setup.py: the first
+6,000 items of its test file to train on, the last 1,600 to score; fp32 on both sides, one thread by default):
 
 1. quality parity: all-MiniLM-L6-v2, `tfkit import-hf`ed and fine-tuned by `tfkit finetune` (the command's
    own function, called in this process: no start-up counted on either side), against the same weights as
@@ -12,13 +12,10 @@ the first 6,000 items of its test file to train on, the last 1,600 to score; fp3
 2. speed: one fine-tuning update of that model on the same 32 examples, interleaved on one clock: tfkit's
    `train_step` on packed rows (`task.packing`, the default) and on padded ones (the layout before it),
    HF's step on the batch padded to its longest example (run_glue's collator). Goal: >= 1.3x HF.
-3. pretraining pays: bert-tiny pretrained by `tfkit pretrain` (its own WordPiece tokenizer, MLM) on the
-   training texts for a few CPU minutes, against the same architecture from random init with that
-   tokenizer, fine-tuned on few labels, each start at its own best rate chosen on held-back items
-   (finetune_pretraining.py says why and how). Goal: better on every seed. Beside it, both on every label.
-4. from raw text to a classifier: that whole tfkit path against HF's (a `tokenizers` WordPiece,
-   run_mlm's loop for the same CPU seconds as `tfkit pretrain` took, run_glue's loop with the same
-   fine-tuning hyperparameters), scored on the same labels. No goal: the numbers are the result.
+
+Whether tfkit's own pretraining pays downstream is a question about quality, not a ratio against a baseline:
+it is the experiment experiments/finetune_pretraining.py, which builds on this module's helpers (`Env`,
+`finetune_recipe`, `run_recipe`, `tfkit_finetune`).
 """
 
 from __future__ import annotations
@@ -44,12 +41,11 @@ from .finetune_setup import (Split, check_data, fetch_minilm, read_items, synthe
 
 PARITY_GOAL = Goal("within 0.5 points of HF (mean)", 0.0, max_gap=0.5)
 SPEED_GOAL = Goal(">= 1.3x HF", 1.3)
-PRETRAIN_GOAL = Goal("> random init, every seed", 1.0)
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much of everything a run does (FULL: well under an hour on 2 shared cores; QUICK: seconds)."""
+    """How much of everything a run does (FULL: about an hour of one thread; QUICK: seconds)."""
 
     n_train: int  # items of the split to train on (the first ones of the file)
     n_test: int  # items scored (the last ones)
@@ -58,19 +54,10 @@ class Sizes:
     minilm: hf.Hyper  # fine-tuning all-MiniLM-L6-v2 (steps: one epoch of parity_train)
     speed_batches: int  # distinct batches a timed round cycles through
     speed_rounds: int
-    pretrain_steps: int  # tfkit pretrain of bert-tiny
-    vocab_size: int  # its tokenizer (and HF's)
-    tiny: hf.Hyper  # fine-tuning bert-tiny (pretrained or not, either path) on every training label
-    few_labels: int  # row 3's goal: labelled items per seed, an equal share per class (finetune_pretraining.py)
-    val_items: int  # the last training items, held back to choose each start's rate, never labelled for training
-    few_lrs: tuple[float, ...]  # the rates each start is fine-tuned at on few labels
-    few_epochs: int
 
 
-FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4, 4000, 4096,
-             hf.Hyper(lr=2e-3, steps=374, warmup=37), 500, 400, (5e-4, 1e-3, 2e-3), 10)
-QUICK = Sizes(256, 64, 128, (1,), hf.Hyper(lr=1e-3, steps=4, warmup=1), 2, 1, 6, 200,
-              hf.Hyper(lr=2e-3, steps=6, warmup=1), 32, 16, (2e-3,), 2)
+FULL = Sizes(6000, 1600, 3000, (1, 2, 3), hf.Hyper(lr=1e-4, steps=93, warmup=9), 4, 4)
+QUICK = Sizes(256, 64, 128, (1,), hf.Hyper(lr=1e-3, steps=4, warmup=1), 2, 1)
 DROPOUT = 0.1  # body, attention and head while fine-tuning: BertForSequenceClassification's
 
 
@@ -248,21 +235,16 @@ def run(ctx: Context) -> list[Row]:
             items = read_items(ctx.finetune_data)
         split = write_split(items, work / "data", sizes.n_train, sizes.n_test,
                             "made-up topics" if ctx.quick else "AG News")
-        rows: list[Row] = []
         try:
             folder = tiny_encoder(work / "encoder", split.texts()) if ctx.quick else fetch_minilm(ctx.cache, ctx.log)
         except (RuntimeError, OSError, KeyError, zipfile.BadZipFile) as err:
             ctx.skip(f"finetune: no all-MiniLM-L6-v2, so no parity or speed rows ({err})")
-            folder = None
-        if folder is not None:
-            ctx.log("finetune: tfkit import-hf")
-            imported = work / "imported"
-            tfkit(env, "import-hf", folder, imported)
-            encoder = "a random 2-layer BertModel" if ctx.quick else "all-MiniLM-L6-v2"
-            rows += speed_rows(env, split, folder, imported, sizes, encoder)
-            rows.append(parity_row(env, split, folder, imported, sizes, encoder))
-        from .finetune_pretraining import pretraining_rows  # it builds on this module's helpers
-
-        return rows + pretraining_rows(env, split, sizes)
+            return []
+        ctx.log("finetune: tfkit import-hf")
+        imported = work / "imported"
+        tfkit(env, "import-hf", folder, imported)
+        encoder = "a random 2-layer BertModel" if ctx.quick else "all-MiniLM-L6-v2"
+        return [*speed_rows(env, split, folder, imported, sizes, encoder),
+                parity_row(env, split, folder, imported, sizes, encoder)]
     finally:
         shutil.rmtree(work, ignore_errors=True)

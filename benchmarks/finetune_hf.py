@@ -5,10 +5,10 @@ as plain loops, so nothing but the model differs from a script):
   `truncation=True, max_length`, padded per batch to its longest example (DataCollatorWithPadding's
   default), `BertForSequenceClassification` (the [CLS] pooler, dropout, one Linear initialised N(0, 0.02)
   with a zero bias), forward with labels, backward, clip, AdamW, `get_linear_schedule_with_warmup`;
-- pretraining (run_mlm): a WordPiece tokenizer trained by `tokenizers` (the HF course's recipe), every text
-  tokenized with its [CLS] / [SEP] and concatenated into blocks (`group_texts`), masked by
-  `DataCollatorForLanguageModeling` (15%: 80% [MASK], 10% random, 10% kept), `BertForMaskedLM`, the same
-  update, for as many steps as a CPU-time budget pays for.
+- pretraining (run_mlm, for experiments/finetune_pretraining.py): a WordPiece tokenizer trained by
+  `tokenizers` (the HF course's recipe), every text tokenized with its [CLS] / [SEP] and concatenated into
+  blocks (`group_texts`), masked by `DataCollatorForLanguageModeling` (15%: 80% [MASK], 10% random, 10% kept),
+  `BertForMaskedLM`, the same update, for as many steps as a CPU-time budget pays for.
 Both sides of every comparison take the same hyperparameters, the same AdamW parameter groups (tfkit's
 `param_groups`: no decay on norms, biases and embeddings) and the same examples in the same order
 (`batch_order`, tfkit's seeded permutation per epoch). HF's warmup starts at lr 0 (step / warmup) where

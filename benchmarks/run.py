@@ -10,9 +10,9 @@ HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli 
 `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
 kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
 backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
-benchmarks/sft.py), finetune (fine-tuning quality parity with HF, its speed, whether pretraining pays, and the path
-from raw text against HF's at equal CPU time, benchmarks/finetune.py: about 40 minutes, so only when named in
-`--only`). `--quick` shrinks every shape so the
+benchmarks/sft.py), finetune (fine-tuning quality parity with HF and its speed, benchmarks/finetune.py: it
+downloads an encoder and takes most of an hour, so only when named in `--only`). Questions about quality
+alone (does pretraining pay?) are experiments, in experiments/. `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
 on 2 cores.

@@ -106,7 +106,7 @@ def bm():
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
         names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft", "decode", "finetune",
-                 "finetune_hf", "finetune_setup", "finetune_pretraining", "run")
+                 "finetune_hf", "finetune_setup", "run")
         yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
 
 
@@ -296,20 +296,43 @@ def test_the_hf_loop_draws_the_examples_tfkit_draws(bm, eval_tokenizers):
     assert order[0].tolist() != list(bm.finetune_hf.batch_order(8, 100, 8, 1))[0].tolist()
 
 
-@pytest.mark.slow  # about 12 s: the quick finetune section trains and scores eight small classifiers
+@pytest.mark.slow  # about 6 s: the quick finetune section trains and scores a small classifier on each side
 def test_finetune_section_runs_every_row_quickly(bm):
     """The quick finetune section end to end (made-up topics, a random BertModel saved by transformers and
-    imported by tfkit import-hf, nothing downloaded): the speed rows, parity with tfkit's tokens equal to HF's,
-    pretraining against random init, and the raw-text paths with their CPU seconds."""
+    imported by tfkit import-hf, nothing downloaded): the two speed rows and parity with tfkit's tokens equal to
+    HF's; nothing else (whether pretraining pays is experiments/finetune_pretraining.py's question)."""
     ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
     rows = bm.finetune.run(ctx)
-    assert not ctx.notes and [r.unit for r in rows] == ["ex/s", "ex/s", "acc %", "acc %", "acc %", "acc %"]
-    packed, padded, parity, few, pretrained, raw = rows
+    assert not ctx.notes and [r.unit for r in rows] == ["ex/s", "ex/s", "acc %"]
+    packed, padded, parity = rows
     assert packed.goal.min_ratio == 1.3 and padded.goal is None and packed.ratio > 0 and padded.ratio > 0
     assert set(packed.extra["samples_s"]) == {"packed", "padded", "hf"}
     assert parity.goal.max_gap == 0.5 and parity.extra["tokens_identical"] == 1.0
     seeds = len(bm.finetune.QUICK.seeds)
-    for row, keys in ((parity, ("tfkit", "hf")), (pretrained, ("pretrained", "random")), (raw, ("tfkit", "hf"))):
+    assert all(len(parity.extra[k]) == seeds and all(0 <= a <= 1 for a in parity.extra[k]) for k in ("tfkit", "hf"))
+
+
+# The experiments beside the benchmarks (experiments/, not a package of tfkit: run as `python -m experiments.NAME`
+# from the repository root). Their quick modes check that each still runs; their numbers mean nothing.
+
+
+@pytest.fixture(scope="module")
+def ex(bm):
+    """The experiment modules as `python -m experiments...` imports them (the path `bm` put first)."""
+    names = ("finetune_pretraining", "gqa_experiment")
+    return SimpleNamespace(**{n: importlib.import_module(f"experiments.{n}") for n in names})
+
+
+@pytest.mark.slow  # about 10 s: a 6-update pretraining, four small fine-tunings and HF's loops
+def test_pretraining_experiment_runs_every_row_quickly(bm, ex):
+    """`python -m experiments.finetune_pretraining --quick`'s rows: pretraining against random init on few labels
+    (the goal, each start at its best rate) and on every label, and the raw-text paths with their CPU seconds."""
+    ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
+    rows = ex.finetune_pretraining.run(ctx)
+    assert not ctx.notes and [r.unit for r in rows] == ["acc %", "acc %", "acc %"]
+    few, pretrained, raw = rows
+    seeds = len(ex.finetune_pretraining.QUICK.seeds)
+    for row, keys in ((pretrained, ("pretrained", "random")), (raw, ("tfkit", "hf"))):
         assert all(len(row.extra[k]) == seeds and all(0 <= a <= 1 for a in row.extra[k]) for k in keys), row
     for row in (few, pretrained):
         assert row.ratio == min(p / r for p, r in zip(row.extra["pretrained"], row.extra["random"]))
@@ -317,3 +340,29 @@ def test_finetune_section_runs_every_row_quickly(bm):
     assert len(few.extra["pretrained"]) == seeds and set(few.extra["best_lr"]) == {"pretrained", "random"}
     assert all(len(pairs) == seeds for pairs in few.extra["every"].values())  # (held back, scored) per seed
     assert raw.extra["mlm_updates"] >= 1 and raw.extra["pretrain_cpu_s"] > 0 and raw.extra["tfkit_pretrain_cpu_s"] > 0
+
+
+def test_pretraining_experiment_refuses_data_it_cannot_split_in_one_line(ex, capsys, tmp_path):
+    data = tmp_path / "labelled.csv"
+    data.write_text('"3","a title","a description"\n' * 5, encoding="utf-8")
+    with pytest.raises(SystemExit) as stop:
+        ex.finetune_pretraining.main(["--data", str(data)])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == ""
+    assert err.splitlines()[-1].startswith("python -m experiments.finetune_pretraining: error: --data: ")
+    assert "5 rows, fewer than the 6000 + 1600" in err
+
+
+@pytest.mark.slow  # about a minute: a 40-step pretraining, six conversions, seven 2-step uptrainings, decoding
+def test_gqa_experiment_runs_quickly(ex, tmp_path, capsys):
+    """`python -m experiments.gqa_experiment --quick`: every conversion scored before and after uptraining, the
+    MHA control, decoding timed for each layout, the tables printed and the JSON written where asked."""
+    out = tmp_path / "gqa.json"
+    assert ex.gqa_experiment.main(["--quick", "--work", str(tmp_path / "work"), "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["quick"] is True and payload["uptrain_steps"] == 2
+    expected = {"MHA", *(f"{layout} {method}" for layout in ("GQA-2", "MQA") for method in ("mean", "first", "random"))}
+    assert set(payload["loss"]) == expected
+    assert all(math.isfinite(r["converted"]) and math.isfinite(r["uptrained"]) for r in payload["loss"].values())
+    assert all(set(case) == {"MHA", "GQA-2", "MQA"} for case in payload["decode"].values())
+    assert "| GQA-2 | 2 | mean |" in capsys.readouterr().out

@@ -1,10 +1,20 @@
-"""Rows 3 and 4 of `--only finetune` (finetune.py's module doc): does tfkit's pretraining pay downstream, and
-the whole raw-text path against HuggingFace's.
+"""Does tfkit's pretraining pay downstream? bert-tiny pretrained by `tfkit pretrain` on AG News' unlabelled
+training texts against the same architecture from random init, where labels are few; and the whole path from
+raw text to a classifier against HuggingFace's at equal CPU time.
+
+    python -m experiments.finetune_pretraining [--data CSV] [--threads N] [--json OUT]   # about 42 CPU minutes
+    python -m experiments.finetune_pretraining --quick   # seconds: made-up topics, tiny sizes; checks it runs
+
+Run from the repository root (it shares the fine-tuning benchmark's helpers: benchmarks/finetune.py,
+finetune_hf.py, finetune_setup.py). The data is AG News' test file (`--data`, default
+`../shared/data/ag_news_test.csv`: class index, title, description), split in file order into 6,000 items to
+train on and the last 1,600 to score; nothing is downloaded. Everything is fp32 on one thread (`--threads`).
+The latest results are in experiments/RESULTS.md ("Does pretraining pay").
 
 Pretraining pays where labels are few, not where a topic classifier trains well from scratch: with the
 6,000 labelled training items a randomly initialised bert-tiny reaches 85% in 374 updates and a few CPU
-minutes of MLM on the same 6,000 texts gave it nothing (benchmarks/RESULTS.md). So the goal is judged in
-the few-label regime, fairly for both starting points:
+minutes of MLM on the same 6,000 texts gave it nothing (experiments/RESULTS.md). So the question is asked
+in the few-label regime, fairly for both starting points:
 - `few_labels` items, an equal share of each class, drawn per seed from the training items but the last
   `val_items`, which are held back to choose the fine-tuning rate and never scored;
 - each start (pretrained, random init with the same tokenizer) fine-tuned at every rate of `few_lrs` for
@@ -12,28 +22,59 @@ the few-label regime, fairly for both starting points:
 - each start at its own best rate (the best mean accuracy on the held-back items over the seeds), scored
   on the scored items; the goal: pretrained above random on every seed.
 Beside it, the same comparison with every training label at one rate (no goal: where pretraining does not
-pay), and row 4, which needs that run's accuracies: the whole tfkit path against HF's at equal CPU.
+pay), and the row that needs that run's accuracies: the whole tfkit path (tokenizer, `pretrain`, `finetune`)
+against HF's (a `tokenizers` WordPiece, run_mlm's loop for the same CPU seconds as `tfkit pretrain` took,
+run_glue's loop with the same fine-tuning hyperparameters), scored on the same labels.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import shutil
 import statistics
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from . import finetune_hf as hf
-from .common import Row
-from .finetune import (DROPOUT, PRETRAIN_GOAL, Env, Sizes, bundled, final_accuracy, finetune_recipe, run_recipe, spread,
-                       tfkit_finetune)
-from .finetune_setup import Item, Split, write_csv
+from benchmarks import finetune_hf as hf
+from benchmarks.common import Context, Goal, Row, machine, table, write_json
+from benchmarks.finetune import (DROPOUT, Env, bundled, final_accuracy, finetune_recipe, run_recipe, spread,
+                                 tfkit_finetune)
+from benchmarks.finetune_setup import Item, Split, check_data, read_items, synthetic_items, write_csv, write_split
 
-if TYPE_CHECKING:  # transformers is imported where used: `benchmarks.run` starts without it
+if TYPE_CHECKING:  # transformers is imported where used
     from transformers import BertConfig
+
+PRETRAIN_GOAL = Goal("> random init, every seed", 1.0)
+DATA = Path("../shared/data/ag_news_test.csv")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of everything a run does (FULL: about 42 CPU minutes on one thread; QUICK: seconds)."""
+
+    n_train: int  # items of the split to train on (the first ones of the file)
+    n_test: int  # items scored (the last ones)
+    seeds: tuple[int, ...]
+    pretrain_steps: int  # tfkit pretrain of bert-tiny
+    vocab_size: int  # its tokenizer (and HF's)
+    tiny: hf.Hyper  # fine-tuning bert-tiny (pretrained or not, either path) on every training label
+    few_labels: int  # labelled items per seed for the goal, an equal share per class
+    val_items: int  # the last training items, held back to choose each start's rate, never labelled for training
+    few_lrs: tuple[float, ...]  # the rates each start is fine-tuned at on few labels
+    few_epochs: int
+
+
+FULL = Sizes(6000, 1600, (1, 2, 3), 4000, 4096, hf.Hyper(lr=2e-3, steps=374, warmup=37), 500, 400,
+             (5e-4, 1e-3, 2e-3), 10)
+QUICK = Sizes(256, 64, (1,), 6, 200, hf.Hyper(lr=2e-3, steps=6, warmup=1), 32, 16, (2e-3,), 2)
+
 
 def pretrain_tiny(env: Env, split: Split, sizes: Sizes) -> tuple[Path, float]:
     """`tfkit pretrain bert-tiny` on the training texts (its own WordPiece tokenizer, MLM, fp32): the run
@@ -48,7 +89,7 @@ def pretrain_tiny(env: Env, split: Split, sizes: Sizes) -> tuple[Path, float]:
     recipe["log"].update(tensorboard=False, plot=False, progress=False)
     if env.ctx.quick:  # a few kB of text: its held-out share is a couple of rows
         recipe["eval"].update(batches=1, batch_size=2)
-    env.ctx.log(f"finetune: tfkit pretrain bert-tiny, {steps} updates")
+    env.ctx.log(f"pretraining: tfkit pretrain bert-tiny, {steps} updates")
     return run_recipe(env, "pretrain", "bert-tiny", recipe)
 
 
@@ -70,7 +111,7 @@ def hf_config(run_dir: Path, vocab_size: int) -> BertConfig:
 def hf_path(env: Env, split: Split, sizes: Sizes, run_dir: Path, budget_s: float) -> tuple[list[float], dict]:
     """HF's raw text -> classifier (see the module doc): the accuracy of each seed and what it cost."""
     ctx, tiny = env.ctx, sizes.tiny
-    ctx.log(f"finetune: HF path, tokenizer + run_mlm loop for {budget_s:.0f} CPU s")
+    ctx.log(f"pretraining: HF path, tokenizer + run_mlm loop for {budget_s:.0f} CPU s")
     start = time.process_time()
     tokenizer = hf.train_wordpiece(split.texts(), sizes.vocab_size)
     blocks = hf.group_texts(tokenizer, split.texts(), tiny.max_len)
@@ -84,12 +125,12 @@ def hf_path(env: Env, split: Split, sizes: Sizes, run_dir: Path, budget_s: float
     test_features = hf.encode(tokenizer, split.test, tiny.max_len)
     accuracies, tuning = [], 0.0
     for seed in sizes.seeds:
-        ctx.log(f"finetune: HF path, run_glue loop, seed {seed}")
+        ctx.log(f"pretraining: HF path, run_glue loop, seed {seed}")
         start = time.process_time()
         model = hf.classifier(mlm, 4, seed, dropout=DROPOUT)
         hf.finetune(model, tokenizer, train_features, hf.labels_of(split.train), tiny, seed)
         accuracies.append(hf.accuracy(model, tokenizer, test_features, hf.labels_of(split.test), tiny.eval_batch))
-        ctx.log(f"finetune: HF path, seed {seed}: {100 * accuracies[-1]:.2f}")
+        ctx.log(f"pretraining: HF path, seed {seed}: {100 * accuracies[-1]:.2f}")
         tuning += time.process_time() - start
     return accuracies, {"pretrain_cpu_s": prepared + seconds, "mlm_updates": steps,
                         "finetune_cpu_s": tuning / len(sizes.seeds)}
@@ -109,7 +150,7 @@ def few_label_sets(split: Split, sizes: Sizes, seed: int) -> list[Item]:
 
 
 def few_label_row(env: Env, split: Split, sizes: Sizes, run_dir: Path) -> Row:
-    """Goal 3 (module doc): pretrained against random init on few labels, each at its own best rate."""
+    """The goal (module doc): pretrained against random init on few labels, each at its own best rate."""
     from tfkit.evaluation.classify import score_classifier
 
     held_back = write_csv(split.folder / "held-back.csv", split.train[-sizes.val_items:])
@@ -130,7 +171,7 @@ def few_label_row(env: Env, split: Split, sizes: Sizes, run_dir: Path) -> Row:
                                           device=torch.device("cpu"))["accuracy"]
                 shutil.rmtree(folder, ignore_errors=True)
                 scores.setdefault((start, lr), []).append((held, scored))
-                env.ctx.log(f"finetune: {sizes.few_labels} labels, {start}, lr {lr:g}, seed {seed}: held back "
+                env.ctx.log(f"pretraining: {sizes.few_labels} labels, {start}, lr {lr:g}, seed {seed}: held back "
                             f"{100 * held:.2f}, scored {100 * scored:.2f}")
     best = {start: max(sizes.few_lrs, key=lambda lr: statistics.mean(h for h, _ in scores[start, lr]))
             for start in starts}
@@ -138,7 +179,7 @@ def few_label_row(env: Env, split: Split, sizes: Sizes, run_dir: Path) -> Row:
     gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
     every = "; ".join(f"{start} lr {lr:g}: {spread([s for _, s in scores[start, lr]])}"
                       for start in starts for lr in sizes.few_lrs)
-    return Row("finetune", f"accuracy on {sizes.few_labels} labels (an equal share per class, drawn per seed), "
+    return Row("pretraining", f"accuracy on {sizes.few_labels} labels (an equal share per class, drawn per seed), "
                            f"bert-tiny pretrained by tfkit ({sizes.pretrain_steps} MLM updates on the "
                            f"{len(split.train):,} training texts) vs random init, each at its best rate of "
                            f"{list(sizes.few_lrs)} on {sizes.val_items} held-back items, {sizes.few_epochs} epochs "
@@ -152,19 +193,19 @@ def few_label_row(env: Env, split: Split, sizes: Sizes, run_dir: Path) -> Row:
 
 
 def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
-    """Rows 3 and 4: tfkit's pretrained bert-tiny against random init (few labels: the goal; every label:
-    no goal), and tfkit's raw-text path against HF's."""
+    """tfkit's pretrained bert-tiny against random init (few labels: the goal; every label: no goal), and
+    tfkit's raw-text path against HF's."""
     run_dir, pre_cpu = pretrain_tiny(env, split, sizes)
     rows = [few_label_row(env, split, sizes, run_dir)]
     tiny, runs = sizes.tiny, {"pretrained": [], "random": []}
     tuning = 0.0
     for seed in sizes.seeds:
         for kind, init_from in (("pretrained", run_dir), ("random", None)):
-            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}")
+            env.ctx.log(f"pretraining: bert-tiny {kind}, seed {seed}")
             recipe = finetune_recipe(env, split, split.train_csv, tiny, seed, init_from=init_from,
                                      tokenizer=None if init_from else run_dir / "tokenizer", pooling="mean")
             accuracy, seconds = tfkit_finetune(env, f"tiny-{kind}-{seed}", recipe)
-            env.ctx.log(f"finetune: bert-tiny {kind}, seed {seed}: {100 * accuracy:.2f}")
+            env.ctx.log(f"pretraining: bert-tiny {kind}, seed {seed}: {100 * accuracy:.2f}")
             runs[kind].append(accuracy)
             tuning += seconds if kind == "pretrained" else 0.0
     budget = min(pre_cpu, 2.0) if env.ctx.quick else pre_cpu  # --quick: the HF loop's pace is all that matters
@@ -176,13 +217,14 @@ def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
     tuned = (f"fine-tuned {tiny.steps} updates of {tiny.batch_size}, lr {tiny.lr:g}, {len(split.test):,} scored, "
              f"seeds {list(sizes.seeds)}")
     return rows + [
-        Row("finetune", f"accuracy on all {len(split.train):,} labels, {shape}, vs the same architecture from random "
-                        f"init; {tuned}", "acc %", 100 * statistics.mean(pre), 100 * statistics.mean(rand),
+        Row("pretraining", f"accuracy on all {len(split.train):,} labels, {shape}, vs the same architecture from "
+                           f"random init; {tuned}", "acc %", 100 * statistics.mean(pre), 100 * statistics.mean(rand),
             paired=min(p / r for p, r in zip(pre, rand)),
             note=f"pretrained {spread(pre)}, random {spread(rand)}; gap per seed {gaps} points; ratio = worst seed",
             extra={"pretrained": pre, "random": rand, "pretrain_cpu_s": pre_cpu}),
-        Row("finetune", f"accuracy from raw text: tfkit (pretrain: tokenizer + MLM, then finetune) vs HF (tokenizers "
-                        f"WordPiece + run_mlm loop for the same CPU seconds, then run_glue loop); {tuned}", "acc %",
+        Row("pretraining", f"accuracy from raw text: tfkit (pretrain: tokenizer + MLM, then finetune) vs HF "
+                           f"(tokenizers WordPiece + run_mlm loop for the same CPU seconds, then run_glue loop); "
+                           f"{tuned}", "acc %",
             100 * statistics.mean(pre), 100 * statistics.mean(theirs),
             note=(f"tfkit {spread(pre)}, HF {spread(theirs)}; pretraining CPU tfkit {pre_cpu:.0f} s "
                   f"({sizes.pretrain_steps} updates), HF {cost['pretrain_cpu_s']:.0f} s ({cost['mlm_updates']} "
@@ -192,3 +234,48 @@ def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
     ]
 
 
+def run(ctx: Context) -> list[Row]:
+    """The rows of the module doc at FULL sizes on `ctx.finetune_data`, or QUICK ones on made-up topics."""
+    sizes = QUICK if ctx.quick else FULL
+    hf.quiet()
+    work = Path(tempfile.mkdtemp(prefix="tfkit-experiment-pretraining-"))
+    env = Env(ctx, work, torch.get_num_threads())
+    try:
+        items = synthetic_items(sizes.n_train + sizes.n_test) if ctx.quick else read_items(ctx.finetune_data)
+        split = write_split(items, work / "data", sizes.n_train, sizes.n_test,
+                            "made-up topics" if ctx.quick else "AG News")
+        return pretraining_rows(env, split, sizes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.finetune_pretraining",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="made-up topics, tiny sizes: seconds; not a result")
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help=f"AG News' test CSV (label, title, description), split 6,000 to train on and 1,600 to "
+                             f"score (default {DATA})")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON to this file")
+    args = parser.parse_args(argv)
+    if not args.quick:
+        problem = check_data(args.data, FULL.n_train, FULL.n_test)
+        if problem:
+            parser.error(f"--data: {problem}")
+    torch.set_num_threads(args.threads)
+    ctx = Context("cpu", args.quick, False, torch.device("cpu"), clock="cpu", finetune_data=args.data)
+    rows = run(ctx)
+    info = {**machine(), "torch_threads": torch.get_num_threads()}
+    print(f"# does pretraining pay{' (quick: not a result)' if args.quick else ''}: {info['cpu']} x{info['cores']}, "
+          f"torch {info['torch']}, transformers {info.get('transformers', '-')}, "
+          f"{time.perf_counter() - ctx.started:.0f} s")
+    print(table(rows))
+    if args.json:
+        write_json(args.json, {"quick": args.quick, "machine": info, "rows": [r.to_dict() for r in rows]})
+        print(f"# wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,9 +15,12 @@ tfkit's own pieces, end to end:
    interleaved per round so a busy host slows every variant alike: on the trained models, and on the same
    shape with random weights at a long context, where the KV cache (what GQA shrinks) dominates.
 
-    python -m benchmarks.gqa_experiment [--quick] [--steps N] [--threads N] [--work DIR] [--json OUT]
+    python -m experiments.gqa_experiment [--quick] [--steps N] [--threads N] [--work DIR] [--json OUT]
 
-Results are recorded in benchmarks/RESULTS.md ("GQA uptraining").
+Run from the repository root. The full run takes about 5 minutes on one thread of a 2-core CPU; `--quick`
+(40 steps, a small tokenizer) checks that the script still runs and records nothing. The latest results are in
+experiments/RESULTS.md ("GQA uptraining"); `tfkit lab run gqa-uptrain` asks the same questions with seeds,
+controls and verdicts (docs/lab.md).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from tfkit.replacing import TFKIT_MODEL, check_new_folder
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
 
-from .common import machine
+from benchmarks.common import machine
 
 HERE = Path(__file__).resolve().parent
 VALID = "stdlib:docs:valid"
@@ -163,7 +166,8 @@ def run(setup: Setup, work: Path) -> dict:
             _, converted = convert_checkpoint(mha, out, groups, method, seed=0)
             loss = val_loss(out, setup, work)
             log(f"{name}: loss right after conversion {loss:.4f}; uptraining {up_steps} steps", start)
-            uptrained = train("gqa-uptrain", uptrain_overrides(out, converted.config) + up, work / f"up-{groups}-{method}", work)
+            uptrained = train("gqa-uptrain", uptrain_overrides(out, converted.config) + up,
+                              work / f"up-{groups}-{method}", work)
             results[name] = {"kv_heads": groups, "method": method, "converted": loss,
                              "uptrained": val_loss(uptrained, setup, work), "checkpoint": str(uptrained)}
     log(f"MHA control: uptraining {up_steps} steps", start)
@@ -185,7 +189,8 @@ def run(setup: Setup, work: Path) -> dict:
     long_models = {k: random_like(m, setup.long_context + 64) for k, m in trained.items()}
     long = decode_speed(long_models, batch=16, context=setup.long_context, steps=32, rounds=setup.decode_rounds)
     return {"setup": setup.__dict__, "uptrain_steps": up_steps, "date": date.today().isoformat(),
-            "machine": {**machine(), "threads": torch.get_num_threads()}, "seconds": round(time.perf_counter() - start, 1), "loss": results,
+            "machine": {**machine(), "threads": torch.get_num_threads()},
+            "seconds": round(time.perf_counter() - start, 1), "loss": results,
             "decode": {"trained_B16_T192": short, f"random_B16_T{setup.long_context}": long}}
 
 
@@ -211,18 +216,20 @@ def tables(payload: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.gqa_experiment",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 40 steps, small tokenizer, few tokens (minutes on a busy host); not for recording")
+                        help="smoke run: 40 steps, small tokenizer, few tokens (about a minute on a busy host); "
+                             "not for recording")
     parser.add_argument("--steps", type=int, default=None, help="pretraining steps N (default 400, quick 40)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a shared host two OpenMP threads wait for each "
                              "other at every op; 0 = torch's default)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default runs/gqa-experiment[-quick])")
     parser.add_argument("--json", type=Path, default=None,
-                        help="results file (default benchmarks/gqa_experiment.json; --quick: in the work folder)")
-    args = parser.parse_args()
+                        help="results file (default experiments/gqa_experiment.json; --quick: in the work folder)")
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     suffix = "-quick" if args.quick else ""
@@ -238,7 +245,8 @@ def main() -> None:
     print(tables(payload))
     print(f"\n{payload['machine']['cpu']}, {payload['machine']['cores']} cores, torch {payload['machine']['torch']}, "
           f"{payload['seconds']:.0f} s; JSON: {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
