@@ -3,7 +3,7 @@
 For a small language model the output head dominates a training step: `F.linear` to (N, V) logits, then
 `F.cross_entropy` materialises (N, V) log-probs, its backward zero-fills an (N, V) gradient, runs the
 log_softmax backward over it, and the accuracy needs another pass (argmax) over the logits. On tfkit's
-tiny GPT that was ~73% of the step (benchmarks/RESULTS.md).
+tiny GPT that was ~73% of the step (git show cd30549:benchmarks/RESULTS.md).
 
 `linear_cross_entropy` computes the same three numbers (summed loss, correct count, gradients) while only
 one chunk of logits exists at a time: per chunk it computes the logits, takes the row max and argmax in one
