@@ -47,6 +47,9 @@ class Recipe:
     # the SECTION.KEY names that --set gave, not saved (recipe.yaml holds their values): a run started from a
     # checkpoint takes every model key from it except those given explicitly (source.source_model)
     overrides: tuple[str, ...] = field(default=(), compare=False)
+    # the SECTION.KEY names the recipe file or --set wrote out (not those a model.size or a default filled): a run
+    # started from a checkpoint keeps these of its dropouts and attention kernel, the checkpoint's others
+    given: tuple[str, ...] = field(default=(), compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # how it was chosen (trainer.resume), not saved: warnings
 
     def problems(self) -> list[str]:
@@ -106,7 +109,7 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         """The recipe as saved; the task section only in a fine-tuning recipe (a pretraining recipe.yaml is
         unchanged by its existence)."""
-        dropped = ("overrides", "notes") + (() if self.head_task else ("task",))
+        dropped = ("overrides", "notes", "given") + (() if self.head_task else ("task",))
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in dropped}
 
     def to_yaml(self) -> str:
@@ -237,6 +240,7 @@ def recipe_from_dict(raw: dict, default_name: str = "recipe", problems: list[str
         values = model_raw if section_name == "model" else _section_mapping(raw, section_name, collect)
         sections[section_name] = _build_section(cls, values, section_name, collect)
     recipe = Recipe(name=str(name), **sections)
+    recipe.given = tuple(sorted(f"{s}.{key}" for s in SECTIONS if isinstance(raw.get(s), dict) for key in raw[s]))
     _expand_home(recipe)
     # keys with a wrong type kept their (valid) defaults; a bad model.arch was already met by sized_config
     collect.extend(problem for problem in recipe.problems() if problem not in collect)

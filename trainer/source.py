@@ -2,7 +2,7 @@
 
 The model config of such a run is the checkpoint's: a recipe key that contradicts it is an error, except
 the MAY_DIFFER keys that do not change the weights' shapes; an `init_from` run takes the checkpoint's
-shape wholesale (`source_model`). `data.train: null` means the checkpoint's data, `train.precision: auto`
+model wholesale, its dropouts and attention kernel too unless the recipe writes them out (`source_model`). `data.train: null` means the checkpoint's data, `train.precision: auto`
 of a resume the precision it trained in (and `train.threads: auto` its thread count), and a resume
 keeps the checkpoint's tokenizer. `resolve_recipe` applies these to the recipe before the run writes
 anything, on every rank.
@@ -117,16 +117,23 @@ def check_tokenizer_kept(recipe, resumed_from: Path) -> None:
 
 def source_model(recipe, source: Path, out=None):
     """The recipe of a run started from a checkpoint (train.init_from) with the checkpoint's model: every
-    model key is the checkpoint's, except the MAY_DIFFER ones and those given by `--set model.KEY`, which
-    `model_config` then checks. A user continuing an imported model names the checkpoint, not its shape.
-    The replaced keys are said in one line on `out` (the start block), when given."""
+    model key is the checkpoint's, except those given by `--set model.KEY` (which `model_config` then checks)
+    and the MAY_DIFFER ones the recipe writes out. A user continuing an imported model names the checkpoint,
+    not its shape, and fine-tunes it with the dropout it was trained with (an imported BERT's 0.1 attention
+    dropout) unless the recipe says otherwise, as HF's `from_pretrained` keeps the checkpoint's config.
+    What came from the checkpoint, and the recipe's own dropouts where they differ from the checkpoint's,
+    are said in one line each on `out` (the start block), when given."""
     saved = CheckpointRecord.read(source).model
     wanted = recipe.model.config(saved.vocab_size)
     explicit = {key.split(".", 1)[1] for key in recipe.overrides if key.startswith("model.")}
-    kept = set(MAY_DIFFER) | explicit
-    replaced = [f"{f.name} {getattr(wanted, f.name)!r} -> {getattr(saved, f.name)!r}"
-                for f in dataclasses.fields(ModelConfig) if f.name not in kept | {"vocab_size", "pad_token_id"}
-                and getattr(wanted, f.name) != getattr(saved, f.name)]
+    written = {key.split(".", 1)[1] for key in recipe.given if key.startswith("model.")}
+    kept = explicit | (set(MAY_DIFFER) & written)
+    changed = [f for f in dataclasses.fields(ModelConfig) if f.name not in ("vocab_size", "pad_token_id")
+               and getattr(wanted, f.name) != getattr(saved, f.name)]
+    replaced = [f"{f.name} {getattr(wanted, f.name)!r} -> {getattr(saved, f.name)!r}" for f in changed
+                if f.name not in kept]
+    own = [f"{f.name} {getattr(wanted, f.name)!r} (the checkpoint has {getattr(saved, f.name)!r})" for f in changed
+           if f.name in kept and f.name in MAY_DIFFER]
     values = {f.name: getattr(wanted if f.name in kept else saved, f.name) for f in dataclasses.fields(ModelConfig)}
     model = type(recipe.model)(**values, size=None)
     if recipe.data.format == "chat" and model.arch != "gpt":
@@ -140,8 +147,9 @@ def source_model(recipe, source: Path, out=None):
         raise ConfigError(f"data.seq_len: {recipe.data.seq_len} exceeds the max_seq_len {model.max_seq_len} of "
                           f"{source}; set data.seq_len <= {model.max_seq_len}")
     if replaced and out is not None:
-        out.print(f"model: the shape of {source}, not the recipe's: " + "; ".join(replaced), highlight=False,
-                  markup=False)
+        out.print(f"model: as {source}, not the recipe's: " + "; ".join(replaced), highlight=False, markup=False)
+    if own and out is not None:
+        out.print("model: the recipe's, not the checkpoint's: " + "; ".join(own), highlight=False, markup=False)
     return dataclasses.replace(recipe, model=model)
 
 
