@@ -26,8 +26,8 @@ from ..ranges import POSITIVE, USUAL_PEAK_LR
 from ..ranges import hints as _hints
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
-                       TASK_POOLINGS, DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection, OptimSection,
-                       ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
+                       TASK_POOLINGS, DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
+                       OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
 
 @dataclass
 class Recipe:
@@ -348,8 +348,8 @@ def _as_float(value: Any) -> Any:
 
 def parse_override(item: str) -> tuple[str, str, Any]:
     """(section, key, value) of `section.key=value` as `load_recipe` applies it, the value parsed for the key's
-    type (`_override_value`), so two spellings of one setting compare equal; ConfigError naming the item
-    when it is not SECTION.KEY=VALUE of a known section (an unknown key is the loader's to report)."""
+    type (`_override_value`, `_as_float`), so two spellings of one setting compare equal; ConfigError naming
+    the item when it is not SECTION.KEY=VALUE of a known section (an unknown key is the loader's to report)."""
     key, sep, text = item.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
@@ -357,7 +357,9 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     section, name = parts
     if section not in SECTIONS:
         raise ConfigError(f"overrides {item}: unknown section {section!r}{_suggest(section, SECTIONS)}")
-    return section, name, _override_value(text, _hints(_hints(Recipe)[section]).get(name))
+    hint = _hints(_hints(Recipe)[section]).get(name)
+    value = _override_value(text, hint)
+    return section, name, _as_float(value) if hint in (float, float | None) else value  # `3e-4` is a float
 
 
 def _apply_override(raw: dict, item: str, problems: list[str]) -> str | None:
