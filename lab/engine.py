@@ -249,9 +249,9 @@ def _train_phase(lab: Lab, jobs: list[Job], progress: LabProgress, timing: dict)
             for job in queued[:workers]:  # the pool starts them in this order, the next when one ends
                 progress.begin(job.key)
             for future in as_completed(futures):
+                _finished(futures[future], *future.result(), progress, timing, lab)
                 if len(queued) > workers:
                     progress.begin(queued.pop(workers).key)
-                _finished(futures[future], *future.result(), progress, timing, lab)
         return
     for job, recipe, run_dir in pending:
         progress.begin(job.key)

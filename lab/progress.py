@@ -5,10 +5,10 @@ A training's own output goes to logs/NAME.log, so a lab whose first training tak
 as long. Here the lab reads a running training's step from its metrics.jsonl (a row every train.log_every steps,
 read with the trainer's reader), a watcher thread polling it every POLL_EVERY seconds. On a terminal each running
 training is a bar redrawn in place; off one (a file, CI) it is a plain line when it starts and then every
-PLAIN_EVERY seconds. An estimate rests on measured paces only: seconds per step of the trainings this lab
-finished, by group (a fine-tuning's pace says nothing about a pretraining's), or a running training's own pace
-since its first logged step; a training with no pace to go by is counted, not guessed. Every time comes from the
-clock passed in, so the tests run on a fake one."""
+PLAIN_EVERY seconds. An estimate rests on measured times only (`needs`): a running training's own pace since
+its first logged step, the time finished runs of its group with as many steps took, or their seconds per step
+(a fine-tuning's pace says nothing about a pretraining's); a training with nothing to go by is counted, not
+guessed. Every time comes from the clock passed in, so the tests run on a fake one."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ class Training:
     run_dir: Path
     base: int = 0  # the step it started from (a continued training's last logged step)
     step: int = 0  # the last step its metrics.jsonl showed
+    began: float | None = None  # when it started
     anchor: tuple[float, int] | None = None  # (time, step) when its step was first seen past `base`
     shown: float | None = None  # when its last plain line was printed
 
@@ -60,23 +61,47 @@ class Training:
         return (now - self.anchor[0]) / (self.step - self.anchor[1])
 
 
-def time_left(running: list[Training], pending: list[Training], paces: dict[str, float], concurrency: int,
+Runs = dict[str, list[tuple[float, int]]]  # group -> (seconds, steps trained) of each training it finished
+
+
+def needs(t: Training, runs: Runs, fallback: float | None, now: float) -> float | None:
+    """Seconds training `t` still needs, from measured paces only (None: none to go by): its own pace once it
+    has one; else what finished runs of its group with as many steps took (a whole run: setup, validations
+    and checkpoints included, which weigh most in a short run), less what it has run; else its group's
+    seconds per step over every finished run; else `fallback`, a running training's own pace of its group."""
+    todo, own = t.steps - max(t.step, t.base), t.pace(now)
+    if own is not None:
+        return todo * own
+    done = runs.get(group(t.kind), [])
+    alike = [seconds for seconds, steps in done if steps == t.steps - t.base]
+    if alike:
+        return max(0.0, sum(alike) / len(alike) - (now - t.began if t.began is not None else 0.0))
+    steps = sum(n for _, n in done)
+    pace = sum(s for s, _ in done) / steps if steps else fallback
+    return None if pace is None else todo * pace
+
+
+def time_left(running: list[Training], pending: list[Training], runs: Runs, concurrency: int,
               now: float) -> tuple[float, list[Training]]:
-    """(seconds the unfinished trainings need, those of them with no pace to go by). A running training takes
-    its own pace, else its group's; a pending one its group's (whole runs: setup and validations included);
-    `concurrency` trainings run at a time."""
+    """(seconds the unfinished trainings need, those of them with nothing to go by), `concurrency` at a time."""
+    fallback = {}
+    for t in running:
+        if t.pace(now) is not None:
+            fallback.setdefault(group(t.kind), t.pace(now))
     work, unknown = 0.0, []
-    for t, own in [*((t, t.pace(now)) for t in running), *((t, None) for t in pending)]:
-        pace = own or paces.get(group(t.kind))
-        if pace is None:
+    for t in [*running, *pending]:
+        seconds = needs(t, runs, fallback.get(group(t.kind)), now)
+        if seconds is None:
             unknown.append(t)
         else:
-            work += (t.steps - max(t.step, t.base)) * pace
+            work += seconds
     timed = len(running) + len(pending) - len(unknown)
     return work / max(1, min(concurrency, timed)), unknown
 
 
 def duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
@@ -89,10 +114,11 @@ def left_words(seconds: float, unknown: list[Training], count: int) -> str:
     head = f"{count} training{'s' if count != 1 else ''} left"
     if len(unknown) == count:
         return f"{head}, time unknown until a pace is measured"
+    about = duration(seconds) if seconds < 1 else f"about {duration(seconds)}"
     if not unknown:
-        return f"{head}, about {duration(seconds)}"
+        return f"{head}, {about}"
     groups = sorted({group(t.kind) for t in unknown})
-    return f"{head}, about {duration(seconds)} and {len(unknown)} not yet timed ({' and '.join(groups)})"
+    return f"{head}, {about} and {len(unknown)} not yet timed ({' and '.join(groups)})"
 
 
 class LabProgress:
@@ -107,7 +133,7 @@ class LabProgress:
         self.terminal = interactive() if terminal is None else terminal
         self.pending = {t.key: t for t in trainings}
         self.running: dict[str, Training] = {}
-        self.measured: dict[str, list[tuple[float, int]]] = {}  # group -> (seconds, steps) of finished runs
+        self.measured: Runs = {}
         self.bars: dict[str, Any] = {}
         self.lock = threading.RLock()
         self.bar = progress_bar(enabled=self.terminal, total=units, unit="job", desc="lab")
@@ -116,18 +142,9 @@ class LabProgress:
     def total(self) -> int:
         return len(self.pending) + len(self.running) + sum(len(v) for v in self.measured.values())
 
-    def paces(self, now: float) -> dict[str, float]:
-        """Seconds per step by group: the finished runs', else the running ones' own."""
-        out = {g: sum(s for s, _ in runs) / max(1, sum(n for _, n in runs)) for g, runs in self.measured.items()}
-        for t in self.running.values():
-            pace = t.pace(now)
-            if pace is not None:
-                out.setdefault(group(t.kind), pace)
-        return out
-
     def left(self, now: float) -> str:
         running, pending = list(self.running.values()), list(self.pending.values())
-        seconds, unknown = time_left(running, pending, self.paces(now), self.concurrency, now)
+        seconds, unknown = time_left(running, pending, self.measured, self.concurrency, now)
         return left_words(seconds, unknown, len(running) + len(pending))
 
     def print(self, line: str) -> None:
@@ -151,7 +168,7 @@ class LabProgress:
         with self.lock:
             t = self.running[key] = self.pending.pop(key)
             t.base = t.step = last_step(t.run_dir)
-            now = self.clock()
+            now = t.began = self.clock()
             if self.terminal:
                 self.bars[key] = progress_bar(total=t.steps, initial=t.base, unit="step", leave=False,
                                               position=len(self.bars) + 1, desc=self._name(t))
@@ -219,5 +236,6 @@ class LabProgress:
             if t.step > t.base:
                 where = f"step {t.step}/{t.steps}"
             else:
-                where = f"started at step {t.base} of {t.steps}" if t.base else f"started, {t.steps} steps"
+                where = f"started at step {t.base} of {t.steps}" if t.base else \
+                    f"started, {t.steps} step{'s' if t.steps != 1 else ''}"
             self.print(f"lab: {self._name(t)}: {where}; {self.left(now)}")

@@ -102,14 +102,22 @@ def test_a_continued_training_counts_only_the_steps_it_trains(tmp_path):
 def test_concurrent_trainings_share_the_time_left(tmp_path):
     runs = three(tmp_path)[:2]
     for run in runs:
-        run.step = 50
-    paces = {"training": 2.0}
-    alone, _ = time_left(runs, [], paces, 1, now=0.0)
-    together, unknown = time_left(runs, [], paces, 2, now=0.0)
+        run.step, run.began = 50, 0.0
+    finished = {"training": [(200.0, 100)]}  # a run of as many steps took 200 s; these have run 100 s each
+    alone, _ = time_left(runs, [], finished, 1, now=100.0)
+    together, unknown = time_left(runs, [], finished, 2, now=100.0)
     assert (alone, together, unknown) == (200.0, 100.0, [])
 
 
-@pytest.mark.parametrize("seconds, words", [(4, "4 s"), (89, "89 s"), (90, "1.5 min"), (3600, "60.0 min"),
+def test_a_short_run_is_estimated_from_runs_as_short_not_from_a_pace_per_step(tmp_path):
+    """In a short run setup and validation outweigh the steps: a 1-step uptraining after 8-step trainings is
+    estimated from the 1-step runs once there is one."""
+    up = Training("a+up/seed-1", "uptrain", 1, 1, tmp_path / "up")
+    assert time_left([], [up], {"training": [(8.0, 8)]}, 1, now=0.0) == (1.0, [])  # 1 s a step
+    assert time_left([], [up], {"training": [(8.0, 8), (3.0, 1)]}, 1, now=0.0) == (3.0, [])
+
+
+@pytest.mark.parametrize("seconds, words", [(0.4, "under 1 s"), (4, "4 s"), (89, "89 s"), (90, "1.5 min"), (3600, "60.0 min"),
                                             (5400, "1.5 h")])
 def test_durations_read_as_a_person_says_them(seconds, words):
     assert duration(seconds) == words
