@@ -63,8 +63,8 @@ class Recipe:
                        "a given tokenizer, e.g. the pretrained run's tokenizer/ folder it is the control for")
         pools = TASK_POOLINGS.get(self.model.arch, ())
         if task and not self.train.init_from and pools and self.task.pooling not in (None, *pools):
-            out.append(f"task.pooling: {self.task.pooling!r} is not a pooling of model.arch={self.model.arch!r}, "
-                       f"which pools {' or '.join(pools)}")
+            out.append(f"task.pooling: {self.task.pooling!r} is not a pooling of {self.model.arch} models "
+                       f"(model.arch), which pool {' or '.join(pools)}")
         if task and self.task.metric not in ("auto", *TASK_METRICS[task]):
             out.append(f"task.metric: {self.task.metric!r} does not score objective.name={self.objective.name!r} "
                        f"(expected auto or one of {', '.join(TASK_METRICS[task])})")
