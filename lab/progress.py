@@ -207,7 +207,10 @@ class LabProgress:
 
         def loop() -> None:
             while not stop.wait(every):
-                self.poll()
+                try:
+                    self.poll()
+                except OSError:  # a metrics.jsonl it cannot read now: the next poll tries again
+                    continue
 
         thread = threading.Thread(target=loop, name="lab-progress", daemon=True)
         thread.start()

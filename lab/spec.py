@@ -3,7 +3,9 @@
 Loading is strict in the way recipes are (trainer/recipe.py): unknown keys get a suggestion, every
 problem in the file is collected and reported at once as one ConfigError naming the file and the key.
 Whether each variant's recipe is valid is checked by the planner (`plan.resolve_recipes`), which loads
-every recipe the lab would train before the first step."""
+every recipe the lab would train before the first step. The rows a spec makes (its variants and the names
+its convert, uptrain, sweep and downstream blocks derive) are named here, where expectations are checked
+against them, so the planner reads them from the spec and the spec never imports the planner."""
 
 from __future__ import annotations
 
