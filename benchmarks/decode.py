@@ -103,7 +103,7 @@ def to_hf(model: torch.nn.Module) -> torch.nn.Module | None:
     try:
         import transformers
 
-        from tfkit.checkpoints.hf_export import tfkit_to_hf
+        from tfkit.checkpoints.hf_state import tfkit_to_hf
     except ImportError:
         return None
     config, state = tfkit_to_hf(model.config, model.state_dict())

@@ -23,11 +23,11 @@ from tfkit.tokenization.labelled import Examples
 from tfkit.tokenization.task_batches import TaskDataset, task_dataset
 from tfkit.tokenization.tokenizer import load_tokenizer
 from tfkit.trainer.distributed import DistInfo
-from tfkit.trainer.loop import Loop, StopFlag
+from tfkit.trainer.loop import Loop, StopFlag, replay, run_window
 from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import build_optimizer, grad_scaler
 from tfkit.trainer.recipe import ObjectiveSection, OptimSection, Recipe, TrainSection
-from tfkit.trainer.step import Update, replay, run_window
+from tfkit.trainer.step import Update
 
 from .finetune_hf import Hyper, labels_of
 from .finetune_setup import Item

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tfkit.checkpoints.hf_export import tfkit_to_hf
+from tfkit.checkpoints.hf_state import tfkit_to_hf
 from tfkit.models import ModelConfig
 from tfkit.tokenization.sft_batches import Example, SftDataset
 from tfkit.trainer.objectives import IGNORE

@@ -39,12 +39,12 @@ from torch import Tensor, nn
 
 from tfkit.models import ModelConfig, build_model, sized_config
 from tfkit.trainer.distributed import DistInfo
-from tfkit.trainer.loop import Loop, StopFlag
+from tfkit.trainer.loop import Loop, StopFlag, replay, run_window
 from tfkit.trainer.metrics import mfu, peak_flops
 from tfkit.trainer.objectives import IGNORE, LossModule, compile_loss_module, move_batch
 from tfkit.trainer.optim import autocast_context, build_optimizer, grad_scaler, native_bf16
 from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSection, Recipe, TrainSection
-from tfkit.trainer.step import Update, replay, run_window
+from tfkit.trainer.step import Update
 
 from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
 from .reference_gpt import ReferenceGPT, configure_optimizers

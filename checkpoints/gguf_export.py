@@ -3,7 +3,7 @@
 The file is written with `gguf`, the package llama.cpp's authors publish for the format (the optional
 `export` extra), and laid out as llama.cpp's own `convert_hf_to_gguf.py` lays out the HuggingFace model
 `export-hf` writes for the same checkpoint, so the tensors start from that already-tested mapping
-(`hf_export.tfkit_to_hf`) and take the converter's steps from there:
+(`hf_state.tfkit_to_hf`) and take the converter's steps from there:
 - the Llama layout (rope, RMSNorm, SwiGLU, any n_kv_heads, tied or untied head, biases or none): Q and K
   rows permuted from HF's rotate-half RoPE (pairs i, i + D/2) to llama.cpp's adjacent pairs (2i, 2i+1),
   per head (`permute`, the converter's `LlamaModel.permute`);
@@ -37,7 +37,7 @@ from ..layout import CARD_MARK, MODEL_CARD
 from ..models.config import ModelConfig
 from ..tokenization.tokenizer import TfkitTokenizer, load_tokenizer
 from .folders import resolve_checkpoint
-from .hf_export import tfkit_to_hf
+from .hf_state import tfkit_to_hf
 from .weights import load_model
 
 EXTRA = 'pip install "tfkit[export]"'

@@ -27,6 +27,7 @@ from ..layout import CLASSIFIER_EXPORT_ARCHITECTURES
 from ..models.config import ModelConfig
 from ..models.heads import HeadConfig
 from .hf_names import RULES, HFInteropWarning
+from .hf_state import tfkit_to_hf
 
 # The HF class each family's classifier is exported as (layout.py: files.py recognises an export by it).
 CLASSIFIER_ARCHITECTURES = CLASSIFIER_EXPORT_ARCHITECTURES
@@ -84,8 +85,6 @@ def classifier_to_hf(family: str, cfg: ModelConfig, head: HeadConfig, state: dic
     """(config.json dict, state dict) of the HF classifier computing what the tfkit classifier computes;
     `pad_id` is the id the classifier's rows are padded with and `row_end` the one they end with (the
     tokenizer's pad and EOS / [SEP], tokenization/task_batches.py)."""
-    from .hf_export import tfkit_to_hf
-
     check_pooling(family, cfg, head)
     state = fold_bias(family, state)
     name = CLASSIFIER_ARCHITECTURES[family]

@@ -172,7 +172,8 @@ def _usage(family: str, export: str, gguf_name: str, classifier: bool = False) -
 
 def export_hf_with_card(ckpt: str | Path, out: str | Path, *, force: bool = False, license: str | None = None) -> Path:
     """`hf_export.export_hf` with the model card of the checkpoint's run as the folder's README.md."""
-    from .hf_export import export_family, export_hf
+    from .hf_export import export_hf
+    from .hf_state import export_family
 
     record = read_run_record(ckpt)
     family = export_family(record.checkpoint.model)  # a model without an HF equivalent fails before the card is written

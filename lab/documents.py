@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .engine import Lab
+    from .jobs import Lab
 
 
 def packing_figures(doc_starts: np.ndarray, num_tokens: int, seq_len: int) -> dict:

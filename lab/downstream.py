@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TfkitError
 from .scoring import eval_label
 
 if TYPE_CHECKING:
@@ -32,16 +32,40 @@ def task_label(recipe: Recipe) -> str:
     return eval_label(recipe.data.valid) if recipe.data.valid else "task"
 
 
-def check_recipes(spec_path: Path, jobs: list[Job], recipes: dict[str, Recipe]) -> None:
-    """A downstream recipe must classify (the error rate needs labels) and all must score one held-out set."""
-    tuned = [recipes[j.key] for j in jobs if j.kind == "finetune"]
-    for recipe in tuned:
+def check_downstream(spec_path: Path, jobs: list[Job], recipes: dict[str, Recipe]) -> None:
+    """Everything a fine-tuning would refuse after the pretrainings, refused before the first: its recipe must
+    classify (the error rate needs labels) and every head score one held-out set; its labelled files are read
+    as the trainer reads them (`load_labelled`: they exist, rows carry a text and a label, every validation
+    label occurs in training); its head suits the variant it fine-tunes (`HeadConfig.problems`: task.pooling
+    for the variant's model.arch). The task keys themselves were checked when the recipe loaded."""
+    from ..models.heads import HeadConfig
+    from ..tokenization.labelled import Columns, load_labelled
+
+    tuned = [(job, recipes[job.key]) for job in jobs if job.kind == "finetune"]
+    for _, recipe in tuned:
         if recipe.objective.name != "classify":
             raise ConfigError(f"{spec_path}: downstream.recipe: objective.name is {recipe.objective.name!r}; a "
                               "downstream row is scored by its error rate on held-out labels, which needs classify")
-    if len({(r.data.train, r.data.valid, r.data.valid_fraction) for r in tuned}) > 1:
+    if len({(r.data.train, r.data.valid, r.data.valid_fraction) for _, r in tuned}) > 1:
         raise ConfigError(f"{spec_path}: downstream.heads: the heads change the data (data.train, data.valid); "
                           "every row must be scored on the same held-out examples")
+    read: dict[tuple, tuple[str, ...]] = {}
+    for job, recipe in tuned:
+        d, t = recipe.data, recipe.task
+        columns = Columns(t.text, t.text_pair, t.label)
+        what = (d.train, d.valid, columns, t.header, d.valid_fraction, recipe.train.seed)
+        if what not in read:
+            try:
+                read[what] = load_labelled(d.train, d.valid, columns=columns, task=recipe.head_task, header=t.header,
+                                           valid_fraction=d.valid_fraction, seed=recipe.train.seed).labels
+            except TfkitError as exc:
+                raise type(exc)(f"{spec_path}: downstream {job.name}: {exc}", params=exc.params) from None
+        arch = recipes[f"{job.source}/seed-{job.seed}"].model.arch  # the variant whose checkpoint it starts from
+        head = HeadConfig(task=recipe.head_task, labels=read[what], pooling=t.pooling, dropout=t.dropout)
+        problems = [p.replace("head.", "task.", 1) for p in head.problems(arch)]
+        if problems:
+            raise ConfigError(f"{spec_path}: downstream {job.name}: fine-tunes {job.source} (model.arch={arch}): "
+                              + "; ".join(problems))
 
 
 def final_scores(run_dir: Path, steps: int) -> dict:

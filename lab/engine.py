@@ -18,41 +18,29 @@ import hashlib
 import json
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import staged_folder, write_atomic
 from ..jsonfile import read_json
-from ..layout import CHECKPOINTS, CONFIG
+from ..layout import CONFIG
 from ..progress import console as output_console
-from ..progress import progress_bar
 from ..trainer.recipe import Recipe, load_recipe
 from .documents import document_figures
-from .downstream import METRIC as TASK_METRIC
-from .downstream import check_recipes, final_scores, task_label
-from .gates import check_runs, diverged_scores, divergence, record_divergence
+from .downstream import METRIC as TASK_METRIC, check_downstream, final_scores, task_label
+from .gates import check_runs, divergence, diverged_scores, record_divergence
+from .jobs import Lab, checkpoint_of, final_checkpoint, job_named, log_path, scoring_recipe
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .probing import probe_units, run_probes
+from .progress import LabProgress, Training
 from .scale import run_scale
 from .scoring import eval_label, labels, pick_best, read_curves, score_job
 from .spec import LabSpec
 
 LAB_FILE = "lab.json"
 SPEC_COPY = "spec.yaml"
-
-
-@dataclass
-class Lab:
-    spec: LabSpec
-    options: LabOptions
-    folder: Path
-    jobs: list[Job]
-    recipes: dict[str, Recipe]  # job key -> recipe, for trainings
-    evals: dict[str, str]  # label -> corpus spec
-    seeds: list[int]
 
 
 def default_folder(claim: str) -> Path:
@@ -103,7 +91,7 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
                 raise ConfigError(f"{spec.path}: whole_documents: scores documents with causal sliding windows, but "
                                   f"{key} trains objective.name={recipe.objective.name}; it needs clm")
     _check_conversions(spec, recipes, jobs)
-    check_recipes(spec.path, jobs, recipes)
+    check_downstream(spec.path, jobs, recipes)  # its recipe, labelled files and labels, before any training
     folder = Path(out) if out else default_folder(spec.claim)
     _claim_folder(folder, spec, options)
     return Lab(spec, options, folder, jobs, recipes, evals, seeds)
@@ -169,12 +157,6 @@ def _tokenizer_key(recipe: Recipe) -> str:
     return f"{t.kind}-{t.vocab_size}-{hashlib.sha256(material.encode()).hexdigest()[:8]}"
 
 
-def _log(lab: Lab, name: str) -> Path:
-    path = lab.folder / "logs" / f"{name.replace('/', '_')}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def share_data(lab: Lab) -> None:
     """Train each distinct tokenizer once and point every recipe at it and at the lab's token cache; set
     what every run of a lab shares (its seed, quiet logs, no sample, one kept checkpoint)."""
@@ -197,7 +179,7 @@ def share_data(lab: Lab) -> None:
         if not recipe.tokenizer.path and not recipe.train.init_from:
             folder = lab.folder / "tokenizers" / _tokenizer_key(recipe)
             if not (folder / "tokenizer.json").is_file():
-                with open(_log(lab, f"tokenizer-{folder.name}"), "a", encoding="utf-8") as log, \
+                with open(log_path(lab, f"tokenizer-{folder.name}"), "a", encoding="utf-8") as log, \
                         contextlib.redirect_stdout(log), staged_folder(folder) as tmp:
                     prepare_tokenizer(recipe, tmp, None, output_console())
             recipe.tokenizer.path = str(folder)
@@ -214,10 +196,6 @@ def share_data(lab: Lab) -> None:
 def _share_cores(lab: Lab, recipe: Recipe) -> None:
     if lab.options.jobs > 1:  # the cores shared between the concurrent trainings
         recipe.train.threads = max(1, (os.cpu_count() or 1) // lab.options.jobs)
-
-
-def final_checkpoint(run_dir: Path, steps: int) -> Path:
-    return run_dir / CHECKPOINTS / f"step-{steps}"
 
 
 def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float]:
@@ -239,53 +217,55 @@ def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float
     return interrupted, time.perf_counter() - started
 
 
-class Progress:
-    """One bar over the whole lab (on a terminal) and one plain line per finished unit of work."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.console = total, 0, output_console()
-        self.bar = progress_bar(total=total, unit="job", desc="lab")
-
-    def step(self, what: str, started: float | None) -> None:
-        self.done += 1
-        self.bar.update(1)
-        took = "done before" if started is None else f"{time.perf_counter() - started:.1f} s"
-        self.bar.clear()
-        self.console.print(f"[{self.done:>3}/{self.total}] {what}: {took}", highlight=False, markup=False)
-
-    def close(self) -> None:
-        self.bar.close()
+def trainings(lab: Lab) -> list[Training]:
+    """The trainings this `lab run` trains, in the order it trains them: every train, uptrain and fine-tuning
+    job that has neither its final checkpoint nor a recorded divergence (a continued lab redoes nothing)."""
+    order = ("train", "uptrain", "finetune")
+    jobs = sorted((j for j in lab.jobs if j.kind in order), key=lambda j: order.index(j.kind))
+    out = []
+    for job in jobs:
+        steps, run_dir = lab.recipes[job.key].train.max_steps, lab.folder / job.folder
+        if not ((final_checkpoint(run_dir, steps) / CONFIG).is_file() or divergence(run_dir)):
+            out.append(Training(job.key, job.kind, len(out) + 1, steps, run_dir))
+    return out
 
 
-def _train_phase(lab: Lab, jobs: list[Job], progress: Progress, timing: dict) -> None:
+def _train_phase(lab: Lab, jobs: list[Job], progress: LabProgress, timing: dict) -> None:
     pending = []
     for job in jobs:
         recipe, run_dir = lab.recipes[job.key], lab.folder / job.folder
         if job.kind in ("uptrain", "finetune"):
             recipe.train.init_from = str(checkpoint_of(lab, _started_from(lab, job)))
-        if (final_checkpoint(run_dir, recipe.train.max_steps) / CONFIG).is_file() or divergence(run_dir):
-            progress.step(f"{job.kind} {job.key}", None)
-        else:
+        if job.key in progress.pending:
             pending.append((job, recipe, run_dir))
-    if lab.options.jobs > 1 and len(pending) > 1:
-        with ProcessPoolExecutor(min(lab.options.jobs, len(pending)), mp_context=get_context("spawn")) as pool:
-            futures = [(job, pool.submit(train_job, recipe, run_dir, _log(lab, job.key)))
-                       for job, recipe, run_dir in pending]
-            for job, future in futures:
-                _finished(job, *future.result(), progress, timing, lab)
+        else:
+            progress.step(f"{job.kind} {job.key}", None)
+    workers = min(lab.options.jobs, len(pending))
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(train_job, recipe, run_dir, log_path(lab, job.key)): job
+                       for job, recipe, run_dir in pending}
+            queued = [job for job, _, _ in pending]
+            for job in queued[:workers]:  # the pool starts them in this order, the next when one ends
+                progress.begin(job.key)
+            for future in as_completed(futures):
+                _finished(futures[future], *future.result(), progress, timing, lab)
+                if len(queued) > workers:
+                    progress.begin(queued.pop(workers).key)
         return
     for job, recipe, run_dir in pending:
-        _finished(job, *train_job(recipe, run_dir, _log(lab, job.key)), progress, timing, lab)
+        progress.begin(job.key)
+        _finished(job, *train_job(recipe, run_dir, log_path(lab, job.key)), progress, timing, lab)
 
 
-def _finished(job: Job, interrupted: int, seconds: float, progress: Progress, timing: dict, lab: Lab) -> None:
+def _finished(job: Job, interrupted: int, seconds: float, progress: LabProgress, timing: dict, lab: Lab) -> None:
     if interrupted:
         progress.close()
-        progress.console.print(f"lab interrupted during {job.key}; continue it with: tfkit lab run "
-                               f"{lab.spec.path} --out {lab.folder} (and the same options)", highlight=False)
+        progress.print(f"lab interrupted during {job.key}; continue it with: tfkit lab run "
+                       f"{lab.spec.path} --out {lab.folder} (and the same options)")
         raise KeyboardInterrupt
     timing[job.key] = seconds
-    progress.step(f"{job.kind} {job.key}", time.perf_counter() - seconds)
+    progress.finish(job.key, seconds)
 
 
 def _started_from(lab: Lab, job: Job) -> Job:
@@ -299,46 +279,37 @@ def _started_from(lab: Lab, job: Job) -> Job:
     return source
 
 
-def checkpoint_of(lab: Lab, job: Job) -> Path:
-    """The checkpoint a finished job left: the final step of a run, or a converted folder."""
-    if job.kind == "convert":
-        return lab.folder / job.folder
-    return final_checkpoint(lab.folder / job.folder, lab.recipes[job.key].train.max_steps)
-
-
-def _convert(lab: Lab, job: Job, progress: Progress) -> None:
+def _convert(lab: Lab, job: Job, progress: LabProgress) -> None:
     from ..checkpoints.convert import convert_checkpoint
 
     out = lab.folder / job.folder
     if (out / CONFIG).is_file():
         progress.step(f"convert {job.key}", None)
         return
-    started = time.perf_counter()
+    started = progress.clock()
     convert_checkpoint(checkpoint_of(lab, _started_from(lab, job)), out, job.kv_heads, job.method, seed=job.seed)
     progress.step(f"convert {job.key}", started)
 
 
-def scoring_recipe(lab: Lab, job: Job) -> Recipe:
-    """The recipe whose eval settings score `job`: its own, or (a conversion) its source's."""
-    while job.kind == "convert":
-        job = job_named(lab, job.source, job.seed)
-    return lab.recipes[job.key]
-
-
-def run(lab: Lab) -> dict:
-    """Train, convert, score and probe every job of the lab; returns the results (results.json)."""
-    share_data(lab)
+def run(lab: Lab, progress: LabProgress | None = None) -> dict:
+    """Train, convert, score and probe every job of the lab; returns the results (results.json). `progress`
+    shows it (lab/progress.py; tests pass one on a fake clock)."""
     units = len(lab.jobs) * 2 + probe_units(lab)  # each job is trained or converted, then scored
-    progress, timing = Progress(units), {}
+    progress, timing = progress or LabProgress(units, trainings(lab), lab.options.jobs), {}
+    started = progress.clock()
+    progress.print("lab: the tokenizers and token caches every run shares (logs/ keeps their output) ...")
+    share_data(lab)
+    progress.print(f"lab: tokenizers and token caches ready: {progress.clock() - started:.1f} s")
     try:
-        _train_phase(lab, [j for j in lab.jobs if j.kind == "train"], progress, timing)
-        for job in (j for j in lab.jobs if j.kind == "convert"):
-            _convert(lab, job, progress)
-        _train_phase(lab, [j for j in lab.jobs if j.kind == "uptrain"], progress, timing)
-        _train_phase(lab, [j for j in lab.jobs if j.kind == "finetune"], progress, timing)
+        with progress.watch():
+            _train_phase(lab, [j for j in lab.jobs if j.kind == "train"], progress, timing)
+            for job in (j for j in lab.jobs if j.kind == "convert"):
+                _convert(lab, job, progress)
+            _train_phase(lab, [j for j in lab.jobs if j.kind == "uptrain"], progress, timing)
+            _train_phase(lab, [j for j in lab.jobs if j.kind == "finetune"], progress, timing)
         rows: dict = {}
         for job in lab.jobs:
-            started, message = time.perf_counter(), job.kind != "convert" and divergence(lab.folder / job.folder)
+            started, message = progress.clock(), job.kind != "convert" and divergence(lab.folder / job.folder)
             if message:  # no checkpoint: its scores say so (gates.diverged_scores)
                 columns = [task_label(lab.recipes[job.key])] if job.kind == "finetune" else labels(lab)
                 scores, fresh = {label: diverged_scores(message) for label in columns}, False
@@ -366,6 +337,3 @@ def run(lab: Lab) -> dict:
             "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale, "sweep": sweep,
             "documents": documents, "timing_s": timing, "cost": s.cost, "downstream": downstream}
 
-
-def job_named(lab: Lab, name: str, seed: int) -> Job:
-    return next(j for j in lab.jobs if j.name == name and j.seed == seed)

@@ -40,7 +40,7 @@ from ..tokenization.batches import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from ..trainer.recipe import Recipe
-    from .engine import Lab
+    from .jobs import Lab
     from .plan import Job
 
 MIN_GAIN = 0.05  # nats per token below the unigram figure a run must reach to count as having learned
@@ -147,7 +147,7 @@ def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
     so does a swept variant (its source is its best run). A downstream fine-tuning's gate is its Matthews
     correlation on the task's held-out labels instead (downstream.task_gate)."""
     from .downstream import task_gate
-    from .engine import checkpoint_of, scoring_recipe
+    from .jobs import checkpoint_of, scoring_recipe
 
     label = next(iter(lab.evals))
     text, unigrams, runs = lab.evals[label], {}, {}

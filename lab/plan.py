@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..trainer.recipe import Recipe, load_recipe
-from .spec import LabSpec
+from .spec import LabSpec, conversion_name, downstream_rows, scratch_names, sweep_runs, uptrain_suffix
 
 # --quick: the engine, not the science. Tiny model, tokenizer and run; applied after the spec's own `set`,
 # before the variants' overrides (so a variant still differs from the reference in what it is about). A spec's own
@@ -72,53 +72,6 @@ class Job:
         """Relative to the lab folder: runs/NAME/seed-S (a run folder) or converted/NAME/seed-S (a checkpoint)."""
         safe = re.sub(r"[^\w.+%-]", "_", self.name)
         return f"{'converted' if self.kind == 'convert' else 'runs'}/{safe}/seed-{self.seed}"
-
-
-def conversion_name(kv_heads: int, method: str) -> str:
-    return f"kv{kv_heads}-{method}"
-
-
-def uptrain_suffix(fraction: float) -> str:
-    return f"+up{fraction * 100:g}%"
-
-
-def downstream_rows(spec: LabSpec) -> dict[str, tuple[str, list[str]]]:
-    """VARIANT+HEAD -> (variant, the head's overrides) for every fine-tuning a `downstream` block adds."""
-    heads = (spec.downstream or {}).get("heads", {})
-    return {f"{v}+{h}": (v, list(o)) for v in spec.variants for h, o in heads.items()}
-
-
-def scratch_names(spec: LabSpec) -> dict[int, str]:
-    """kv_heads -> the from-scratch baseline of that layout: a variant setting exactly that head count, or
-    `scratch-kvK`, which the plan adds."""
-    out = {}
-    for k in (spec.convert or {}).get("kv_heads", []):
-        own = [n for n, o in spec.variants.items() if f"model.n_kv_heads={k}" in o]
-        out[k] = own[0] if own else f"scratch-kv{k}"
-    return out
-
-
-def derived_names(spec: LabSpec) -> list[str]:
-    """Row names the plan adds to the spec's variants: conversions, uptrained models, controls, baselines."""
-    conv = spec.convert or {}
-    names = [n for n in scratch_names(spec).values() if n not in spec.variants]
-    for k in conv.get("kv_heads", []):
-        for m in conv.get("methods", []):
-            names.append(conversion_name(k, m))
-            names += [conversion_name(k, m) + uptrain_suffix(f) for f in (spec.uptrain or {}).get("fractions", [])]
-    names += [f"{conv.get('from')}{uptrain_suffix(f)}" for f in (spec.uptrain or {}).get("fractions", [])]
-    return names + list(downstream_rows(spec))
-
-
-def sweep_runs(spec: LabSpec) -> dict[str, dict[str, list[str]]]:
-    """variant -> {run name: its overrides} under `sweep`: `post-warmup@lr=0.001` is the variant with
-    `optim.lr=0.001` after its own overrides. Without a sweep each variant is its one run."""
-    if not spec.sweep:
-        return {name: {name: list(o)} for name, o in spec.variants.items()}
-    ((key, values),) = spec.sweep.items()
-    short = key.rsplit(".", 1)[1]
-    return {name: {f"{name}@{short}={v:g}" if isinstance(v, float) else f"{name}@{short}={v}": [*o, f"{key}={v}"]
-                   for v in values} for name, o in spec.variants.items()}
 
 
 def seed_values(base_seed: int, n: int) -> list[int]:

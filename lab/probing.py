@@ -11,16 +11,17 @@ probe is not here: it is a scored column (scoring.py, lengths.py).
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from . import mechanisms, probes as measure
 from .gates import divergence
+from .jobs import checkpoint_of, job_named, scoring_recipe
 from .plan import Job
 from .scoring import first_batch, score_job
 
 if TYPE_CHECKING:
-    from .engine import Lab, Progress
+    from .jobs import Lab
+    from .progress import LabProgress
 
 # probe key in the spec -> the name its values are kept under in results.json
 PER_BATCH = {"flash_equality": "flash_max_diff", "mask_leak": "mask_leak", "attention_logits": "attention_logits",
@@ -40,16 +41,12 @@ def probe_units(lab: Lab) -> int:
 
 def _probed(lab: Lab, name: str, seeds: list[int]) -> list[Job]:
     """The jobs of run `name` a probe measures: those of `seeds` that left a checkpoint (not a divergence)."""
-    from .engine import job_named
-
     jobs = [job_named(lab, name, seed) for seed in seeds]
     return [j for j in jobs if j.kind == "convert" or not divergence(lab.folder / j.folder)]
 
 
-def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
+def run_probes(lab: Lab, rows: dict, progress: LabProgress) -> dict:
     """The spec's probes (module doc); {probe name: {"values": ...}} as results.json keeps them."""
-    from .engine import checkpoint_of, scoring_recipe
-
     p, out = lab.spec.probes, {}
     if "attention_reliance" in p:
         cfg = p["attention_reliance"] or {}
@@ -58,7 +55,7 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
         ablated_name = f"{name}-no-attn"
         values: dict = {}
         for job in _probed(lab, name, lab.seeds):
-            started, seed = time.perf_counter(), job.seed
+            started, seed = progress.clock(), job.seed
             folder = lab.folder / "probes" / ablated_name / f"seed-{seed}"
             measure.ablate_attention(checkpoint_of(lab, job), folder)
             probe_job = Job(ablated_name, seed, "probe")
@@ -76,7 +73,7 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
         values = {}
         for run in lab.spec.probed_runs(key):
             for job in _probed(lab, run, lab.seeds):
-                started, seed = time.perf_counter(), job.seed
+                started, seed = progress.clock(), job.seed
                 recipe, label = scoring_recipe(lab, job), next(iter(lab.evals))
                 batch = first_batch(checkpoint_of(lab, job), lab.evals[label], recipe, lab.folder / "data")
                 values.setdefault(run, {})[str(seed)] = MEASURES[key](checkpoint_of(lab, job), batch)
@@ -86,7 +83,7 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
         cfg = p["memory"] or {}
         lengths = [64, 128] if lab.options.quick else list(cfg.get("seq_lens", [256, 512, 1024, 2048]))
         for job in _probed(lab, cfg.get("run", lab.spec.reference), lab.seeds)[:1]:  # its architecture, once
-            started = time.perf_counter()
+            started = progress.clock()
             out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
             progress.step(f"probe activation memory {job.key}", started)
     if "decode_speed" in p:
@@ -95,7 +92,7 @@ def run_probes(lab: Lab, rows: dict, progress: Progress) -> dict:
         new_tokens = 4 if lab.options.quick else int(cfg.get("new_tokens", 32))
         for run in lab.spec.probed_runs("decode_speed"):  # one seed's weights: speed does not depend on them
             for job in _probed(lab, run, lab.seeds)[:1]:
-                started = time.perf_counter()
+                started = progress.clock()
                 out["decode_speed"]["values"][run] = measure.decode_speed(
                     checkpoint_of(lab, job), sizes, int(cfg.get("context", 128)), new_tokens)
                 progress.step(f"probe decode speed {job.key}", started)

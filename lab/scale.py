@@ -14,7 +14,7 @@ from ..layout import CONFIG
 from .plan import LM_KINDS
 
 if TYPE_CHECKING:
-    from .engine import Lab
+    from .jobs import Lab
 
 
 def tokens_seen(metrics_path) -> int | None:
@@ -33,7 +33,7 @@ def run_scale(lab: Lab, rows: dict) -> dict:
     from ..checkpoints.record import CheckpointRecord
     from ..tokenization.shards import prepare_tokens
     from ..tokenization.train import load_tokenizer
-    from .engine import checkpoint_of
+    from .jobs import checkpoint_of
 
     label, seed, out = next(iter(lab.evals)), lab.seeds[0], {}
     for job in (j for j in lab.jobs if j.seed == seed and j.kind in LM_KINDS):

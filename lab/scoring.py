@@ -32,9 +32,10 @@ from ..files import write_atomic
 from ..jsonfile import read_json
 from ..trainer.recipe import Recipe
 from .plan import LM_KINDS
+from .spec import sweep_runs
 
 if TYPE_CHECKING:
-    from .engine import Lab
+    from .jobs import Lab
     from .plan import Job
 
 KEPT = ("loss", "bits_per_byte", "byte_coverage", "token_accuracy", "tokens", "seq_len", "data_fingerprint", "params")
@@ -154,8 +155,6 @@ def pick_best(lab: Lab, rows: dict) -> dict:
     over seeds on the first eval text), so verdicts compare each variant at its best setting; returns
     {"key", "values", "best": {variant: run}} ({} without a sweep). Every variant is chosen on the same
     text the same way, so the choice favours none of them."""
-    from .plan import sweep_runs
-
     if not lab.spec.sweep:
         return {}
     label, metric = next(iter(lab.evals)), lab.spec.metric

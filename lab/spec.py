@@ -3,7 +3,9 @@
 Loading is strict in the way recipes are (trainer/recipe.py): unknown keys get a suggestion, every
 problem in the file is collected and reported at once as one ConfigError naming the file and the key.
 Whether each variant's recipe is valid is checked by the planner (`plan.resolve_recipes`), which loads
-every recipe the lab would train before the first step."""
+every recipe the lab would train before the first step. The rows a spec makes (its variants and the names
+its convert, uptrain, sweep and downstream blocks derive) are named here, where expectations are checked
+against them, so the planner reads them from the spec and the spec never imports the planner."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..trainer.recipe import parse_override
 from ..yamlfile import AliasBomb, safe_load
 from .expect import PROBE_NAMES, PROBE_SOURCE, Expectation, mapping, parse_expectation, suggest  # noqa: F401
 
@@ -80,6 +83,70 @@ class LabSpec:
         """A recipe the spec names (base, downstream.recipe): a bundled name, or a path relative to the spec."""
         candidate = self.path.parent / name
         return str(candidate) if candidate.is_file() else name
+
+
+# --- the rows a spec makes: its variants, and the names the plan derives from its blocks -------------------
+
+def conversion_name(kv_heads: int, method: str) -> str:
+    return f"kv{kv_heads}-{method}"
+
+
+def uptrain_suffix(fraction: float) -> str:
+    return f"+up{fraction * 100:g}%"
+
+
+def downstream_rows(spec: LabSpec) -> dict[str, tuple[str, list[str]]]:
+    """VARIANT+HEAD -> (variant, the head's overrides) for every fine-tuning a `downstream` block adds."""
+    heads = (spec.downstream or {}).get("heads", {})
+    return {f"{v}+{h}": (v, list(o)) for v in spec.variants for h, o in heads.items()}
+
+
+def parsed_overrides(items: list[str]) -> dict[str, Any]:
+    """SECTION.KEY -> value of a list of overrides as the recipe loader parses `--set` (the last one wins), so
+    `model.n_kv_heads=2` and `model.n_kv_heads= 2` are one setting; an item that is no override is left to
+    the loader, which names it when the recipe is resolved."""
+    out = {}
+    for item in items:
+        try:
+            section, key, value = parse_override(item)
+        except ConfigError:
+            continue
+        out[f"{section}.{key}"] = value
+    return out
+
+
+def scratch_names(spec: LabSpec) -> dict[int, str]:
+    """kv_heads -> the from-scratch baseline of that layout: a variant setting exactly that head count (the
+    value its overrides give model.n_kv_heads, however spelled), or `scratch-kvK`, which the plan adds."""
+    heads = {name: parsed_overrides(o).get("model.n_kv_heads") for name, o in spec.variants.items()}
+    out = {}
+    for k in (spec.convert or {}).get("kv_heads", []):
+        own = [n for n, v in heads.items() if type(v) is type(k) and v == k]
+        out[k] = own[0] if own else f"scratch-kv{k}"
+    return out
+
+
+def derived_names(spec: LabSpec) -> list[str]:
+    """Row names the plan adds to the spec's variants: conversions, uptrained models, controls, baselines."""
+    conv, fractions = spec.convert or {}, (spec.uptrain or {}).get("fractions", [])
+    names = [n for n in scratch_names(spec).values() if n not in spec.variants]
+    for k in conv.get("kv_heads", []):
+        for m in conv.get("methods", []):
+            names.append(conversion_name(k, m))
+            names += [conversion_name(k, m) + uptrain_suffix(f) for f in fractions]
+    names += [f"{conv.get('from')}{uptrain_suffix(f)}" for f in fractions]
+    return names + list(downstream_rows(spec))
+
+
+def sweep_runs(spec: LabSpec) -> dict[str, dict[str, list[str]]]:
+    """variant -> {run name: its overrides} under `sweep`: `post-warmup@lr=0.001` is the variant with
+    `optim.lr=0.001` after its own overrides. Without a sweep each variant is its one run."""
+    if not spec.sweep:
+        return {name: {name: list(o)} for name, o in spec.variants.items()}
+    ((key, values),) = spec.sweep.items()
+    short = key.rsplit(".", 1)[1]
+    return {name: {f"{name}@{short}={v:g}" if isinstance(v, float) else f"{name}@{short}={v}": [*o, f"{key}={v}"]
+                   for v in values} for name, o in spec.variants.items()}
 
 
 def bundled_specs() -> dict[str, Path]:
@@ -186,9 +253,7 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     spec.sweep = _sweep(raw.get("sweep"), spec, problems)
     if spec.sweep and spec.downstream:
         problems.append("downstream: cannot be combined with sweep (a swept variant is the best of several runs)")
-    from .plan import derived_names  # the names conversions, uptraining and controls add
-
-    names |= set(derived_names(spec))
+    names |= set(derived_names(spec))  # the names conversions, uptraining and controls add
     if spec.reference not in names:
         problems.append(f"reference: got {spec.reference!r}, expected one of {', '.join(sorted(names))}")
     _check_probes(spec.probes, names, problems)

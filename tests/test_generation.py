@@ -141,7 +141,7 @@ def test_greedy_equals_huggingface_generate_on_the_same_weights() -> None:
     """An independent reference: tfkit's export rules map this shape to Llama; HF's own decoding loop and
     cache must pick the same tokens."""
     transformers = pytest.importorskip("transformers")
-    from tfkit.checkpoints.hf_export import tfkit_to_hf
+    from tfkit.checkpoints.hf_state import tfkit_to_hf
 
     model = tiny(positions="rope", norm="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2)
     config, state = tfkit_to_hf(model.config, model.state_dict())

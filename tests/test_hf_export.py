@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tfkit.checkpoints.hf_export import export_hf, tfkit_to_hf
+from tfkit.checkpoints.hf_export import export_hf
+from tfkit.checkpoints.hf_state import tfkit_to_hf
 from tfkit.checkpoints.hf_names import HFInteropWarning
 from tfkit.checkpoints.weights import save_model
 from tfkit.errors import CheckpointError, ConfigError

@@ -103,3 +103,51 @@ def test_a_downstream_lab_scores_each_row_on_the_tasks_held_out_labels(tmp_path)
         tuned["bert+mean"]["scores"]["topics-valid"]["1337"]["error"]
         - tuned["bert+cls"]["scores"]["topics-valid"]["1337"]["error"])
     assert "error (1 - accuracy, lower is better) on topics-valid" in (out / "results.md").read_text()
+
+
+# --- refused before the first training: the downstream block's recipe, files and labels ----------------------
+
+def refused_before_training(tmp_path, monkeypatch, sets: str = "", head: str = "task.pooling=cls") -> str:
+    """`lab run` of SPEC with the downstream `set` and the cls head's overrides replaced: its one error line,
+    after checking that no training ran (the training function was never called) and nothing was written."""
+    from tfkit.lab import engine
+
+    trained = []
+    monkeypatch.setattr(engine, "train_job", lambda *args: trained.append(args) or (0, 0.0))
+    text = SPEC.replace("set: [train.max_steps=20]", f"set: [{sets}]").replace("cls: [task.pooling=cls]",
+                                                                               f"cls: [{head}]")
+    path = spec_file(tmp_path, text)
+    out = tmp_path / "lab"
+    line = one_error_line(runner.invoke(app, ["lab", "run", str(path), "--quick", "--seeds", "1", "--out", str(out)]))
+    assert trained == [] and not out.exists()
+    assert str(path) in line
+    return line
+
+
+def labelled(tmp_path, name: str, labels: str) -> str:
+    path = tmp_path / name
+    path.write_text("text,label\n" + "".join(f"text number {i},{label}\n" for i, label in enumerate(labels)))
+    return str(path)
+
+
+def test_a_bad_task_key_is_refused_before_any_training(tmp_path, monkeypatch):
+    line = refused_before_training(tmp_path, monkeypatch, head="task.pooling=bogus")
+    assert "variant small+cls:" in line
+    assert "task.pooling: got 'bogus', expected null (the family's own) or one of cls, last, mean" in line
+
+
+def test_a_pooling_the_variants_family_lacks_is_refused_before_any_training(tmp_path, monkeypatch):
+    line = refused_before_training(tmp_path, monkeypatch, head="task.pooling=last")  # a decoder's pooling
+    assert ("downstream small+cls: fine-tunes small (model.arch=bert): task.pooling: 'last' is not a pooling of "
+            "bert models, which pool cls or mean") in line
+
+
+def test_a_missing_labelled_file_is_refused_before_any_training(tmp_path, monkeypatch):
+    line = refused_before_training(tmp_path, monkeypatch, f"data.train={tmp_path / 'missing.csv'}, data.valid=null")
+    assert f"labelled data {tmp_path / 'missing.csv'}: no such file" in line
+
+
+def test_a_validation_label_unseen_in_training_is_refused_before_any_training(tmp_path, monkeypatch):
+    train, valid = labelled(tmp_path, "train.csv", "abab"), labelled(tmp_path, "valid.csv", "abc")
+    line = refused_before_training(tmp_path, monkeypatch, f"data.train={train}, data.valid={valid}")
+    assert "label 'c' never occurs in the training data" in line and "valid.csv:4" in line

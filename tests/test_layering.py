@@ -124,3 +124,111 @@ def test_the_checkers_catch_bad_code() -> None:
         assert renames(ast.parse(source)), source
     for source in ('text.replace("[MASK]", mask)', "dataclasses.replace(cfg, n_kv_heads=2)", "os.path.join(a, b)"):
         assert renames(ast.parse(source)) == [], source
+
+
+# --- no import cycles ------------------------------------------------------------------------------------
+# Cycles found outside lab/ when the check was added, each as its set of modules: rooms other engineers own.
+# The list may only shrink: a cycle broken and still listed fails the test, so the entry is removed with it.
+KNOWN_CYCLES = (
+    frozenset({"tfkit.tokenization.corpus", "tfkit.tokenization.formats"}),
+    frozenset({"tfkit.tokenization.report", "tfkit.tokenization.train"}),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(["tfkit", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def import_graph(sources: dict[str, tuple[Path, ast.Module]]) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, anywhere in it (at module level, inside functions, under
+    TYPE_CHECKING). `from X import y` is an edge to X.y when that is a module, else to X (the names it holds)."""
+    graph = {}
+    for name, (path, tree) in sources.items():
+        edges = set()
+        for imported_name in imported(tree, path):
+            parts = imported_name.split(".")
+            while parts and ".".join(parts) not in sources:
+                parts.pop()
+            if parts and ".".join(parts) != name:
+                edges.add(".".join(parts))
+        graph[name] = edges
+    return graph
+
+
+def package_graph() -> dict[str, set[str]]:
+    paths = package_modules() + modules("benchmarks")
+    return import_graph({module_name(p): (p, parse(p)) for p in paths})
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other round a circle (strongly connected, by Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while not group or member != node:
+                member = stack.pop()
+                group.add(member)
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def circle_path(graph: dict[str, set[str]], group: list[str]) -> list[str]:
+    """One circle of a group, to name it: the shortest path from its first module back to it (breadth first)."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(graph[node] & members):
+            if nxt == start:
+                return paths[node] + [start]
+            if nxt not in paths:
+                paths[nxt] = paths[node] + [nxt]
+                queue.append(nxt)
+    return group
+
+
+def test_no_module_imports_itself_back_through_others():
+    graph = package_graph()
+    found = circles(graph)
+    new = [f"{' -> '.join(circle_path(graph, g))} (a circle of {len(g)}: {', '.join(g)})"
+           for g in found if frozenset(g) not in KNOWN_CYCLES]
+    assert new == [], "import circles: " + "; ".join(new)
+    gone = [sorted(c) for c in KNOWN_CYCLES if c not in {frozenset(g) for g in found}]
+    assert gone == [], f"no longer circles, remove them from KNOWN_CYCLES: {gone}"
+
+
+def test_the_cycle_checker_finds_a_circle_through_a_function_level_import():
+    root = ROOT / "lab"
+    sources = {"tfkit.lab.engine": "from .gates import check\n",
+               "tfkit.lab.gates": "def f():\n    from .engine import x\n",  # inside a function: still an edge
+               "tfkit.lab.plan": "from .spec import LabSpec\n", "tfkit.lab.spec": "from .expect import E\n",
+               "tfkit.lab.expect": "", "tfkit.lab": "from . import plan\n"}
+    trees = {name: (root / (name.split(".")[-1] + ".py"), ast.parse(text)) for name, text in sources.items()}
+    trees["tfkit.lab"] = (root / "__init__.py", ast.parse(sources["tfkit.lab"]))
+    graph = import_graph(trees)
+    assert graph["tfkit.lab"] == {"tfkit.lab.plan"}  # `from . import plan`: the submodule, not the package
+    assert circles(graph) == [["tfkit.lab.engine", "tfkit.lab.gates"]]
+    graph["tfkit.lab.expect"] = {"tfkit.lab.plan"}
+    groups = sorted(circles(graph))
+    assert groups == [["tfkit.lab.engine", "tfkit.lab.gates"], ["tfkit.lab.expect", "tfkit.lab.plan", "tfkit.lab.spec"]]
+    assert circle_path(graph, groups[1]) == ["tfkit.lab.expect", "tfkit.lab.plan", "tfkit.lab.spec", "tfkit.lab.expect"]

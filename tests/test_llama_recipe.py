@@ -40,7 +40,7 @@ def test_llama_tiny_pretrains_and_exports_with_gqa_and_the_same_logits(english_f
 def test_grouped_kv_that_cannot_export_says_what_does(recipe: str):
     """The refusal names two ways out, and each one exports: the checkpoint regrouped to MHA, and (for a
     decoder only: no HF encoder groups K/V) a model trained with the recipe keys it prints."""
-    from tfkit.checkpoints.hf_export import export_family
+    from tfkit.checkpoints.hf_state import export_family
     from tfkit.errors import ConfigError
     from tfkit.trainer.recipe import load_recipe
 

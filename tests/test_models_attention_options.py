@@ -4,7 +4,7 @@ Each keeps flash = naive, the KV cache = a full recompute, and is refused where 
 import pytest
 import torch
 
-from tfkit.checkpoints.hf_export import tfkit_to_hf
+from tfkit.checkpoints.hf_state import tfkit_to_hf
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 

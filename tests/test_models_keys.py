@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from tfkit.checkpoints.hf_export import tfkit_to_hf
+from tfkit.checkpoints.hf_state import tfkit_to_hf
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.attention import Attention, AttnMask

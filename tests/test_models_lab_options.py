@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tfkit.checkpoints.gguf_export import gguf_layout
-from tfkit.checkpoints.hf_export import export_family
+from tfkit.checkpoints.hf_state import export_family
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.attention import Attention, AttnMask, self_attention_mask

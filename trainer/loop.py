@@ -21,9 +21,10 @@ turns the windows' rows into log lines, validations and checkpoints.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,10 @@ from ..progress import progress_bar
 from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
 from .metrics import mfu, peak_flops
+from .optim import set_lr
 from .recipe import Recipe
-from .step import Update, micro_batch_size, replay, run_window, window_length
+from .schedules import lr_at
+from .step import Update, Window, micro_batch_size, train_step, window_length
 
 if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
@@ -301,3 +304,53 @@ def _say(bar: tqdm, text: str, main: bool) -> None:
     """A log line from rank 0, above the progress bar when there is one."""
     if main:
         (print if bar.disable else bar.write)(text)
+
+
+# --- windows of updates between two host reads (step.py) ------------------------------------------------------
+
+def run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
+    """Up to n update attempts with no read; the next update's batches are prepared during each one.
+    One process stops after the update in progress when a signal came; under torchrun every rank goes on
+    to the end of the window, where they vote (loop.stop_voted)."""
+    grad_accum = loop.recipe.train.grad_accum
+    if loop.loader is None:
+        loop.loader = Prefetcher(loop.dataset, micro_batch_size(loop.recipe), grad_accum, loop.info)
+    r, s, d_model = loop.recipe, loop.state, loop.update.model.config.d_model  # d_model: the noam schedule's scale
+    lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, d_model) for k in range(n)]
+    window = Window.new(lrs, s.bad_in_a_row, s.batches, loop.end, loop.info.device)
+    for k in range(n):
+        if k and stop.signum and not loop.info.enabled:
+            break
+        first = window.first_batch + k * grad_accum
+        micro, counts = loop.loader.get(first)
+        loop.loader.prefetch(first + grad_accum)  # the next update's batches, while this one runs
+        train_step(loop.update, window, micro, counts)
+        loop.loader.wait()  # here rather than in the next update: the time is this update's
+    return window
+
+
+
+def replay(loop: Loop, window: Window) -> Iterator[dict]:
+    """The window's records, read in one `.tolist()`, replayed in order into the metrics rows and the
+    state the updates produced; the caller stops at a divergence. A skipped attempt's row carries
+    `"skipped": true` under the step it tried to become, and null for a non-finite loss or norm."""
+    r, s = loop.recipe, loop.state
+    for loss_sum, correct, count, tokens, grad_norm, applied, bad in torch.stack(window.records).tolist():
+        loss = loss_sum / max(count, 1.0)
+        row = {"step": s.step + 1, "loss": loss, "accuracy": correct / max(count, 1.0),
+               "lr": lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.update.model.config.d_model),
+               "grad_norm": grad_norm}
+        s.batches += r.train.grad_accum
+        s.tokens += int(tokens)
+        set_lr(loop.update.optimizer, row["lr"])  # a float again, as checkpoints record it
+        if applied:
+            s.step, s.bad_in_a_row = s.step + 1, 0
+        elif not bad:
+            row.update(skipped=True, reason="fp16 overflow", grad_norm=None)
+        else:
+            s.bad_steps, s.bad_in_a_row = s.bad_steps + 1, s.bad_in_a_row + 1
+            row.update(skipped=True, reason="non-finite loss or gradient norm", bad_steps=s.bad_steps,
+                       loss=loss if math.isfinite(loss) else None,
+                       grad_norm=grad_norm if math.isfinite(grad_norm) else None)
+        yield row
+

@@ -26,8 +26,8 @@ from ..ranges import POSITIVE, USUAL_PEAK_LR
 from ..ranges import hints as _hints
 from ..yamlfile import AliasBomb, check_expansion, safe_load
 from .resources import recipe_resource_problems
-from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS,  # noqa: F401 - re-exported
-                       TASK_OBJECTIVES, DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
+from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
+                       TASK_POOLINGS, DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
                        OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
 
 
@@ -66,6 +66,10 @@ class Recipe:
         if task and not self.train.init_from and not self.tokenizer.path:
             out.append("tokenizer.path: a fine-tuning run from random weights (train.init_from: null) reads text with "
                        "a given tokenizer, e.g. the pretrained run's tokenizer/ folder it is the control for")
+        pools = TASK_POOLINGS.get(self.model.arch, ())
+        if task and not self.train.init_from and pools and self.task.pooling not in (None, *pools):
+            out.append(f"task.pooling: {self.task.pooling!r} is not a pooling of {self.model.arch} models "
+                       f"(model.arch), which pool {' or '.join(pools)}")
         if task and self.task.metric not in ("auto", *TASK_METRICS[task]):
             out.append(f"task.metric: {self.task.metric!r} does not score objective.name={self.objective.name!r} "
                        f"(expected auto or one of {', '.join(TASK_METRICS[task])})")
@@ -297,22 +301,33 @@ def _as_float(value: Any) -> Any:
         return value
 
 
-def _apply_override(raw: dict, item: str, problems: list[str]) -> str | None:
-    """Apply `section.key=value` and return "section.key", or append a problem and return None."""
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """(section, key, value) of `section.key=value` as `load_recipe` applies it, the value parsed for the key's
+    type (`_override_value`, `_as_float`), so two spellings of one setting compare equal; ConfigError naming
+    the item when it is not SECTION.KEY=VALUE of a known section (an unknown key is the loader's to report)."""
     key, sep, text = item.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        problems.append(f"overrides {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=20")
-        return None
+        raise ConfigError(f"overrides {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=20")
     section, name = parts
     if section not in SECTIONS:
-        problems.append(f"overrides {item}: unknown section {section!r}{_suggest(section, SECTIONS)}")
-        return None
+        raise ConfigError(f"overrides {item}: unknown section {section!r}{_suggest(section, SECTIONS)}")
     hint = _hints(_hints(Recipe)[section]).get(name)
+    value = _override_value(text, hint)
+    return section, name, _as_float(value) if hint in (float, float | None) else value  # `3e-4` is a float
+
+
+def _apply_override(raw: dict, item: str, problems: list[str]) -> str | None:
+    """Apply `section.key=value` and return "section.key", or append a problem and return None."""
+    try:
+        section, name, value = parse_override(item)
+    except ConfigError as exc:
+        problems.append(str(exc))
+        return None
     if raw.get(section) is None:
         raw[section] = {}
     if isinstance(raw[section], dict):  # else the file's own "expected a mapping" problem is reported
-        raw[section][name] = _override_value(text, hint)
+        raw[section][name] = value
     return f"{section}.{name}"
 
 

@@ -13,6 +13,7 @@ from ..errors import ConfigError
 from ..models.config import ModelConfig, type_problem
 from ..ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
 from ..runtime import PRECISIONS, check_device
+from ..tokenization.labelled import Columns
 from ..tokenization.mask_replace import MASK_REPLACE, mask_replace_problem
 from ..tokenization.spec import TokenizerSpec
 from .budget import parse_duration
@@ -25,6 +26,10 @@ OPTIMIZERS = ("adamw", "muon")
 TASK_OBJECTIVES = {"classify": "classification", "regress": "regression"}  # objective.name -> the head's task
 TASK_METRICS = {"classification": ("accuracy", "macro_f1", "matthews"), "regression": ("pearson", "spearman")}
 TRUNCATIONS = ("head", "tail", "head+tail")
+# task.pooling by family, the first its own: models/heads.py's POOLINGS, which imports torch, and a recipe loads
+# without it (`tfkit recipes list`); tests/test_recipe_task_keys.py holds the two equal
+TASK_POOLINGS = {"bert": ("cls", "mean"), "gpt": ("last", "mean"), "transformer": ("mean",)}
+POOLING_NAMES = tuple(sorted({p for ps in TASK_POOLINGS.values() for p in ps}))  # cls, last, mean
 
 
 @dataclass
@@ -151,7 +156,14 @@ class TaskSection:
     metric: str = "auto"
 
     def problems(self, prefix: str = "task") -> list[str]:
+        """Every key's own problems; whether the pooling suits the body is `Recipe.problems`' (the arch of a
+        random-init control) or the trainer's (a checkpoint's arch, known once it is read)."""
         out = float_problems(self, prefix, dropout=FRACTION)
+        columns = Columns(self.text, self.text_pair, self.label).problems()  # what the labelled reader refuses
+        out += [p.replace("columns", prefix, 1) for p in columns]
+        if self.pooling is not None and self.pooling not in POOLING_NAMES:
+            out.append(f"{prefix}.pooling: got {self.pooling!r}, expected null (the family's own) or one of "
+                       f"{', '.join(POOLING_NAMES)}")
         if self.truncation not in TRUNCATIONS:
             out.append(f"{prefix}.truncation: got {self.truncation!r}, expected one of {', '.join(TRUNCATIONS)}")
         if self.stride is not None and self.stride < 1:

@@ -2,14 +2,14 @@
 
 How a window works. The host never waits for the device between two log rows (STYLE.md 12), so updates
 run in *windows*: the update attempts from one host read to the next, as many as there are updates to the
-next log row, validation, checkpoint or the end of the run (`window_length`). `Window.open` copies to the
+next log row, validation, checkpoint or the end of the run (`window_length`). `Window.new` copies to the
 device what the window needs from the host (the learning rates of its next updates and the bad updates in
 a row so far); `train_step` then decides everything an update decides on the device: the loss scale
 1 / global token count, whether loss and gradient norm are finite, the skip of a non-finite update inside
 the fused AdamW (`found_inf`), this update's learning rate (indexed by the updates applied so far in the
 window) and, past `train.max_bad_steps` bad updates in a row, that nothing more is applied. Each attempt
 appends a record of seven device numbers (loss sum, correct, predicted tokens, input tokens, grad norm,
-applied, bad). At the window's end `replay` reads all records in one `.tolist()` and turns them, in order,
+applied, bad). At the window's end `replay` (loop.py, which runs the windows) reads all records in one `.tolist()` and turns them, in order,
 into the metrics rows and the state (step, batches, tokens, skips) exactly as an update-by-update loop
 would have produced them. A skipped update ends its window short of the boundary; the next window starts
 from the true step. Meanwhile a thread prepares the next update's batches (data.Prefetcher).
@@ -21,24 +21,16 @@ accumulation and data parallelism reproduce the single-batch gradient exactly.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
 from .objectives import move_batch
-from .optim import autocast_context, clip_grad_norm, set_lr
+from .optim import autocast_context, clip_grad_norm
 from .parallel import no_grad_sync
 from .recipe import Recipe, TrainSection
-from .schedules import lr_at
-
-if TYPE_CHECKING:
-    from .loop import Loop, StopFlag
 
 
 @dataclass
@@ -84,15 +76,12 @@ class Window:
     records: list[Tensor] = field(default_factory=list)  # per attempt, (7,) float64: see train_step
 
     @classmethod
-    def open(cls, loop: Loop, n: int) -> Window:
-        """A window of at most n attempts from the current state (just read, so these small copies to the
-        device wait for nothing)."""
-        r, s, device = loop.recipe, loop.state, loop.info.device
-        d_model = loop.update.model.config.d_model  # the noam schedule's scale
-        lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, d_model) for k in range(n)]
+    def new(cls, lrs: list[float], bad_in_a_row: int, first_batch: int, end: int, device: torch.device) -> Window:
+        """A window whose k-th applied update takes `lrs[k]`, from the state just read (so these small copies to
+        the device wait for nothing)."""
         return cls(torch.tensor(lrs, dtype=torch.float32, device=device),
                    torch.zeros((), dtype=torch.int64, device=device),
-                   torch.full((), s.bad_in_a_row, dtype=torch.int64, device=device), s.batches, loop.end)
+                   torch.full((), bad_in_a_row, dtype=torch.int64, device=device), first_batch, end)
 
 
 def window_length(step: int, train: TrainSection, end: int | None = None) -> int:
@@ -160,47 +149,3 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, lr: Tensor, skip: Tensor) 
 def micro_batch_size(recipe: Recipe) -> int:
     """Sequences per micro-batch across all ranks (the `batch_size` handed to dataset.batch)."""
     return recipe.train.batch_size // recipe.train.grad_accum
-
-
-def run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
-    """Up to n update attempts with no read; the next update's batches are prepared during each one.
-    One process stops after the update in progress when a signal came; under torchrun every rank goes on
-    to the end of the window, where they vote (loop.stop_voted)."""
-    grad_accum = loop.recipe.train.grad_accum
-    if loop.loader is None:
-        loop.loader = Prefetcher(loop.dataset, micro_batch_size(loop.recipe), grad_accum, loop.info)
-    window = Window.open(loop, n)
-    for k in range(n):
-        if k and stop.signum and not loop.info.enabled:
-            break
-        first = window.first_batch + k * grad_accum
-        micro, counts = loop.loader.get(first)
-        loop.loader.prefetch(first + grad_accum)  # the next update's batches, while this one runs
-        train_step(loop.update, window, micro, counts)
-        loop.loader.wait()  # here rather than in the next update: the time is this update's
-    return window
-
-
-def replay(loop: Loop, window: Window) -> Iterator[dict]:
-    """The window's records, read in one `.tolist()`, replayed in order into the metrics rows and the
-    state the updates produced; the caller stops at a divergence. A skipped attempt's row carries
-    `"skipped": true` under the step it tried to become, and null for a non-finite loss or norm."""
-    r, s = loop.recipe, loop.state
-    for loss_sum, correct, count, tokens, grad_norm, applied, bad in torch.stack(window.records).tolist():
-        loss = loss_sum / max(count, 1.0)
-        row = {"step": s.step + 1, "loss": loss, "accuracy": correct / max(count, 1.0),
-               "lr": lr_at(s.step, r.schedule, r.optim.lr, window.end, loop.update.model.config.d_model),
-               "grad_norm": grad_norm}
-        s.batches += r.train.grad_accum
-        s.tokens += int(tokens)
-        set_lr(loop.update.optimizer, row["lr"])  # a float again, as checkpoints record it
-        if applied:
-            s.step, s.bad_in_a_row = s.step + 1, 0
-        elif not bad:
-            row.update(skipped=True, reason="fp16 overflow", grad_norm=None)
-        else:
-            s.bad_steps, s.bad_in_a_row = s.bad_steps + 1, s.bad_in_a_row + 1
-            row.update(skipped=True, reason="non-finite loss or gradient norm", bad_steps=s.bad_steps,
-                       loss=loss if math.isfinite(loss) else None,
-                       grad_norm=grad_norm if math.isfinite(grad_norm) else None)
-        yield row
