@@ -8,16 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
-from tfkit.models.heads import POOLINGS
 from tfkit.trainer.recipe import load_recipe
-from tfkit.trainer.sections import TASK_POOLINGS, TaskSection
+from tfkit.trainer.sections import TaskSection
 from helpers import one_error_line
 
 runner = CliRunner()
-
-
-def test_the_recipe_knows_the_poolings_the_heads_have():
-    assert TASK_POOLINGS == POOLINGS  # a copy, so that loading a recipe never imports torch
 
 
 @pytest.mark.parametrize("key, value, says", [

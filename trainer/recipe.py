@@ -21,13 +21,14 @@ import yaml
 
 from ..errors import ConfigError, shorten
 from ..models.config import type_problem
+from ..models.head_config import POOLINGS
 from ..models.sizes import sized_config
 from ..ranges import POSITIVE, USUAL_PEAK_LR
 from ..ranges import hints as _hints
 from ..yamlfile import AliasBomb, check_expansion, safe_load
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
-                       TASK_POOLINGS, DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
+                       DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
                        OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
 
 
@@ -66,7 +67,7 @@ class Recipe:
         if task and not self.train.init_from and not self.tokenizer.path:
             out.append("tokenizer.path: a fine-tuning run from random weights (train.init_from: null) reads text with "
                        "a given tokenizer, e.g. the pretrained run's tokenizer/ folder it is the control for")
-        pools = TASK_POOLINGS.get(self.model.arch, ())
+        pools = POOLINGS.get(self.model.arch, ())
         if task and not self.train.init_from and pools and self.task.pooling not in (None, *pools):
             out.append(f"task.pooling: {self.task.pooling!r} is not a pooling of {self.model.arch} models "
                        f"(model.arch), which pool {' or '.join(pools)}")

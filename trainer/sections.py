@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from ..errors import ConfigError
 from ..models.config import ModelConfig, type_problem
 from ..ranges import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, UP_TO_ONE, float_problems
+from ..models.head_config import POOLINGS
 from ..runtime import PRECISIONS, check_device
 from ..tokenization.labelled import Columns
 from ..tokenization.mask_replace import MASK_REPLACE, mask_replace_problem
@@ -26,10 +27,7 @@ OPTIMIZERS = ("adamw", "muon")
 TASK_OBJECTIVES = {"classify": "classification", "regress": "regression"}  # objective.name -> the head's task
 TASK_METRICS = {"classification": ("accuracy", "macro_f1", "matthews"), "regression": ("pearson", "spearman")}
 TRUNCATIONS = ("head", "tail", "head+tail")
-# task.pooling by family, the first its own: models/heads.py's POOLINGS, which imports torch, and a recipe loads
-# without it (`tfkit recipes list`); tests/test_recipe_task_keys.py holds the two equal
-TASK_POOLINGS = {"bert": ("cls", "mean"), "gpt": ("last", "mean"), "transformer": ("mean",)}
-POOLING_NAMES = tuple(sorted({p for ps in TASK_POOLINGS.values() for p in ps}))  # cls, last, mean
+POOLING_NAMES = tuple(sorted({p for ps in POOLINGS.values() for p in ps}))  # cls, last, mean
 
 
 @dataclass
