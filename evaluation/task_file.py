@@ -9,7 +9,9 @@ Two kinds, told apart by the first record, in the conventions of lm-evaluation-h
   everything before it, and an item counts as right when greedy decoding gives exactly that word.
 
 Every problem is one DataError naming the file, the line and the field, before any model is loaded: a
-task that fails on its 900th item must not cost the minutes spent scoring the first 899.
+task that fails on its 900th item must not cost the minutes spent scoring the first 899. The file is read
+by the JSON-lines reader every data file uses (`tokenization.readers`): a line nested past the recursion
+limit is one such line too, and invalid UTF-8 is replaced with one warning naming the first line.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError, shorten
+from ..jsonfile import MAX_DEPTH
+from ..tokenization.readers import ReadStats, jsonl_records
 
 MULTIPLE_CHOICE, CLOZE = "multiple_choice", "cloze"
 DELIMITER = " "  # between a context and its continuation, as lm-eval's target_delimiter
@@ -58,25 +62,15 @@ def read_task(path: str | Path) -> Task:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"task {path}: no such file (expected a JSON-lines task file)", params=("task",))
-    items, kind = [], None
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not a JSON object ({e.msg}, column {e.colno})") from None
+    items, kind, stats = [], None, ReadStats()
+    for where, record in jsonl_records(path, stats, max_depth=MAX_DEPTH):  # records are quoted in messages
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
         kind = kind or (CLOZE if "text" in record and "context" not in record else MULTIPLE_CHOICE)
         items.append(_cloze_item(record, where) if kind == CLOZE else _choice_item(record, where))
     if not items:
         raise DataError(f"{path}: no items (expected one JSON object per line)")
+    stats.repairs.warn(f"task {path}")
     return Task(path, kind, tuple(items))
 
 

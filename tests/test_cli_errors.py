@@ -237,6 +237,6 @@ def test_tfkit_warnings_are_one_line_without_python_source(tmp_path):
                                  "300", "-q"])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if "invalid UTF-8" in line]
-    assert lines == [f"warning: corpus {corpus}: 1 invalid UTF-8 bytes replaced with U+FFFD in 1 file(s), "
-                     f"first {corpus}"]
+    assert lines == [f"warning: corpus {corpus}: 1 invalid UTF-8 byte replaced with U+FFFD, the first at "
+                     f"{corpus}:51, byte 4"]
     assert "CorpusWarning" not in result.stderr and ".py:" not in result.stderr

@@ -146,7 +146,7 @@ def test_a_validation_label_never_seen_in_training_is_refused(tmp_path):
 
 @pytest.mark.parametrize("name, content, expected", [
     ("data.xlsx", b"x", "expected a .csv, .tsv, .jsonl, .csv.gz"),
-    ("latin1.csv", "text,label\ncaf\xe9,1\n".encode("latin-1"), "not UTF-8 text after line"),
+    ("latin1.csv", "text,label\ncafe,sea\ntea,th\xe9\n".encode("latin-1"), "latin1.csv:3: label 'th\ufffd'"),
     ("bad.jsonl", b'{"text": "a", "label": 1}\n{"text": \n', "bad.jsonl:2: invalid JSON"),
     ("list.jsonl", b'["a", 1]\n', "list.jsonl:1: expected a JSON object with named fields, got list"),
     ("trunc.csv.gz", gzip.compress(b"text,label\na,1\nb,0\n", mtime=0)[:-8], "gzip stream ends before its end marker"),

@@ -126,13 +126,7 @@ def test_the_checkers_catch_bad_code() -> None:
         assert renames(ast.parse(source)) == [], source
 
 
-# --- no import cycles ------------------------------------------------------------------------------------
-# Cycles found outside lab/ when the check was added, each as its set of modules: rooms other engineers own.
-# The list may only shrink: a cycle broken and still listed fails the test, so the entry is removed with it.
-KNOWN_CYCLES = (
-    frozenset({"tfkit.tokenization.corpus", "tfkit.tokenization.formats"}),
-    frozenset({"tfkit.tokenization.report", "tfkit.tokenization.train"}),
-)
+# --- no import cycles: imports at module level, inside functions and under TYPE_CHECKING alike ----------------
 
 
 def module_name(path: Path) -> str:
@@ -209,12 +203,8 @@ def circle_path(graph: dict[str, set[str]], group: list[str]) -> list[str]:
 
 def test_no_module_imports_itself_back_through_others():
     graph = package_graph()
-    found = circles(graph)
-    new = [f"{' -> '.join(circle_path(graph, g))} (a circle of {len(g)}: {', '.join(g)})"
-           for g in found if frozenset(g) not in KNOWN_CYCLES]
-    assert new == [], "import circles: " + "; ".join(new)
-    gone = [sorted(c) for c in KNOWN_CYCLES if c not in {frozenset(g) for g in found}]
-    assert gone == [], f"no longer circles, remove them from KNOWN_CYCLES: {gone}"
+    found = [f"{' -> '.join(circle_path(graph, g))} (a circle of {len(g)}: {', '.join(g)})" for g in circles(graph)]
+    assert found == [], "import circles: " + "; ".join(found)
 
 
 def test_the_cycle_checker_finds_a_circle_through_a_function_level_import():

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from tfkit.errors import ConfigError
 from tfkit.models import ModelConfig, build_model
 from tfkit.models.heads import HeadConfig, SequenceClassifier, head_loss, pool_windows
-from tfkit.tokenization.labelled import Examples
+from tfkit.tokenization.labelled import Examples, load_labelled
 from tfkit.tokenization.task_batches import (Layout, cut, encode_examples, encode_windows, layout_for, pair_room,
                                             task_dataset, window_starts)
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
@@ -53,6 +53,24 @@ def test_bert_layout_and_truncation_equal_the_tokenizers_own(tokenizers, max_len
     lengths = [(len(tok.encode(a)), len(tok.encode(b))) for a, b in zip(FIRSTS, SECONDS)]
     assert pairs.truncated == sum(a + b > max_len - 3 for a, b in lengths)
     assert singles.truncated == sum(a > max_len - 2 for a, _ in lengths)
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv"])
+def test_a_cell_past_the_csv_modules_limit_is_read_then_truncated_as_documented(kind, tokenizers, tmp_path):
+    """A 200,000-character text (the csv module refuses cells over 131,072 by default) is read whole and cut
+    to the row, as the README says long texts are."""
+    sep = "," if kind == "csv" else "\t"
+    long = "the event loop runs callbacks " * 6_700  # 201,000 characters
+    path = tmp_path / f"long.{kind}"
+    path.write_text(f"text{sep}label\n{long}{sep}1\nshort{sep}0\n")
+    data = load_labelled(str(path), str(path))
+    assert data.train.texts == [long, "short"]
+    tok = tokenizers["wordpiece"]
+    for truncation, kept in (("head", long), ("tail", long[-200:])):
+        encoded = encode_examples(data.train.texts, None, tok, layout_for("bert", tok, pairs=False), 16, truncation)
+        assert len(encoded.rows[0]) == 16 and encoded.truncated == 1
+        head = tok.encode(kept)[:14] if truncation == "head" else tok.encode(kept)[-14:]
+        assert encoded.rows[0][1:-1] == head
 
 
 def test_head_and_tail_keeps_the_first_128_and_last_382_of_510():

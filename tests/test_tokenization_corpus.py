@@ -7,14 +7,9 @@ import warnings
 import pytest
 
 from tfkit.errors import DataError
-from tfkit.tokenization.corpus import (
-    CorpusStats,
-    CorpusWarning,
-    corpus_fingerprint,
-    iter_documents,
-    iter_pieces,
-    resolve_files,
-)
+from tfkit.tokenization.corpus import corpus_fingerprint, iter_documents, iter_pieces, resolve_files
+from tfkit.tokenization.encoding import Utf8Warning
+from tfkit.tokenization.readers import ReadStats
 
 
 def test_text_file_is_one_document(tmp_path):
@@ -101,15 +96,29 @@ def test_a_pretty_printed_json_object_is_one_record(tmp_path):
         list(iter_documents(str(info)))
 
 
-def test_invalid_utf8_is_replaced_counted_and_warned_once(tmp_path):
-    (tmp_path / "a.txt").write_bytes(b"good \xff\xfe text\n")
+def test_invalid_utf8_is_replaced_counted_and_warned_once_naming_the_first(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"fine\ngood \xff\xfe text\n")
     (tmp_path / "b.txt").write_bytes(b"more \x80 bad\n")
-    stats = CorpusStats()
-    with pytest.warns(CorpusWarning, match=r"3 invalid UTF-8 bytes.*2 file") as record:
+    stats = ReadStats()
+    with pytest.warns(Utf8Warning) as record:
         docs = list(iter_documents(str(tmp_path), stats=stats))
-    assert len(record) == 1
-    assert docs == ["good \ufffd\ufffd text\n", "more \ufffd bad\n"]
-    assert stats.replaced_bytes == 3 and stats.documents == 2
+    assert [str(w.message) for w in record if w.category is Utf8Warning] == [
+        f"corpus {tmp_path}: 3 invalid UTF-8 bytes replaced with U+FFFD in 2 files, the first at "
+        f"{tmp_path / 'a.txt'}:2, byte 6"]
+    assert docs == ["fine\ngood \ufffd\ufffd text\n", "more \ufffd bad\n"]
+    assert stats.repairs.count == 3 and stats.documents == 2
+
+
+def test_the_first_invalid_byte_of_a_large_file_is_named_by_its_line(tmp_path):
+    """Pieces of a large file are decoded one by one: the line counts on across them."""
+    f = tmp_path / "big.txt"
+    f.write_bytes(b"a line of text\n" * 1000 + b"caf\xe9\n")
+    with pytest.warns(Utf8Warning, match=rf"1 invalid UTF-8 byte replaced with U\+FFFD, the first at {f}:1001, "
+                                         r"byte 4$"):
+        assert "".join(iter_documents(str(f))).endswith("caf\ufffd\n")
+    stats = ReadStats()
+    with pytest.warns(Utf8Warning, match=rf"the first at {f}:1001, byte 4$"):
+        list(iter_pieces(str(f), chunk_bytes=100, stats=stats))
 
 
 def test_clean_corpus_gives_no_warning(tmp_path):

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from tfkit.checkpoints.run_record import read_metrics
 from tfkit.cli.main import app
 from tfkit.errors import DataError
-from tfkit.tokenization.corpus import CorpusStats, check_text_field, corpus_size, iter_documents, iter_pieces, text_size
+from tfkit.tokenization.corpus import check_text_field, corpus_size, iter_documents, iter_pieces, text_size
+from tfkit.tokenization.readers import ReadStats
 from tfkit.tokenization.shards import prepare_tokens
 from tfkit.tokenization.train import TokenizerSpec, load_tokenizer, train_tokenizer
 
@@ -95,7 +96,7 @@ CASES = {  # spec -> the plain file holding the same documents
 
 @pytest.mark.parametrize("spec", sorted(CASES))
 def test_each_format_reads_the_documents_of_its_plain_twin(spec, corpora):
-    stats = CorpusStats()
+    stats = ReadStats()
     assert list(iter_pieces(str(corpora / spec), stats=stats)) == list(iter_pieces(str(corpora / CASES[spec])))
     assert stats.file_bytes == corpus_size(str(corpora / spec))  # the progress bar ends at its total
 

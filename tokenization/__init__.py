@@ -1,6 +1,8 @@
 """Tokenization and data pipeline: corpus -> trained tokenizer -> token shards -> batches.
 
 - `corpus`: read a corpus spec (file, glob, folder, JSONL, `stdlib:docs`) as a stream of text.
+- `readers`, `encoding`: one reader per text format (plain text, JSON lines, CSV / TSV) for every data
+  file, and the one UTF-8 policy they read by.
 - `spec`, `train`, `tokenizer`: what a tokenizer is to be (`TokenizerSpec`); training one; a trained one
   as tfkit reads it (`TfkitTokenizer`, `load_tokenizer`).
 - `determinism`: the same corpus gives the same tokenizer.json (WordPiece and Unigram included).

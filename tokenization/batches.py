@@ -42,8 +42,9 @@ def _require(value: int | None, what: str, tok: TfkitTokenizer) -> int:
     return value
 
 
-class _PureDataset(ABC):
-    """Shared batching: per-epoch permutations, rank slices, sequential evaluation."""
+class PureDataset(ABC):
+    """Shared batching: per-epoch permutations, rank slices, sequential evaluation; the base of every dataset
+    here and of the fine-tuning ones (`task_batches`, `sft_batches`)."""
 
     num_examples: int
     seed: int
@@ -100,7 +101,7 @@ class _PureDataset(ABC):
             yield self._rows(idx, [(EVAL, self.seed, k, r) for r in rows])
 
 
-class ClmDataset(_PureDataset):
+class ClmDataset(PureDataset):
     """Causal LM: the flat stream (documents separated by EOS) cut into blocks of seq_len+1 tokens.
 
     Blocks overlap by one token so every token is a label exactly once; a block may span a document
@@ -155,7 +156,7 @@ def _document_spans(tokens: np.ndarray, doc_starts: np.ndarray, separator_id: in
     return starts, np.maximum(ends, starts)
 
 
-def _pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, length) int64 ids and (B, length) bool mask (True = real token)."""
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.bool)
@@ -165,7 +166,7 @@ def _pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor,
     return ids, mask
 
 
-class MlmDataset(_PureDataset):
+class MlmDataset(PureDataset):
     """Masked LM over packed rows: `[CLS] tokens [SEP]`, every row exactly `max_len` long.
 
     Row k is `[CLS]`, the k-th slice of max_len - 2 tokens of the token stream, `[SEP]`. The stream holds
@@ -302,7 +303,7 @@ def _noise_spans(n: int, density: float, mean_span: float, rng: np.random.Genera
     return np.repeat(np.tile([False, True], n_spans), lengths)
 
 
-class Seq2SeqDataset(_PureDataset):
+class Seq2SeqDataset(PureDataset):
     """Encoder-decoder pairs: `from_pairs` / `from_file` (translation-style data) or `denoising` (plain
     text, BART-style infilling: source = a chunk with ~15% of its tokens, in spans of mean length 3,
     each span replaced by ONE mask token, target = the original chunk; one mask token rather than T5's
@@ -370,7 +371,7 @@ class Seq2SeqDataset(_PureDataset):
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
         examples = [self._example(int(k), key) for k, key in zip(idx, keys)]
-        src_ids, src_mask = _pad([s + [self.eos_id] for s, _ in examples], self.max_src_len, self.pad_id)
-        tgt_ids, tgt_mask = _pad([[self.bos_id] + t for _, t in examples], self.max_tgt_len, self.pad_id)
-        labels, _ = _pad([t + [self.eos_id] for _, t in examples], self.max_tgt_len, IGNORE_INDEX)
+        src_ids, src_mask = pad_rows([s + [self.eos_id] for s, _ in examples], self.max_src_len, self.pad_id)
+        tgt_ids, tgt_mask = pad_rows([[self.bos_id] + t for _, t in examples], self.max_tgt_len, self.pad_id)
+        labels, _ = pad_rows([t + [self.eos_id] for _, t in examples], self.max_tgt_len, IGNORE_INDEX)
         return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_ids, "tgt_mask": tgt_mask, "labels": labels}

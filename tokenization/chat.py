@@ -80,7 +80,7 @@ def encode_chat(tokenizer: TfkitTokenizer, turns: list[Turn], generation_prompt:
 def read_conversations(path: str | Path) -> Iterator[tuple[str, list[Turn]]]:
     """(where, turns) for each record of a chat file: `{prompt, response}` or `{messages: [{role, content}]}`.
     A record with an unknown role, a missing field or no assistant turn is a DataError naming its line."""
-    for row in read_rows(Path(path)):
+    for row in read_rows(Path(path), what="chat data"):
         yield row.where, _turns(row)
 
 

@@ -21,51 +21,37 @@ piece of the same file is *not* a new document, which matters for causal-LM pack
 them), so the low-level `iter_pieces` yields `(text, is_new_document)`; `iter_documents` yields the text
 only, for consumers that do not care (tokenizer training).
 
-Invalid UTF-8 is decoded with U+FFFD replacement, counted, and reported as ONE warning per pass (a few
-bad bytes in a web scrape should not stop a run). Everything else a user can get wrong is a one-line
-`DataError` naming the file (and line) at fault.
+Text files are read by `readers` (one reader per format, shared with labelled data, pairs and task files):
+invalid UTF-8 is decoded with U+FFFD replacement, counted, and reported as ONE warning per pass naming the
+first position (a few bad bytes in a web scrape should not stop a run). Everything else a user can get
+wrong is a one-line `DataError` naming the file (and line) at fault.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import os
-import re
 import stat
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
 from ..jsonfile import kind_of, parse_json
-from .encoding import SNIFF_BYTES, check_text
-from .formats import (DATASET_FILES, dataset_dict_error, dataset_files, decoded_size, open_bytes, read_arrow,
+from .formats import (DATASET_FILES, dataset_dict_error, dataset_files, decoded_size, read_arrow,
                       read_parquet)
+from .readers import ReadStats, check_head, delimited_rows, jsonl_records, read_text, text_chunks
 from .stdlib_corpus import iter_stdlib_documents, stdlib_documents, stdlib_fingerprint
 
 COMPRESSED = (".txt.gz", ".txt.zst", ".jsonl.gz", ".jsonl.zst")
 SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".tsv", ".parquet", ".arrow", *COMPRESSED)
 FIELD_SUFFIXES = (".json", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")  # records with fields
 CHUNK_BYTES = 1 << 20  # piece size for streaming large plain-text files
-_SURROGATES = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of undecodable bytes
 
 
 class CorpusWarning(UserWarning):
-    """Something in the corpus was repaired rather than rejected (e.g. invalid UTF-8 replaced)."""
-
-
-@dataclass
-class CorpusStats:
-    """Filled while a corpus streams: lets callers report sizes and throughput without a second pass."""
-
-    files: int = 0
-    documents: int = 0
-    bytes_read: int = 0  # of text (decompressed)
-    file_bytes: int = 0  # of the files on disk, for progress against `corpus_size` (compressed sizes)
-    replaced_bytes: int = 0
-    replaced_in: list[str] = field(default_factory=list)  # files where invalid UTF-8 was replaced
+    """Something about the corpus the user should know, though the run goes on (evaluate: tokens cut)."""
 
 
 def suffix(path: Path | str) -> str:
@@ -158,49 +144,6 @@ def _folder_files(folder: Path) -> list[Path]:
     return sorted(p for p in files if p.is_file())
 
 
-def _decode(data: bytes, name: str, stats: CorpusStats) -> str:
-    """UTF-8 decode; invalid bytes become U+FFFD and are counted (one warning is issued per pass)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="surrogateescape")  # one surrogate per bad byte: countable
-        bad = len(_SURROGATES.findall(text))
-        stats.replaced_bytes += bad
-        if name not in stats.replaced_in:
-            stats.replaced_in.append(name)
-        return _SURROGATES.sub("\ufffd", text)
-
-
-def _compression(path: Path) -> str | None:
-    kind = suffix(path)
-    return kind[kind.rindex("."):] if kind in COMPRESSED else None
-
-
-def _read_chunks(path: Path, stats: CorpusStats, chunk_bytes: int) -> Iterator[str]:
-    """A text file in pieces of about `chunk_bytes`, each ending at a line boundary when one exists."""
-    with open_bytes(path, _compression(path), stats) as f:
-        rest = b""
-        while True:
-            block = f.read(chunk_bytes)
-            stats.bytes_read += len(block)
-            if not block:
-                break
-            data = rest + block
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:  # one enormous line: cut anyway, but before the lead byte of the last character
-                i = len(data) - 1
-                while i > len(data) - 4 and i > 0 and (data[i] & 0xC0) == 0x80:
-                    i -= 1
-                cut = i if data[i] >= 0xC0 else len(data)
-                if cut == 0:
-                    rest = data
-                    continue
-            rest = data[cut:]
-            yield _decode(data[:cut], str(path), stats)
-        if rest:
-            yield _decode(rest, str(path), stats)
-
-
 def _json_text(value: object, field_name: str, where: str) -> str:
     if isinstance(value, str):
         return value
@@ -215,29 +158,21 @@ def _json_text(value: object, field_name: str, where: str) -> str:
     raise DataError(f"{where}: {kind_of(value)}, expected a text or an object with a {field_name!r} field")
 
 
-def _read_jsonl(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
-    with open_bytes(path, _compression(path), stats) as f:
-        for lineno, raw in enumerate(f, 1):
-            stats.bytes_read += len(raw)
-            line = _decode(raw, str(path), stats).strip()
-            if not line:
-                continue
-            record = parse_json(line, f"{path}:{lineno}", max_depth=None)
-            yield _json_text(record, text_field, f"{path}:{lineno}")
+def _read_jsonl(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
+    for where, record in jsonl_records(path, stats):
+        yield _json_text(record, text_field, where)
 
 
-def _read_json(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
+def _read_json(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
     """A JSON array of records or one pretty-printed record (read whole: JSON cannot be streamed without a
     parser), or JSON lines: a file whose first line is a whole JSON value."""
+    check_head(path)  # before a first line is looked for: a binary file may have none
     with open(path, "rb") as f:
-        first = f.readline().strip()
+        first = f.readline().strip().removeprefix(codecs.BOM_UTF8)
     if not first.startswith(b"[") and _is_json_value(first):
         yield from _read_jsonl(path, text_field, stats)
         return
-    data = path.read_bytes()
-    stats.bytes_read += len(data)
-    stats.file_bytes += len(data)
-    records = parse_json(_decode(data, str(path), stats), path, max_depth=None)
+    records = parse_json(read_text(path, stats), path, max_depth=None)
     if isinstance(records, dict):  # one record spread over lines (e.g. a dataset_info.json)
         yield _json_text(records, text_field, str(path))
         return
@@ -256,24 +191,15 @@ def _is_json_value(line: bytes) -> bool:
     return True
 
 
-def _read_tsv(path: Path, stats: CorpusStats) -> Iterator[str]:
-    with open_bytes(path, None, stats) as f:
-        for raw in f:
-            stats.bytes_read += len(raw)
-            yield "\n".join(_decode(raw, str(path), stats).rstrip("\r\n").split("\t"))
+def _read_tsv(path: Path, stats: ReadStats) -> Iterator[str]:
+    """One document per line, its columns joined by newlines (a `source<TAB>target` file trains on both)."""
+    for _, values in delimited_rows(path, ".tsv", stats):
+        yield "\n".join(values)
 
 
-def _check_head(path: Path) -> None:
-    """Refuse a file whose first bytes are UTF-16/32 text or binary data (`encoding.check_text`)."""
-    with open_bytes(path, _compression(path), CorpusStats()) as f:
-        check_text(f.read(SNIFF_BYTES), path)
-
-
-def _file_pieces(path: Path, text_field: str, stats: CorpusStats, chunk_bytes: int):
+def _file_pieces(path: Path, text_field: str, stats: ReadStats, chunk_bytes: int):
     """(text, is_new_document) for one file: chunks of a text file continue their document."""
-    kind = suffix(path)
-    if kind not in (".parquet", ".arrow"):
-        _check_head(path)
+    kind = suffix(path)  # text files are checked to be UTF-8 text by `readers` before a line is read
     if kind in (".jsonl", ".jsonl.gz", ".jsonl.zst"):
         return ((t, True) for t in _read_jsonl(path, text_field, stats))
     if kind == ".json":
@@ -284,7 +210,7 @@ def _file_pieces(path: Path, text_field: str, stats: CorpusStats, chunk_bytes: i
         return ((t, True) for t in read_parquet(path, text_field, stats))
     if kind == ".arrow":
         return ((t, True) for t in read_arrow(path, text_field, stats))
-    return ((t, i == 0) for i, t in enumerate(_read_chunks(path, stats, chunk_bytes)))
+    return ((t, i == 0) for i, t in enumerate(text_chunks(path, stats, chunk_bytes)))
 
 
 def iter_pieces(
@@ -292,14 +218,14 @@ def iter_pieces(
     *,
     text_field: str = "text",
     chunk_bytes: int = CHUNK_BYTES,
-    stats: CorpusStats | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[tuple[str, bool]]:
     """Stream `(text, is_new_document)`; pieces of one large text file have `is_new_document=False`.
 
     Whitespace-only documents are skipped. Raises DataError for a missing path, an empty glob, bad JSON,
     a missing field, or a corpus with no text at all (checked at the end, so nothing is read twice).
     """
-    stats = stats if stats is not None else CorpusStats()
+    stats = stats if stats is not None else ReadStats()
     if spec.startswith("stdlib:"):
         for text in iter_stdlib_documents(spec):  # a reader that stops early parses only what it read
             stats.documents += 1
@@ -322,18 +248,12 @@ def iter_pieces(
                 stats.documents += 1
             yield text, not started
             started = True
-    if stats.replaced_bytes:
-        warnings.warn(
-            f"corpus {spec}: {stats.replaced_bytes} invalid UTF-8 bytes replaced with U+FFFD in "
-            f"{len(stats.replaced_in)} file(s), first {stats.replaced_in[0]}",
-            CorpusWarning,
-            stacklevel=2,
-        )
+    stats.repairs.warn(f"corpus {spec}")
     if not stats.documents:
         raise DataError(f"corpus {spec} is empty: {len(files)} file(s) but no text")
 
 
-def iter_documents(spec: str, *, text_field: str = "text", stats: CorpusStats | None = None) -> Iterator[str]:
+def iter_documents(spec: str, *, text_field: str = "text", stats: ReadStats | None = None) -> Iterator[str]:
     """Stream the corpus as text units: each record, each small file, or each ~1 MB piece of a big file.
 
     Use `iter_pieces` when document boundaries matter (token packing); here they do not.
@@ -344,7 +264,7 @@ def iter_documents(spec: str, *, text_field: str = "text", stats: CorpusStats | 
 
 def corpus_size(spec: str) -> int:
     """Approximate size in bytes (file sizes, compressed as they are, or characters for stdlib): for
-    progress bars only, against `CorpusStats.file_bytes`."""
+    progress bars only, against `ReadStats.file_bytes`."""
     if spec.startswith("stdlib:"):
         return sum(len(t) for t in stdlib_documents(spec))
     return sum(p.stat().st_size for p in resolve_files(spec))

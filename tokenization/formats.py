@@ -26,7 +26,7 @@ from ..errors import DataError
 from ..jsonfile import kind_of, member, read_json
 
 if TYPE_CHECKING:
-    from .corpus import CorpusStats
+    from .encoding import ReadStats
 
 EXTRA = 'pip install "tfkit[data]"'
 INPUT_BYTES = 1 << 16  # compressed bytes fed to a decoder at a time: bounds what one call expands to
@@ -60,7 +60,7 @@ class _Counted(io.RawIOBase):
     """A file read through this adds every byte it gives to `stats.file_bytes` (progress against the
     on-disk size, which for a compressed file is not the text size)."""
 
-    def __init__(self, raw: io.RawIOBase, stats: CorpusStats):
+    def __init__(self, raw: io.RawIOBase, stats: ReadStats):
         self.raw, self.stats = raw, stats
 
     def readable(self) -> bool:
@@ -121,7 +121,7 @@ class _Decompressed(io.RawIOBase):
         super().close()
 
 
-def open_bytes(path: Path, compression: str | None, stats: CorpusStats) -> io.BufferedReader:
+def open_bytes(path: Path, compression: str | None, stats: ReadStats) -> io.BufferedReader:
     """`path` as a binary file of its decoded bytes (`compression`: None, ".gz" or ".zst"); the bytes read
     from disk are added to `stats.file_bytes`."""
     raw = _Counted(io.FileIO(path, "r"), stats)
@@ -184,7 +184,7 @@ def _text_column(path: Path, schema, text_field: str) -> int:
     return names.index(text_field)
 
 
-def _texts(column, stats: CorpusStats) -> list[str]:
+def _texts(column, stats: ReadStats) -> list[str]:
     """The non-null strings of an Arrow string column; their UTF-8 bytes are added to `stats.bytes_read`."""
     import pyarrow.compute as pc
 
@@ -194,19 +194,19 @@ def _texts(column, stats: CorpusStats) -> list[str]:
     return [t for t in column.to_pylist() if t is not None]
 
 
-def read_parquet(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
+def read_parquet(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
     """One document per row: the `text_field` column, a record batch at a time, row group by row group."""
     for batch in _parquet_batches(path, [text_field], stats):
         yield from _texts(batch.column(0), stats)
 
 
-def read_arrow(path: Path, text_field: str, stats: CorpusStats) -> Iterator[str]:
+def read_arrow(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
     """One document per row of an Arrow IPC stream or file (see the module docstring), batch by batch."""
     for batch in _arrow_batches(path, [text_field], stats):
         yield from _texts(batch.column(0), stats)
 
 
-def read_rows(path: Path, fields: list[str], stats: CorpusStats) -> Iterator[tuple]:
+def read_rows(path: Path, fields: list[str], stats: ReadStats) -> Iterator[tuple]:
     """The `fields` of each row of a Parquet or Arrow file, as tuples (seq2seq pairs: source, target);
     a null stays None for the caller to name."""
     batches = _parquet_batches if path.name.lower().endswith(".parquet") else _arrow_batches
@@ -217,7 +217,7 @@ def read_rows(path: Path, fields: list[str], stats: CorpusStats) -> Iterator[tup
         yield from zip(*(column.to_pylist() for column in columns))
 
 
-def _parquet_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iterator[Any]:
+def _parquet_batches(path: Path, columns: list[str], stats: ReadStats) -> Iterator[Any]:
     """Record batches of the `columns` (each checked to hold strings), row group by row group; progress
     in `stats.file_bytes` as the share of the rows read."""
     pq = need("pyarrow.parquet", path, "reading Parquet")
@@ -246,7 +246,7 @@ def _parquet_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iter
     stats.file_bytes += size - counted
 
 
-def _arrow_batches(path: Path, columns: list[str], stats: CorpusStats) -> Iterator[Any]:
+def _arrow_batches(path: Path, columns: list[str], stats: ReadStats) -> Iterator[Any]:
     """Record batches of an Arrow IPC stream or file, reduced to the `columns` (each checked to hold
     strings), in that order."""
     pa = need("pyarrow", path, "reading Arrow")

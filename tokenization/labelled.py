@@ -10,6 +10,9 @@ the label by name or by position. What `load_labelled` decides, and why:
   stay 0/1 and the numbering never depends on row order;
 - a validation label the training file never has is refused (the model has no output for it), and so is
   a training file with a single class;
+- a class name holding U+FFFD is refused, naming its row: it is what invalid UTF-8 becomes (`encoding`),
+  and a model whose class is `hill\ufffd` carries the damage into config.json's id2label and every
+  prediction; a text with a few such bytes is read, as a corpus is, with one warning;
 - a regression target must be a finite number;
 - a row whose text (or second text) is empty or missing is skipped and counted, and the count is one of
   the `notes` a run writes to start.log: a blank cell is a gap in the data, not a reason to stop a run;
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError, shorten
+from .encoding import REPLACEMENT
 from .holdout import check_fraction, sample_documents
 from .labelled_rows import Row, read_rows
 from .stdlib_topics import is_topics_spec, topic_rows
@@ -158,9 +162,17 @@ def _label(row: Row, column: str | int) -> str:
     if number is not None and number.is_integer():
         return str(int(number))
     if number is None and isinstance(value, str):
-        return value
+        return _class_name(row, column, value)
     raise DataError(f"{row.where}: label {shorten(repr(value))} (column {column!r}): expected a class name or an "
                     "integer (fractional targets are task: regression)")
+
+
+def _class_name(row: Row, column: str | int, name: str) -> str:
+    if REPLACEMENT in name:
+        raise DataError(f"{row.where}: label {shorten(repr(name))} (column {column!r}) holds U+FFFD, what bytes "
+                        "that are not UTF-8 are read as; expected a class name in UTF-8 text (save the file as "
+                        "UTF-8, e.g. `iconv -f LATIN1 -t UTF-8`)")
+    return name
 
 
 def _target(row: Row, column: str | int) -> float:

@@ -3,36 +3,21 @@
 A translation or summarisation corpus is a list of pairs: TSV lines `source<TAB>target`, or records with
 a source and a target field (`data.source_field`, `data.target_field`) in JSON lines (plain, `.gz`,
 `.zst`), Parquet files or Arrow / `datasets` folders, read with the same readers as documents are
-(`corpus`, `formats`). Plain text given to a seq2seq recipe is not pairs: it becomes denoising pairs.
+(`readers`, `formats`): invalid UTF-8 is replaced and said in one warning naming the first line. Plain
+text given to a seq2seq recipe is not pairs: it becomes denoising pairs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DataError
-from ..jsonfile import parse_json
-from .corpus import CorpusStats, resolve_files, suffix
-from .formats import need, open_bytes, read_rows
+from .corpus import resolve_files, suffix
+from .formats import need, read_rows
+from .readers import ReadStats, delimited_rows, jsonl_records
 
 JSONL_KINDS = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 COLUMN_KINDS = (".parquet", ".arrow")
-
-
-def _compression(path: Path) -> str | None:
-    kind = suffix(path)
-    return kind[kind.rindex("."):] if kind.endswith((".gz", ".zst")) else None
-
-
-def _jsonl_records(path: Path) -> Iterator[tuple[str, object]]:
-    """(where, record) for each non-blank line of a JSON-lines file, compressed or not."""
-    with open_bytes(path, _compression(path), CorpusStats()) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.decode("utf-8", errors="replace").strip()
-            if not line:
-                continue
-            yield f"{path}:{lineno}", parse_json(line, f"{path}:{lineno}", max_depth=None)
 
 
 def _columns(path: Path) -> list[str]:
@@ -61,7 +46,7 @@ def is_pair_data(spec: str, source_field: str) -> bool:
     for path in files:
         kind = suffix(path)
         if kind in JSONL_KINDS:
-            first = next(_jsonl_records(path), (None, None))[1]
+            first = next(jsonl_records(path, ReadStats()), (None, None))[1]  # its repairs: said by read_pairs
             return isinstance(first, dict) and source_field in first
         if kind in COLUMN_KINDS:
             return source_field in _columns(path)
@@ -71,18 +56,19 @@ def is_pair_data(spec: str, source_field: str) -> bool:
 def read_pairs(spec: str, source_field: str = "source", target_field: str = "target") -> list[tuple[str, str]]:
     """(source, target) pairs from TSV, JSON-lines, Parquet or Arrow files (a path, glob or folder)."""
     pairs: list[tuple[str, str]] = []
+    stats = ReadStats()
     for path in resolve_files(spec):
         kind = suffix(path)
         if kind == ".tsv":
-            pairs += _tsv_pairs(path)
+            pairs += _tsv_pairs(path, stats)
         elif kind in COLUMN_KINDS:
-            for row, (source, target) in enumerate(read_rows(path, [source_field, target_field], CorpusStats())):
+            for row, (source, target) in enumerate(read_rows(path, [source_field, target_field], stats)):
                 if source is None or target is None:
                     field = source_field if source is None else target_field
                     raise DataError(f"{path}: row {row}: {field!r} is null, expected a string")
                 pairs.append((source, target))
         else:
-            for where, record in _jsonl_records(path):
+            for where, record in jsonl_records(path, stats):
                 missing = [k for k in (source_field, target_field)
                            if not isinstance(record, dict) or not isinstance(record.get(k), str)]
                 if missing:
@@ -90,17 +76,16 @@ def read_pairs(spec: str, source_field: str = "source", target_field: str = "tar
                 pairs.append((record[source_field], record[target_field]))
     if not pairs:
         raise DataError(f"seq2seq data {spec}: no pairs found")
+    stats.repairs.warn(f"seq2seq data {spec}")
     return pairs
 
 
-def _tsv_pairs(path: Path) -> list[tuple[str, str]]:
+def _tsv_pairs(path: Path, stats: ReadStats) -> list[tuple[str, str]]:
     pairs = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            cols = line.rstrip("\r\n").split("\t")
-            if len(cols) != 2:
-                raise DataError(f"{path}:{lineno}: expected 2 tab-separated columns (source, target), got {len(cols)}")
-            pairs.append((cols[0], cols[1]))
+    for line, cols in delimited_rows(path, ".tsv", stats):
+        if not "".join(cols).strip():  # a blank line
+            continue
+        if len(cols) != 2:
+            raise DataError(f"{path}:{line}: expected 2 tab-separated columns (source, target), got {len(cols)}")
+        pairs.append((cols[0], cols[1]))
     return pairs

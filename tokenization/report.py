@@ -21,7 +21,8 @@ from ..progress import console as output_console
 from .corpus import listing
 
 if TYPE_CHECKING:
-    from .train import TfkitTokenizer, TokenizerSpec
+    from .spec import TokenizerSpec
+    from .tokenizer import TfkitTokenizer
 
 TOP_N = 10
 

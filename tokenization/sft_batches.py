@@ -4,7 +4,7 @@ assistant's tokens only, attention kept inside each conversation.
 Each conversation's template ids (tokenization/chat.py) become one example of `len - 1` positions, inputs
 `ids[:-1]` and labels `ids[1:]` where the next token is the assistant's, -100 elsewhere. Examples are packed
 back to back into rows of `seq_len` positions in a seeded order, once, when the dataset is built; the rows
-are then the dataset's examples, visited as every dataset visits them (`_PureDataset`: batch `i` a pure
+are then the dataset's examples, visited as every dataset visits them (`PureDataset`: batch `i` a pure
 function of `(seed, i)`, so resume is exact). `doc_ids (B, T)` numbers each example of a row, and the padding
 after the last one is a document of its own, so no example attends across another (models/attention.py);
 positions restart at each example (`position_ids`), as generation frames a single chat at position 0.
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from .batches import _PureDataset
+from .batches import PureDataset
 from .masking import IGNORE_INDEX
 from .packing import restarted_positions
 
@@ -64,7 +64,7 @@ def _close(row: np.ndarray, used: int, docs: int) -> np.ndarray:
     return row
 
 
-class SftDataset(_PureDataset):
+class SftDataset(PureDataset):
     """Packed chat rows: input_ids, labels (-100 off the assistant's tokens and on padding), doc_ids and
     position_ids, each (B, T) int64."""
 

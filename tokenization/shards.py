@@ -42,8 +42,9 @@ from ..errors import DataError
 from ..files import staged_folder
 from ..jsonfile import read_json
 from ..progress import progress_bar
-from .corpus import CorpusStats, corpus_fingerprint, corpus_size, iter_pieces
+from .corpus import corpus_fingerprint, corpus_size, iter_pieces
 from .holdout import complement, heldout_chunks
+from .readers import ReadStats
 from .spans import TokenSpans
 from .train import TfkitTokenizer
 
@@ -107,7 +108,7 @@ class TokenShards:
         return TokenShards(tokens, doc_starts, self.vocab_size, self.separator_id, self.meta, self.from_cache)
 
 
-def _batches(spec: str, text_field: str, stats: CorpusStats) -> Generator[tuple[list[str], list[bool]], None, None]:
+def _batches(spec: str, text_field: str, stats: ReadStats) -> Generator[tuple[list[str], list[bool]], None, None]:
     """The corpus as batches of about BATCH_CHARS characters: (pieces, whether each starts a document)."""
     texts: list[str] = []
     new_doc: list[bool] = []
@@ -255,7 +256,7 @@ def prepare_tokens(
     with staged_folder(folder, keep_existing=not folder.exists()) as tmp:
         separator, doc_start = tokenizer.separator_id, tokenizer.doc_start_id
         dtype = token_dtype(tokenizer.vocab_size)
-        writer, stats = _Writer(tmp, dtype, separator, doc_start), CorpusStats()
+        writer, stats = _Writer(tmp, dtype, separator, doc_start), ReadStats()
         start = time.perf_counter()
         # MB/s and an ETA against the size on disk (compressed files by their compressed size); the
         # built-in corpus has no size without reading it all, so it gets a count only.
@@ -286,7 +287,7 @@ def prepare_tokens(
             "bytes": stats.bytes_read,
             "seconds": round(seconds, 3),
             "mb_per_s": round(stats.bytes_read / 1e6 / max(seconds, 1e-9), 3),
-            "replaced_bytes": stats.replaced_bytes,
+            "replaced_bytes": stats.repairs.count,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     log.info("tokenized %s: %s tokens, %s documents, %.1f MB/s", spec, f"{writer.count:,}",

@@ -63,7 +63,7 @@ def source_files() -> tuple[tuple[str, Path], ...]:
     return tuple(out)
 
 
-def _read_source(path: Path) -> str | None:
+def read_source(path: Path) -> str | None:
     """Decode with the file's declared encoding (PEP 263); None for files that cannot be read."""
     try:
         data = path.read_bytes()
@@ -73,7 +73,7 @@ def _read_source(path: Path) -> str | None:
         return None
 
 
-def _docstrings(source: str) -> list[str]:
+def docstrings(source: str) -> list[str]:
     """Module, class and function docstrings in source order, cleaned, without the short ones."""
     try:
         tree = ast.parse(source)
@@ -112,14 +112,14 @@ def _statements(tree: ast.AST) -> Iterator[ast.AST]:
 def _iter_documents(flavour: str) -> Iterator[tuple[bool, str]]:
     """(is_valid, text) for every document of a flavour, reading and parsing files only as they are reached."""
     for rel, path in source_files():
-        source = _read_source(path)
+        source = read_source(path)
         if source is None or not source.strip():
             continue
         valid = is_valid_file(rel)
         if flavour == "code":
             yield valid, source
         else:
-            yield from ((valid, d) for d in _docstrings(source))
+            yield from ((valid, d) for d in docstrings(source))
 
 
 _DOCUMENTS: dict[str, tuple[tuple[bool, str], ...]] = {}  # flavour -> every document, once fully read

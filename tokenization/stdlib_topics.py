@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from ..errors import DataError
 from .labelled_rows import Row
-from .stdlib_corpus import _docstrings, _read_source, source_files
+from .stdlib_corpus import docstrings, read_source, source_files
 
 PREFIX = "stdlib:topics"
 TOPICS = ("asyncio", "email", "http", "importlib", "json", "logging", "multiprocessing", "unittest", "urllib", "xml")
@@ -62,8 +62,8 @@ def _examples() -> tuple[tuple[str, str, str, bool], ...]:
         topic, _, inside = rel.partition("/")
         if topic not in TOPICS or not inside:  # a package's files, not a same-named top-level module
             continue
-        source = _read_source(path)
-        for number, text in enumerate(_docstrings(source) if source else []):
+        source = read_source(path)
+        for number, text in enumerate(docstrings(source) if source else []):
             if not topics_of[text]:
                 found.append((f"{PREFIX} {rel}: docstring {number}", text, topic))
             topics_of[text].add(topic)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .batches import _pad, _PureDataset
+from .batches import PureDataset, pad_rows
 from .labelled import Examples
 from .task_packing import packed_batch
 from .tokenizer import TfkitTokenizer
@@ -167,7 +167,7 @@ def encode_windows(texts: list[str], tokenizer: TfkitTokenizer, layout: Layout, 
     return out
 
 
-class TaskDataset(_PureDataset):
+class TaskDataset(PureDataset):
     """Laid-out rows and their targets; batches of `labels` (B,) and either `input_ids`, `attention_mask`
     (B, max_len) with `token_type_ids` for layouts with segments, or, `packed`, the keys of
     `task_packing.packed_batch` (input_ids (R, max_len) holding the B rows back to back). A window has its
@@ -187,10 +187,10 @@ class TaskDataset(_PureDataset):
         labels = self.labels[torch.as_tensor(idx)]  # (B,)
         if self.packed:
             return {**packed_batch(rows, segments, self.max_len, self.pad_id), "labels": labels}
-        ids, mask = _pad(rows, self.max_len, self.pad_id)  # (B, T) each
+        ids, mask = pad_rows(rows, self.max_len, self.pad_id)  # (B, T) each
         batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
         if segments is not None:
-            batch["token_type_ids"] = _pad(segments, self.max_len, 0)[0]
+            batch["token_type_ids"] = pad_rows(segments, self.max_len, 0)[0]
         return batch
 
 

@@ -34,6 +34,21 @@ def test_a_bad_conversation_is_one_line_and_the_source_checkpoint_is_kept(record
     assert not (tmp_path / "sft").exists()
 
 
+def test_a_turn_that_is_not_utf8_trains_with_one_warning_naming_line_and_byte(tiny_run, tmp_path):
+    """The policy of every reader (a corpus's, a labelled file's): replaced, said once with where, not silently."""
+    recipe, run = tiny_run
+    data = tmp_path / "chat.jsonl"
+    _chats(data)
+    bad = json.dumps({"prompt": "hi", "response": "caf\u00e9"}, ensure_ascii=False).encode("latin-1")
+    data.write_bytes(data.read_bytes() + bad + b"\n")
+    result = cli(["pretrain", recipe, "--run-dir", tmp_path / "sft", "--set", f"train.init_from={run}",
+                  "--set", f"data.train={data}", "--set", "train.batch_size=2", "--set", "eval.batch_size=1", *CHAT])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert [line for line in result.stderr.splitlines() if "UTF-8" in line] == [
+        f"warning: chat data {data}: 1 invalid UTF-8 byte replaced with U+FFFD, the first at {data}:21, "
+        f"byte {bad.index(0xE9) + 1}"]
+
+
 def test_an_encoder_checkpoint_is_refused_for_chat_fine_tuning(english_text, tmp_path):
     bert = tiny_recipe(tmp_path / "bert", english_text, model={"arch": "bert"}, objective={"name": "mlm"},
                        tokenizer={"kind": "wordpiece"}, train={"max_steps": 1, "save_every": 1})

@@ -1,5 +1,7 @@
 """`tfkit eval --task FILE` on a damaged task file: one line naming the file, the line and the field at fault,
-exit 2, before any checkpoint is scored, and the `--json` file that held earlier results left as it was."""
+exit 2, before any checkpoint is scored, and the `--json` file that held earlier results left as it was; a line
+nested past the recursion limit is such a line too (it reads through the guarded JSON parser every reader
+uses). Bytes that are not UTF-8 get the policy of every reader: replaced, with one warning naming the line."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ CASES = {  # what line 2 holds -> what the error names
     "a choice not text": ({**GOOD, "choices": ["mat", 3]}, [":2:", '"choices"']),
     "no context": ({"choices": ["x", "y"], "gold": 0}, [":2:", 'no "context"']),
     "not an object": ([1, 2], [":2:", "expected a JSON object"]),
-    "not JSON": ("{context: 1", [":2:", "not a JSON object"]),
+    "not JSON": ("{context: 1", [":2:", "invalid JSON"]),
+    "nested 200,000 deep": ("[" * 200_000 + "]" * 200_000, [":2:", "JSON nested too deeply to read"]),
+    "an object nested 200,000 deep": ('{"a": ' * 200_000 + "1" + "}" * 200_000, [":2:", "nested too deeply"]),
 }
 
 
@@ -55,3 +59,14 @@ def test_task_and_data_together_or_neither_is_one_line(tiny_run, tmp_path):
     assert_one_line_error(cli(["eval", tiny_run[1], "--task", task, "--data", task]), "--data", "--task")
     assert_one_line_error(cli(["eval", tiny_run[1]]), "--data", "--task")
     assert_one_line_error(cli(["eval", tiny_run[1], "--task", task, "--stride", "4"]), "--stride")
+
+
+def test_a_task_line_that_is_not_utf8_is_scored_with_one_warning_naming_line_and_byte(tiny_run, tmp_path):
+    task = tmp_path / "task.jsonl"
+    bad = json.dumps({**GOOD, "context": "The caf\u00e9 sat on the"}, ensure_ascii=False).encode("latin-1")
+    task.write_bytes((json.dumps(GOOD) + "\n").encode() + bad + b"\n")
+    result = cli(["eval", tiny_run[1], "--task", task])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert [line for line in result.stderr.splitlines() if "UTF-8" in line] == [
+        f"warning: task {task}: 1 invalid UTF-8 byte replaced with U+FFFD, the first at {task}:2, "
+        f"byte {bad.index(0xE9) + 1}"]
