@@ -27,7 +27,7 @@ from ..layout import CLASSIFIER_EXPORT_ARCHITECTURES
 from ..models.config import ModelConfig
 from ..models.heads import HeadConfig
 from .hf_names import RULES, HFInteropWarning
-from .hf_state import tfkit_to_hf
+from .hf_state import export_family, tfkit_to_hf
 
 # The HF class each family's classifier is exported as (layout.py: files.py recognises an export by it).
 CLASSIFIER_ARCHITECTURES = CLASSIFIER_EXPORT_ARCHITECTURES
@@ -53,6 +53,17 @@ def check_pooling(family: str, cfg: ModelConfig, head: HeadConfig) -> None:
     if pooling != hf_pooling:
         raise ConfigError(f"head.pooling={pooling} has no HuggingFace equivalent: {CLASSIFIER_ARCHITECTURES[family]} "
                           f"pools {what}; fine-tune with task.pooling: {hf_pooling} to export")
+
+
+def export_problem(cfg: ModelConfig, head: HeadConfig) -> str | None:
+    """Why a classifier of this body and head could not be exported as a `*ForSequenceClassification` (the
+    body's family has no HF class, or the head pools another vector), naming the key that changes it; None
+    when it can be. Said at the start of a fine-tune, not found after it."""
+    try:
+        check_pooling(export_family(cfg), cfg, head)
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def fold_bias(family: str, state: dict[str, Tensor]) -> dict[str, Tensor]:

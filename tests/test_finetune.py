@@ -79,6 +79,10 @@ def test_a_tiny_bert_learns_stdlib_topics_well_above_chance(finetuned):
     assert rows[-1]["val_accuracy"] > majority + 0.15 and rows[-1]["val_matthews"] > 0.2
     start = (run_dir / "start.log").read_text()
     assert "classification, 10 classes" in start
+    assert "global batch 32 examples (packed back to back into rows of at most 64 tokens;" in start  # not tokens
+    assert "weight decay: 0.01 on 13 weight matrices (" in start and "; 0 on 28 norms, biases and embeddings (" in start
+    (warning,) = [line for line in start.splitlines() if "cannot be exported" in line]  # said before it trains
+    assert warning.startswith("warning: this classifier cannot be exported by `tfkit export-hf`: ")
 
 
 def test_the_checkpoint_is_a_classifier_with_its_labels(finetuned):
@@ -132,6 +136,9 @@ def test_it_starts_from_a_pretrained_gpt_run(english_file, tmp_path):
     assert result.exit_code == 0, result.output
     start = (tmp_path / "ft" / "start.log").read_text()
     assert "held out for validation" in start and "stratified by label" in start
+    assert ("warning: this classifier cannot be exported by `tfkit export-hf`: head.pooling=mean has no HuggingFace "
+            "equivalent: GPT2ForSequenceClassification pools the last token that is not pad_token_id; fine-tune "
+            "with task.pooling: last to export") in start  # the recipe's mean pooling
     model, cfg = load_classifier(tmp_path / "ft")
     assert isinstance(model, SequenceClassifier) and cfg.arch == "gpt" and model.head_config.labels == ("0", "1")
     body = load_file(str(tmp_path / "ft" / "checkpoints" / "step-2" / "model.safetensors"))

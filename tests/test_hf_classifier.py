@@ -207,3 +207,15 @@ def test_export_force_replaces_an_earlier_classifier_export(tmp_path):
     assert run("export-hf", tmp_path / "ckpt", "--out", tmp_path / "hf").exit_code == 0
     result = run("export-hf", tmp_path / "ckpt", "--out", tmp_path / "hf", "--force")
     assert result.exit_code == 0, result.output
+
+
+def test_whether_a_classifier_can_be_exported_is_known_before_it_is_trained():
+    """`export_problem` (said at the start of a fine-tune) agrees with what export-hf refuses after it."""
+    from tfkit.checkpoints.hf_classifier import export_problem
+
+    bert = tiny_cfg("bert", norm_placement="post")
+    assert export_problem(bert, HeadConfig(labels=("a", "b"), pooling="cls")) is None
+    assert export_problem(tiny_cfg("gpt"), HeadConfig(labels=("a", "b"))) is None  # gpt's own: its last token
+    assert "fine-tune with task.pooling: cls to export" in export_problem(bert, HeadConfig(labels=("a", "b"),
+                                                                                            pooling="mean"))
+    assert export_problem(tiny_cfg("gpt", positions="alibi"), HeadConfig(labels=("a", "b"))) is not None

@@ -61,6 +61,18 @@ def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device)
     )
 
 
+def decay_line(optimizer: torch.optim.Optimizer) -> str:
+    """The start block's line on what weight decay reaches: each group's decay, tensor count and parameters.
+    HF's Trainer decays every tensor but biases and norm weights; tfkit spares embeddings too (param_groups)."""
+    parts = []
+    for group in optimizer.param_groups:
+        params = sum(p.numel() for p in group["params"])
+        what = {"decay": "weight matrices", "no_decay": "norms, biases and embeddings",
+                "muon": "blocks' matrices (Muon)"}.get(group.get("name"), group.get("name", "group"))
+        parts.append(f"{group['weight_decay']:g} on {len(group['params'])} {what} ({params:,} parameters)")
+    return "weight decay: " + "; ".join(parts)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """The schedule is a pure function of the step, so the rate is written, never stepped."""
     for group in optimizer.param_groups:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from ..checkpoints.hf_classifier import export_problem
 from ..progress import Transcript, console as output_console
 from ..tokenization.train import TfkitTokenizer
 from .distributed import DistInfo
@@ -57,16 +58,26 @@ def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_f
         f"({threads} CPU thread{'s' * (threads != 1)})"
         + (f" x{info.world_size} ({t.distributed})" if info.enabled else "") + (why if precision_auto else ""),
         highlight=False)
+    if recipe.head_task is not None:  # examples of any length, packed back to back or padded, not fixed rows
+        layout = "packed back to back into rows" if recipe.task.packing and cfg.arch != "transformer" else "padded"
+        batch = (f"global batch {t.batch_size} examples ({layout} of at most {recipe.data.seq_len} tokens; "
+                 f"{t.grad_accum} micro-batch(es) of {per_rank} examples per rank), ")
+    else:
+        batch = (f"global batch {t.batch_size} x {per_sequence}"
+                 f"{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
+                 f" = {t.batch_size * per_sequence:,} tokens ({t.grad_accum} micro-batch(es) of {per_rank} sequences "
+                 "per rank), ")
     out.print(
-        f"global batch {t.batch_size} x {per_sequence}{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
-        f" = {t.batch_size * per_sequence:,} tokens "
-        f"({t.grad_accum} micro-batch(es) of {per_rank} sequences per rank), "
+        batch
         + (f"as many steps as fit in {t.max_time} of training (at most {t.max_steps:,}; setup and the final "
            "sample come on top), " if t.max_time else f"{t.max_steps} steps, ")
         + f"{recipe.schedule.name} lr {recipe.optim.lr:g}", highlight=False)
     origin = f"resuming {resume_from}" if resume_from else f"initialised from {init_from}" if init_from else "fresh start"
     out.print(f"run folder {run_dir} ({origin})", highlight=False)
-    for warning in recipe.warnings():
+    head = getattr(model, "head_config", None)
+    problem = None if head is None else export_problem(cfg, head)
+    for warning in recipe.warnings() + ([f"this classifier cannot be exported by `tfkit export-hf`: {problem}"]
+                                        if problem else []):
         out.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 

@@ -47,7 +47,7 @@ from .distributed import DistInfo, barrier, broadcast_object, init_distributed, 
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
 from .objectives import LossModule, compile_loss_module, freeze_unreached
-from .optim import build_optimizer, grad_scaler
+from .optim import build_optimizer, decay_line, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
 from .report import RunResult, describe, report, sample
@@ -159,6 +159,7 @@ class Trainer(contextlib.AbstractContextManager):
             run_folder.write_recipe(self.run_dir, recipe, self.resume_from, console)
             describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
                      self.start_block, self.precision_auto)
+            self.start_block.print(decay_line(self.optimizer), highlight=False, markup=False)
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
         self.built = True
 
