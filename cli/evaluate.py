@@ -116,9 +116,18 @@ def evaluate(
     """
     from ..checkpoints.folders import chosen_note, read_checkpoint
     from ..checkpoints.record import CheckpointRecord
+    from ..tokenization.corpus import check_text_field
 
     if (data is None) == (task is None):
         raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
+    if json_out is not None:  # the options first, then every argument resolved, then the work
+        check_json_out(json_out)
+    if task is not None:
+        refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
+                               "--max-batches": max_batches, "--set": overrides or None})
+    else:
+        check_text_field(data, text_field)
+        check_limits(max_tokens, max_batches)
     records = []
     for path in checkpoints:  # every argument resolved before any work (a run's best/ when it kept one)
         folder, record = read_checkpoint(path, CheckpointRecord.read, best=True)
@@ -134,19 +143,12 @@ def evaluate(
         return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
     from ..evaluation.evaluate import EvalRequest
     from ..evaluation.evaluate import evaluate as evaluate_one
-    from ..tokenization.corpus import check_text_field
 
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
-    if json_out is not None:
-        check_json_out(json_out)
     if task is not None:
-        refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
-                               "--max-batches": max_batches, "--set": overrides or None})
         return evaluate_task(checkpoints, task, json_out=json_out, batch_size=batch_size, device=torch_device,
                              dtype=dtype)
-    check_text_field(data, text_field)
-    check_limits(max_tokens, max_batches)
     request = EvalRequest(batch_size=batch_size, max_batches=max_batches, max_tokens=max_tokens,
                           seq_len=choose_seq_len(records, seq_len, overrides), stride=stride, device=torch_device,
                           dtype=precision, seed=seed, text_field=text_field, overrides=tuple(overrides or ()),

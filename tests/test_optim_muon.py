@@ -105,7 +105,7 @@ def test_muon_lowers_the_loss_and_a_run_of_non_finite_updates_changes_nothing(mo
     with pytest.raises(TrainingDiverged):
         run_loop(poisoned)
     assert poisoned.state.step == 2
-    for a, b in zip(two.model.parameters(), poisoned.model.parameters()):
+    for a, b in zip(two.update.model.parameters(), poisoned.update.model.parameters()):
         assert torch.equal(a, b)
 
 
@@ -128,21 +128,21 @@ def test_resuming_from_the_saved_state_continues_bit_for_bit():
     def save(state):
         if state.step == 4:
             buffer = io.BytesIO()
-            torch.save({"model": first.model.state_dict(), "state": state.to_dict(),
-                        "optimizer": optimizer_state_by_name(first.model, first.optimizer)}, buffer)
+            torch.save({"model": first.update.model.state_dict(), "state": state.to_dict(),
+                        "optimizer": optimizer_state_by_name(first.update.model, first.update.optimizer)}, buffer)
             saved["bytes"] = buffer.getvalue()
 
     first.save = save
     run_loop(first)
     payload = torch.load(io.BytesIO(saved["bytes"]), weights_only=True)
     resumed, resumed_rows, _ = tiny_loop(flags)
-    resumed.model.load_state_dict(payload["model"])
-    load_optimizer_state_by_name(resumed.model, resumed.optimizer, payload["optimizer"])
+    resumed.update.model.load_state_dict(payload["model"])
+    load_optimizer_state_by_name(resumed.update.model, resumed.update.optimizer, payload["optimizer"])
     assert any("momentum_buffer" in s for s in payload["optimizer"]["state"].values())
     resumed.state = TrainState.from_dict(payload["state"])
     run_loop(resumed)
     assert [r["loss"] for r in resumed_rows] == [r["loss"] for r in rows[4:]]
-    assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(whole.update.model.parameters(), resumed.update.model.parameters()))
 
 
 @pytest.mark.slow

@@ -45,10 +45,10 @@ def test_a_stale_lock_file_from_a_dead_process_does_not_block(tiny_run, copy_run
 
 def _diverge_after(monkeypatch, good_steps: int) -> None:
     """The learning rate of a normal run for `good_steps` updates, then 1e6: the weights explode."""
-    from tfkit.trainer import step
+    from tfkit.trainer import loop
 
-    real = step.lr_at
-    monkeypatch.setattr(step, "lr_at", lambda n, *a, **k: real(n, *a, **k) if n < good_steps else 1e6)
+    real = loop.lr_at  # the rates a window of updates is opened with
+    monkeypatch.setattr(loop, "lr_at", lambda n, *a, **k: real(n, *a, **k) if n < good_steps else 1e6)
 
 
 @pytest.mark.parametrize("good_steps", [0, 4], ids=["diverge-at-once", "diverge-after-4-good-steps"])
