@@ -112,9 +112,9 @@ def one_line(excinfo) -> str:
 
 @pytest.mark.parametrize("rows, options, kind, expected", [
     ([["t", "1"]], {"columns": Columns(label="gold")}, DataError,
-     ":2: no column 'gold' (columns.label); the columns there are: text, label"),
+     ":2: no column 'gold' (task.label); the columns there are: text, label; name the one to read with --set task.label=NAME"),
     ([["t", "1"]], {"columns": Columns(text=0, label=5)}, DataError,
-     ":2: no column 5 for columns.label (this row has 2 columns, counted from 0)"),
+     ":2: no column 5 for task.label (this row has 2 columns, counted from 0)"),
     ([["t", "pos"], ["u", "pos"]], {}, DataError, "every label is 'pos'; classification needs at least two classes"),
     ([["t", "0.5"], ["u", "high"]], {"task": "regression"}, DataError,
      ":3: column 'label' is 'high', expected a finite number (task: regression)"),
@@ -123,8 +123,8 @@ def one_line(excinfo) -> str:
     ([["t", "1"], ["u", "3.8"]], {}, DataError, ":3: label '3.8' (column 'label'): expected a class name or an "
                                                 "integer (fractional targets are task: regression)"),
     ([["", "1"], [" ", "0"]], {}, DataError, "no examples (2 rows with an empty text)"),
-    ([["t", "1"]], {"header": False}, ConfigError, "columns.text: 'text' names a column, but the file is read "
-                                                   "without a header (header: false); give its position"),
+    ([["t", "1"]], {"header": False}, ConfigError, "task.text: 'text' names a column, but the file is read "
+                                                   "without a header (task.header: false); give its position"),
     ([["t", "1"]], {"columns": Columns(text="label")}, ConfigError, "must be different columns"),
     ([["t", "1"]], {"task": "ranking"}, ConfigError, "task: got 'ranking', expected one of classification, regression"),
 ])
@@ -201,3 +201,30 @@ def test_stdlib_topics_is_a_deterministic_labelled_set_with_disjoint_splits():
     assert any("JSON" in text for text in json_docs)
     with pytest.raises(DataError, match="expected stdlib:topics, stdlib:topics:train or stdlib:topics:valid"):
         load_labelled("stdlib:topics:test")
+
+
+@pytest.mark.parametrize("header, columns, read", [
+    (["label", "sentence"], Columns(), "'sentence' as the text"),  # SST-2 as published
+    (["sentence1", "sentence2", "label"], Columns(), "'sentence1' and 'sentence2' as a text pair"),  # MRPC
+    (["premise", "hypothesis", "label"], Columns(), "'premise' and 'hypothesis' as a text pair"),  # MNLI
+    (["question", "sentence", "label"], Columns(), "'question' and 'sentence' as a text pair"),  # QNLI
+    (["question", "label"], Columns(), "'question' as the text"),
+    (["question", "answer", "label"], Columns(text_pair="answer"), "'question' as the text"),  # the pair named
+])
+def test_a_file_without_a_text_column_is_read_by_huggingfaces_usual_names(tmp_path, header, columns, read):
+    """As run_glue.py does, saying which columns it took; a column the recipe names is never replaced."""
+    rows = [[{"label": str(i % 2)}.get(name, f"{name} {i}") for name in header] for i in range(6)]
+    path = write_csv(tmp_path / "train.tsv", header, rows, delimiter="\t")
+    data = load_labelled(str(path), str(path), columns=columns)
+    assert data.notes[0] == f"{path}: no column 'text'; reading {read}, as HuggingFace's run_glue.py does (set " \
+                            "task.text / task.text_pair to choose)"
+    first = dict(zip(header, rows[0]))
+    assert data.train.texts[0] == first[read.split("'")[1]]
+    assert (data.train.pairs is None) == ("pair" not in read and columns.text_pair is None)
+
+
+def test_a_named_column_that_is_missing_is_an_error_not_a_guess(tmp_path):
+    path = write_csv(tmp_path / "train.csv", ["label", "sentence"], [["0", "a"], ["1", "b"]])
+    with pytest.raises(DataError, match=r"no column 'review' \(task.text\); the columns there are: label, "
+                                        r"sentence; name the one to read with --set task.text=NAME"):
+        load_labelled(str(path), columns=Columns(text="review"))

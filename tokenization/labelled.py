@@ -14,6 +14,10 @@ the label by name or by position. What `load_labelled` decides, and why:
   and a model whose class is `hill\ufffd` carries the damage into config.json's id2label and every
   prediction; a text with a few such bytes is read, as a corpus is, with one warning;
 - a regression target must be a finite number;
+- a file without the default `text` column is read by HuggingFace's usual names, as run_glue.py reads GLUE:
+  `sentence1` / `sentence2`, `premise` / `hypothesis`, `question1` / `question2` and `question` / `sentence` as
+  pairs, else `sentence` or `question` alone (`USUAL_TEXTS`); a note says which columns were taken, and a
+  column named in the recipe (`task.text`, `task.text_pair`) is never second-guessed;
 - a row whose text (or second text) is empty or missing is skipped and counted, and the count is one of
   the `notes` a run writes to start.log: a blank cell is a gap in the data, not a reason to stop a run;
 - without a validation file, a seeded share of the training file is held out, stratified by label for
@@ -41,6 +45,9 @@ from .stdlib_topics import is_topics_spec, topic_rows
 
 TASKS = ("classification", "regression")
 SHOWN = 20  # column names or labels listed in a message
+# HuggingFace's usual text columns (GLUE, MNLI/SNLI, QQP, QNLI), pairs first: read where `text` is not a column.
+USUAL_TEXTS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"),
+               ("question", "sentence"), ("sentence", None), ("question", None))
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class Examples:
     targets: list[Any]
     skipped: int = 0  # rows skipped for an empty text
     first_skipped: str | None = None  # where the first of them is
+    note: str | None = None  # which columns were read where `text` is not one (`usual_columns`)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -112,14 +120,14 @@ def _cell(row: Row, column: str | int, key: str) -> Any:
     if isinstance(column, int):
         if column < len(row.values):
             return row.values[column]
-        raise DataError(f"{row.where}: no column {column} for columns.{key} (this row has {len(row.values)} "
+        raise DataError(f"{row.where}: no column {column} for task.{key} (this row has {len(row.values)} "
                         "columns, counted from 0)")
     if row.names is None:
-        raise ConfigError(f"columns.{key}: {column!r} names a column, but the file is read without a header "
-                          "(header: false); give its position (0, 1, ...)")
+        raise ConfigError(f"task.{key}: {column!r} names a column, but the file is read without a header "
+                          "(task.header: false); give its position (0, 1, ...)")
     if column not in row.names:
-        raise DataError(f"{row.where}: no column {column!r} (columns.{key}); the columns there are: "
-                        f"{_listed(row.names)}")
+        raise DataError(f"{row.where}: no column {column!r} (task.{key}); the columns there are: "
+                        f"{_listed(row.names)}; name the one to read with --set task.{key}=NAME")
     index = row.names.index(column)
     if index >= len(row.values):
         raise DataError(f"{row.where}: {len(row.values)} cells, but column {column!r} is number {index + 1} "
@@ -131,7 +139,7 @@ def _text(row: Row, column: str | int, key: str) -> str:
     value = _cell(row, column, key)
     if value is None or isinstance(value, str):
         return value or ""
-    raise DataError(f"{row.where}: column {column!r} (columns.{key}) holds {value!r}, expected text")
+    raise DataError(f"{row.where}: column {column!r} (task.{key}) holds {value!r}, expected text")
 
 
 def _finite(value: Any) -> float | None:
@@ -188,10 +196,32 @@ def _rows(spec: str, header: bool) -> Iterator[Row]:
     return topic_rows(spec) if is_topics_spec(spec) else read_rows(Path(spec), header)
 
 
+def usual_columns(columns: Columns, names: list[str] | None, spec: str) -> tuple[Columns, str | None]:
+    """`columns`, or for a file whose header has no `text` column while the text is left at that default,
+    the first of `USUAL_TEXTS` it has (a pair only when no second text was named), with the note that says so."""
+    if names is None or columns.text != "text" or "text" in names:
+        return columns, None
+    for text, pair in USUAL_TEXTS:
+        if text in names and (pair is None or (pair in names and columns.text_pair is None)):
+            taken = Columns(text, pair if pair is not None else columns.text_pair, columns.label)
+            read = f"'{text}' and '{pair}' as a text pair" if pair else f"'{text}' as the text"
+            return taken, (f"{spec}: no column 'text'; reading {read}, as HuggingFace's run_glue.py does "
+                           "(set task.text / task.text_pair to choose)")
+    return columns, None
+
+
+def _resolved(rows: Iterator[Row], columns: Columns, spec: str) -> Iterator[tuple[Row, Columns, str | None]]:
+    """Every row with the columns to read it by (`usual_columns`, decided on the first row's header)."""
+    chosen: tuple[Columns, str | None] | None = None
+    for row in rows:
+        chosen = chosen or usual_columns(columns, row.names, spec)
+        yield row, *chosen
+
+
 def read_texts(spec: str, columns: Columns, header: bool = True) -> Iterator[tuple[str, str, str | None]]:
     """(where, text, second text or None) of every row of `spec`, streamed, empty texts too: what
     `tfkit predict` labels, one output row per input row; no label column is needed."""
-    for row in _rows(spec, header):
+    for row, columns, _ in _resolved(_rows(spec, header), columns, spec):
         pair = None if columns.text_pair is None else _text(row, columns.text_pair, "text_pair")
         yield row.where, _text(row, columns.text, "text"), pair
 
@@ -200,9 +230,11 @@ def read_examples(spec: str, columns: Columns, task: str, header: bool = True) -
     """The examples of one file, targets still as read (label names, or floats), and for classification
     where each label is first seen (for messages about labels)."""
     texts, targets, first_at = [], [], {}
-    pairs: list[str] | None = None if columns.text_pair is None else []
-    examples = Examples(spec, texts, pairs, targets)
-    for row in _rows(spec, header):
+    examples = Examples(spec, texts, None, targets)
+    for row, columns, note in _resolved(_rows(spec, header), columns, spec):
+        if examples.pairs is None and columns.text_pair is not None:  # the columns are the first row's
+            examples.pairs = []
+        examples.note = note
         text = _text(row, columns.text, "text")
         pair = None if columns.text_pair is None else _text(row, columns.text_pair, "text_pair")
         if not text.strip() or (pair is not None and not pair.strip()):
@@ -213,7 +245,7 @@ def read_examples(spec: str, columns: Columns, task: str, header: bool = True) -
         texts.append(text)
         targets.append(target)
         if pair is not None:
-            pairs.append(pair)
+            examples.pairs.append(pair)
         if task == "classification":
             first_at.setdefault(target, row.where)
     if not texts:
@@ -293,8 +325,13 @@ def load_labelled(train: str, valid: str | None = None, *, columns: Columns = Co
         for split in (train_set, valid_set):
             if split is not None:
                 split.targets[:] = [label2id[name] for name in split.targets]
-    notes = [f"{s.source}: {s.skipped} rows with an empty text skipped (the first at {s.first_skipped})"
-             for s in (train_set, valid_set) if s is not None and s.skipped]
+    notes = [s.note for s in (train_set, valid_set) if s is not None and s.note]
+    notes += [f"{s.source}: {s.skipped} rows with an empty text skipped (the first at {s.first_skipped})"
+              for s in (train_set, valid_set) if s is not None and s.skipped]
+    if valid_set is not None and (valid_set.pairs is None) != (train_set.pairs is None):
+        raise DataError(f"labelled data {valid}: read as {'text pairs' if valid_set.pairs else 'single texts'}, "
+                        f"but {train} as {'text pairs' if train_set.pairs else 'single texts'}; name the columns "
+                        "with task.text and task.text_pair")
     if valid_set is None:
         train_set, valid_set, note = hold_out(train_set, valid_fraction, seed, stratify=labels is not None)
         notes.append(note)
