@@ -4,6 +4,7 @@ bad conversations refused with one line naming the file, line and field."""
 
 import gzip
 import json
+import math
 
 import numpy as np
 import pytest
@@ -169,3 +170,21 @@ def test_a_packed_row_gives_each_conversation_the_logits_it_has_alone(chat_token
                 span = (batch["doc_ids"][r] == d).nonzero().flatten()
                 alone = model(batch["input_ids"][r, span][None])  # (1, L, V): at positions 0..L-1, nothing else
                 torch.testing.assert_close(packed[r, span], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_validation_set_smaller_than_a_batch_is_scored_not_refused(chat_tokenizer):
+    """A few conversations pack into fewer rows than eval.batch_size: validation scores them in one short batch
+    (it used to stop the run: "the validation data gives no batch of 16")."""
+    from tfkit.trainer.distributed import DistInfo
+    from tfkit.trainer.objectives import LossModule
+    from tfkit.trainer.recipe import ObjectiveSection
+    from tfkit.trainer.validation import validate
+
+    tok, _ = chat_tokenizer
+    data = SftDataset(_examples(tok, 4), seq_len=32, seed=0, pad_id=tok.pad_id)
+    assert 0 < data.num_examples < 16
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+    result = validate(LossModule(model, ObjectiveSection(name="clm")), data, 20, 16, DistInfo(), "fp32")
+    labels = torch.cat([b["labels"] for b in data.eval_batches(20, 16)])
+    assert result.tokens == int((labels != -100).sum()) > 0 and math.isfinite(result.loss)

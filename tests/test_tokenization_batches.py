@@ -80,6 +80,22 @@ def test_eval_batches_are_sequential_and_identical_every_call(setup):
     assert first[0].tolist() == shards.tokens[:16].tolist() and first[1].tolist() == shards.tokens[16:32].tolist()
 
 
+def test_the_examples_left_after_the_full_validation_batches_are_scored_in_a_short_one(setup):
+    """10 examples at batch 4: batches of 4, 4 and 2 (the short one), the same rows on one or two ranks."""
+    _, shards = setup["bpe"]
+    clm = ClmDataset(shards.tokens[: 10 * 16 + 1], 16, 0, 0)
+    assert clm.num_examples == 10
+    one = list(clm.eval_batches(5, 4))
+    assert [len(b["input_ids"]) for b in one] == [4, 4, 2]
+    assert one[2]["input_ids"][1].tolist() == shards.tokens[9 * 16: 10 * 16].tolist()
+    two = [list(clm.eval_batches(5, 4, rank=r, world_size=2)) for r in range(2)]
+    for k in range(3):
+        assert torch.equal(torch.cat([two[0][k]["input_ids"], two[1][k]["input_ids"]]), one[k]["input_ids"])
+    assert [len(b["input_ids"]) for b in clm.eval_batches(2, 4)] == [4, 4]  # n batches asked: no more
+    odd = ClmDataset(shards.tokens[: 3 * 16 + 1], 16, 0, 0)
+    assert [len(b["input_ids"]) for b in odd.eval_batches(5, 4, rank=0, world_size=2)] == [1]  # 3 rows: 2 scored
+
+
 def test_too_little_data_for_one_batch_is_a_data_error(setup):
     _, shards = setup["bpe"]
     ds = ClmDataset(shards.tokens[:100], 64, 0, 0)

@@ -94,11 +94,18 @@ class PureDataset(ABC):
             yield self._rows(idx, [(EVAL, self.seed, int(k)) for k in idx])
 
     def eval_batches(self, n: int, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[dict]:
-        """Up to `n` batches over the examples in order, identical on every call."""
+        """Up to `n` batches over the examples in order, identical on every call; the last one short when the
+        examples run out first, as every trainer scores a small validation set (under data parallelism its
+        length is rounded down to a multiple of the world size, so every rank computes as many rows)."""
         rows = self._local(batch_size, rank, world_size)
-        for k in range(min(n, self.num_examples // batch_size)):
+        full = self.num_examples // batch_size
+        for k in range(min(n, full)):
             idx = np.array([k * batch_size + r for r in rows])
             yield self._rows(idx, [(EVAL, self.seed, k, r) for r in rows])
+        short = (self.num_examples - full * batch_size) // world_size * world_size
+        if full < n and short:
+            local = self._local(short, rank, world_size)
+            yield self._rows(np.array([full * batch_size + r for r in local]), [(EVAL, self.seed, full, r) for r in local])
 
 
 class ClmDataset(PureDataset):

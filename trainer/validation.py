@@ -61,6 +61,7 @@ def validate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, i
         reshard(loss_module)
     loss_sum, correct, count = all_reduce_sum(totals, info).tolist()
     if not count:
-        raise DataError(f"the validation data gives no batch of {batch_size} (eval.batch_size); use more "
-                        "validation text (data.valid / data.valid_fraction) or a smaller eval.batch_size")
+        raise DataError(f"the validation data gives nothing to score at eval.batch_size {batch_size} (fewer examples "
+                        "than processes, or no predicted token); use more validation text (data.valid / "
+                        "data.valid_fraction)")
     return ValidationResult(loss=loss_sum / count, accuracy=correct / count, tokens=int(count))
