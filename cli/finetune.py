@@ -27,14 +27,15 @@ def finetune(
     checkpoints keep the labels as id2label / label2id in config.json, and `tfkit eval` / `tfkit predict`
     read them. The run folder is a pretraining run's: recipe.yaml, start.log, metrics.jsonl, exact resume.
     """
-    from ..evaluation.metrics import task_scores  # imports deferred: `--help` stays fast
-    from ..trainer.resume import recipe_for_run
-    from ..trainer.run import pretrain as run_pretrain
+    from ..trainer.resume import recipe_for_run  # imports deferred: `--help` stays fast
 
-    chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)
+    chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)  # checked before torch is imported (seconds)
     if chosen.head_task is None:
         raise ConfigError(f"recipe {recipe}: objective.name is {chosen.objective.name!r}, which pretrains; "
                           "fine-tuning needs classify or regress (see `tfkit recipes show finetune-classify`)")
+    from ..evaluation.metrics import task_scores
+    from ..trainer.run import pretrain as run_pretrain
+
     result = run_pretrain(chosen, run_dir=run_dir, resume=resume, scorer=task_scores)
     if result.interrupted:
         raise typer.Exit(128 + result.interrupted)

@@ -25,8 +25,10 @@ def pretrain(
     Multi-GPU or multi-process: `torchrun --nproc_per_node N -m tfkit pretrain RECIPE`.
     """
     from ..trainer.resume import recipe_for_run  # imports deferred: `--help` stays fast
+
+    chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)  # checked before torch is imported (seconds)
     from ..trainer.run import pretrain as run_pretrain
 
-    result = run_pretrain(recipe_for_run(recipe, overrides, run_dir, resume, force), run_dir=run_dir, resume=resume)
+    result = run_pretrain(chosen, run_dir=run_dir, resume=resume)
     if result.interrupted:
         raise typer.Exit(128 + result.interrupted)

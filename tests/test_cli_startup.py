@@ -37,6 +37,14 @@ NO_MODEL = [["--help"], ["--version"], ["recipes", "list"], ["recipes", "show", 
             ["eval", "--help"], ["generate", "--help"]]
 
 
+def test_a_recipe_mistake_is_reported_before_torch_is_imported(tmp_path):
+    """A typo in a key or a bad --set costs the user no torch import (7-12 s on a busy machine)."""
+    (tmp_path / "bad.yaml").write_text("model:\n  arch: gpt\n  d_modle: 64\n")
+    seen = imports_of([["pretrain", "bad.yaml"], ["pretrain", "gpt-tiny", "--set", "train.max_step=3"],
+                       ["finetune", "finetune-classify", "--set", "task.pooling=bogus"]], tmp_path)
+    assert [each["code"] for each in seen] == [2, 2, 2] and not any(each["torch"] for each in seen), seen
+
+
 def test_commands_that_run_no_model_leave_torch_unimported(tmp_path):
     seen = imports_of(NO_MODEL, tmp_path)
     assert [s["args"] for s in seen] == NO_MODEL
