@@ -31,7 +31,10 @@ def test_the_budget_says_what_it_covers(tmp_path, capsys):
     result = RunResult(tmp_path, TrainState(step=40, seconds=88.0), None, None, 97.5)
     report(result, type("M", (), {"num_params": lambda self: 1})(), 1000.0, recipe)
     out = " ".join(capsys.readouterr().out.split())
-    assert "40 (fitted in train.max_time=90s, 88 s)" in out
+    assert "40 of train.max_steps=100,000 (fitted in train.max_time=90s, 88 s)" in out
+    assert ("note: 40 of the recipe's 100,000 steps fitted in train.max_time=90s on this machine; the schedule "
+            "decayed over those, so the loss is what this machine reaches in the budget (a faster machine or a "
+            "longer train.max_time fits more steps and reaches lower)") in out
     assert "97.5 s (train.max_time counts training, validation and checkpoints; setup (tokenizer, token cache, " \
            "model) and the final sample and report come on top)" in out
 

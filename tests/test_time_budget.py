@@ -64,7 +64,7 @@ def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file,
     assert 5 < steps < 100000 and last["step"] == steps  # ended early, its last update logged
     assert last["lr"] < 3e-3 / 2  # the schedule decayed over the steps that fit (peak 3e-3)
     config = json.loads((run / "checkpoints" / f"step-{steps}" / "config.json").read_text())
-    assert "as many steps as fit in 2s" in result.stdout and f"{steps:,} (fitted in train.max_time=2s" in result.stdout
+    assert "as many steps as fit in 2s" in result.stdout and f"{steps:,} of train.max_steps=" in result.stdout and "(fitted in train.max_time=2s" in result.stdout
     assert config["step"] == steps
 
 

@@ -91,7 +91,16 @@ def what_ended(state: TrainState, train) -> str:
         return f" (interrupted, {state.seconds:.0f} s of train.max_time={budget})"
     if state.step >= train.max_steps:
         return f" (train.max_steps={train.max_steps:,} reached in {state.seconds:.0f} s, within train.max_time={budget})"
-    return f" (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
+    return f" of train.max_steps={train.max_steps:,} (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
+
+
+def budget_note(state: TrainState, train) -> str | None:
+    """Under a time budget that ended the run before train.max_steps, what its loss means."""
+    if train.max_time is None or state.interrupted or state.step >= train.max_steps:
+        return None
+    return (f"note: {state.step:,} of the recipe's {train.max_steps:,} steps fitted in train.max_time={train.max_time} "
+            "on this machine; the schedule decayed over those, so the loss is what this machine reaches in the budget "
+            "(a faster machine or a longer train.max_time fits more steps and reaches lower)")
 
 
 def wall_time(result: RunResult, train) -> str:
@@ -125,6 +134,8 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
     table.add_row("wall time", wall_time(result, recipe.train))
     table.add_row("checkpoint", str(result.checkpoint))
     console.print(table)
+    if note := budget_note(result.state, recipe.train):
+        console.print(note, highlight=False, markup=False)
     if result.sample is not None:
         console.print("[bold]sample:[/bold]", highlight=False)
         console.print(result.sample, highlight=False, markup=False)
