@@ -113,9 +113,9 @@ def _state_problem(state: object) -> str | None:
     if missing:
         return f"missing {', '.join(missing)}"
     if not isinstance(state["state"], dict) or not all(
-            isinstance(v, float if k == "seconds" else int) and not isinstance(v, bool)
+            isinstance(v, (int, float)) and not isinstance(v, bool)
             for k, v in state["state"].items()):
-        return "'state' must map counters to integers (and seconds to a number)"
+        return "'state' must map its counters to numbers"
     rng = state["rng"]
     if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor) or "python" not in rng:
         return "'rng' must hold the python and torch generator states"

@@ -151,3 +151,19 @@ def test_tokens_per_sec_leaves_out_validation_and_checkpoint_time(monkeypatch):
     run_loop(loop)
     rates = [r["tokens_per_sec"] for r in rows if "tokens_per_sec" in r]
     assert rates == [4 * 16 * 2 / 2.0] * 2  # 2 updates of 4 x 16 tokens per row, 1 s each
+
+
+def test_a_log_row_carries_the_means_of_the_updates_since_the_last_one():
+    """One batch's accuracy jumps about (0.34, then 0.9): each row also holds the loss and accuracy over the
+    predicted tokens of every update since the row before, and the printed line shows those."""
+    every, each, _ = tiny_loop(["train.max_steps=6", "train.batch_size=4"])  # a row per update
+    run_loop(every)
+    third, third_rows, _ = tiny_loop(["train.max_steps=6", "train.batch_size=4", "train.log_every=3"])
+    run_loop(third)
+    assert [r["step"] for r in third_rows] == [3, 6]
+    for row, updates in zip(third_rows, (each[0:3], each[3:6])):
+        assert row["loss"] == updates[-1]["loss"]  # the update's own, as before
+        # every update predicts the same number of tokens here (full rows): the token-weighted mean is the mean
+        assert row["loss_mean"] == pytest.approx(sum(u["loss"] for u in updates) / 3, rel=1e-9)
+        assert row["accuracy_mean"] == pytest.approx(sum(u["accuracy"] for u in updates) / 3, rel=1e-9)
+    assert all(r["loss_mean"] == r["loss"] for r in each)

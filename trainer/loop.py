@@ -8,8 +8,10 @@ Semantics a resume depends on:
 - `state.batches` counts micro-batches consumed, including those of skipped updates: a batch that gave a
   NaN is not retried. A skipped update therefore leaves the step and the schedule where they were and
   moves the data on; after `train.max_bad_steps` skips in a row the run stops (`TrainingDiverged`).
-- A metrics row is written every `log_every` updates with that update's own loss (not a window mean, so
-  a resumed run's rows equal an uninterrupted run's); a skipped attempt is always logged, with
+- A metrics row is written every `log_every` updates with that update's own loss and accuracy, and their
+  means over the updates since the previous row (`loss_mean`, `accuracy_mean`, what the printed line shows:
+  one batch's accuracy jumps about); the sums behind the means are part of the state a checkpoint keeps, so
+  a resumed run's rows equal an uninterrupted run's. A skipped attempt is always logged, with
   `"skipped": true` under the step it tried to become.
 - SIGINT / SIGTERM set a flag; the loop finishes the update in progress and stops (under torchrun at the
   end of the window in progress, so that every rank stops at the same step), then the caller saves a
@@ -25,7 +27,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import torch
@@ -60,14 +62,25 @@ class TrainState:
     bad_in_a_row: int = 0  # ... consecutively, up to now
     interrupted: int = 0  # signal number that stopped the run (0 = none)
     seconds: float = 0.0  # training time spent, all starts of the run (what train.max_time counts)
+    # the updates applied since the last log row: loss sum, correct and predicted tokens, for the row's running
+    # means (`loss_mean`, `accuracy_mean`: one batch's accuracy jumps about); kept in checkpoints like the rest
+    since_log_loss: float = 0.0
+    since_log_correct: float = 0.0
+    since_log_count: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainState":
-        return cls(**{k: float(v) if k == "seconds" else int(v) for k, v in data.items()
+        floats = {f.name for f in fields(cls) if f.type in ("float", float)}
+        return cls(**{k: float(v) if k in floats else int(v) for k, v in data.items()
                       if k in cls.__dataclass_fields__})
+
+    def means(self) -> dict[str, float]:
+        """The loss and accuracy over the predicted tokens of the updates since the last log row."""
+        count = max(self.since_log_count, 1.0)
+        return {"loss_mean": self.since_log_loss / count, "accuracy_mean": self.since_log_correct / count}
 
 
 def mfu_basis(model: nn.Module, recipe: Recipe, device: torch.device) -> dict[str, float | None]:
@@ -187,6 +200,7 @@ def _train(loop: Loop, stop: StopFlag, bar: tqdm, last_checkpoint: Callable[[], 
             if s.step % loop.recipe.train.log_every == 0 or s.step == loop.end:
                 unlogged = None
                 _log_row(loop, row, pace, bar)
+                s.since_log_loss = s.since_log_correct = s.since_log_count = 0.0
         s.seconds = loop.budget.spent() if loop.budget is not None else s.seconds
         if reached:
             _validate_and_save(loop, pace, bar)
@@ -295,7 +309,7 @@ def _postfix(row: dict) -> dict:
 
 
 def _log_line(row: dict, max_steps: int) -> str:
-    line = (f"step {row['step']}/{max_steps}  loss {row['loss']:.4f}  acc {row['accuracy']:.3f}  "
+    line = (f"step {row['step']}/{max_steps}  loss {row['loss_mean']:.4f}  acc {row['accuracy_mean']:.3f}  "
             f"lr {row['lr']:.3e}  gnorm {row['grad_norm']:.3f}  {row['tokens_per_sec']:.0f} tok/s")
     return line + (f"  mfu {100 * row['mfu']:.1f}%" if "mfu" in row else "")
 
@@ -345,6 +359,9 @@ def replay(loop: Loop, window: Window) -> Iterator[dict]:
         set_lr(loop.update.optimizer, row["lr"])  # a float again, as checkpoints record it
         if applied:
             s.step, s.bad_in_a_row = s.step + 1, 0
+            s.since_log_loss, s.since_log_correct = s.since_log_loss + loss_sum, s.since_log_correct + correct
+            s.since_log_count += count
+            row.update(s.means())
         elif not bad:
             row.update(skipped=True, reason="fp16 overflow", grad_norm=None)
         else:
