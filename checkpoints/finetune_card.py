@@ -64,12 +64,13 @@ def finetune_card(folder: Path) -> str:
     init_from = (_initialised_from(run_dir) if run_dir is not None else None) or train.get("init_from")
     source = _source(init_from)
     regression = head is not None and head.task == "regression"
-    front = _front_matter(record, regression, data, scores)
+    name = run_dir.name if run_dir is not None else record.name  # the run, which the recipe may have made many of
+    front = _front_matter(name, record, regression, data, scores)
     what = "regressor (one float output)" if regression else f"text classifier ({head.num_labels if head else None} classes)"
     control = "init_from" in train and train["init_from"] is None  # recipe.yaml says so, not a missing key
-    start = (f"fine-tuned from the weights of `{init_from}`" if init_from
+    start = (f"fine-tuned from the weights of `{init_from}`{_imported(source)}" if init_from
              else "trained from random weights (no pretrained body: the control)" if control else None)
-    body = [f"# {record.name}", "", f"A {record.checkpoint.model.arch} {what} made by `tfkit finetune`"
+    body = [f"# {name}", "", f"A {record.checkpoint.model.arch} {what} made by `tfkit finetune`"
             + (f", {start}." if start else "."), ""]
     for title, lines in (("Task", _task_lines(head, task, regression)), ("Model", _model_lines(record.checkpoint.model)),
                          ("Starting checkpoint", _source_lines(init_from, source)),
@@ -114,7 +115,14 @@ def _source(path: str | None) -> RunRecord | None:
         return None
 
 
-def _front_matter(record: RunRecord, regression: bool, data: re.Match | None, scores: dict | None) -> dict:
+def _imported(source: RunRecord | None) -> str:
+    """What an import-hf starting checkpoint was imported from, as the card's first sentence names it."""
+    if source is None or source.checkpoint.imported_from is None:
+        return ""
+    return f" (the HuggingFace {source.checkpoint.hf_architecture or 'model'} `{source.checkpoint.imported_from}`)"
+
+
+def _front_matter(name: str, record: RunRecord, regression: bool, data: re.Match | None, scores: dict | None) -> dict:
     front: dict = {"library_name": "tfkit", "tags": ["tfkit", record.checkpoint.model.arch, "regression" if regression
                                                      else "text-classification"],
                    "pipeline_tag": "text-classification"}
@@ -125,7 +133,7 @@ def _front_matter(record: RunRecord, regression: bool, data: re.Match | None, sc
                if scores and isinstance(scores.get(f"val_{key}"), (int, float))]
     if metrics:
         valid = data[6] if data is not None else "validation"
-        front["model-index"] = [{"name": record.name, "results": [{
+        front["model-index"] = [{"name": name, "results": [{
             "task": {"type": "text-classification", "name": "Text regression" if regression else "Text classification"},
             "dataset": {"type": valid, "name": valid, "split": "validation"}, "metrics": metrics}]}]
     return front

@@ -49,6 +49,7 @@ def test_the_final_and_best_checkpoints_carry_a_card_of_recorded_facts(english_f
         data = card.data.to_dict()
         assert data["pipeline_tag"] == "text-classification" and "tfkit" in data["tags"]
         assert data["datasets"] == [str(tmp_path / "labelled.csv")] and "license" not in data
+        assert data["model-index"][0]["name"] == run_dir.name  # the run, not the recipe it was made with
         result = data["model-index"][0]["results"][0]
         scores = {m["type"]: m["value"] for m in result["metrics"]}
         row = rows[config["step"]]
@@ -56,6 +57,7 @@ def test_the_final_and_best_checkpoints_carry_a_card_of_recorded_facts(english_f
                           "matthews_correlation": round(row["val_matthews"], 4)}
         assert result["task"]["type"] == "text-classification" and result["dataset"]["split"] == "validation"
         text = card.text
+        assert text.lstrip().startswith(f"# {run_dir.name}\n")
         labels = ", ".join(f"`{config['head']['id2label'][str(i)]}`" for i in range(3))
         assert f"3 classes: {labels}" in text
         assert f"fine-tuned from the weights of `{tmp_path / 'bert'}" in text

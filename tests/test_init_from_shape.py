@@ -71,6 +71,8 @@ def test_a_fine_tune_of_an_imported_bert_keeps_its_dropouts_unless_the_recipe_wr
     assert kept.exit_code == 0, kept.output
     model = load_recipe(str(tmp_path / "kept" / RECIPE_FILE)).model
     assert (model.dropout, model.attn_dropout) == (0.1, 0.1)
+    card = (tmp_path / "kept" / "checkpoints" / "step-1" / "README.md").read_text()  # names what was imported
+    assert f"fine-tuned from the weights of `{tmp_path / 'ckpt'}` (the HuggingFace BertModel `{hf.resolve()}`)" in card
     mine = CliRunner().invoke(app, ["finetune", "finetune-classify", "--run-dir", str(tmp_path / "mine"),
                                     *_sets(*common, "model.attn_dropout=0.0")])
     assert mine.exit_code == 0, mine.output
