@@ -53,3 +53,38 @@ class Transcript:
         for obj in objects:
             if isinstance(obj, str):
                 self.lines.append(Text.from_markup(obj).plain if kwargs.get("markup", True) else obj)
+
+
+LINE_EVERY_S = 30.0  # off a terminal: seconds between two progress lines
+
+
+class Progress:
+    """Long work counted in steps: a bar with an ETA on a terminal, a plain line every LINE_EVERY_S seconds off
+    one (`desc: 12/40 batches, 31 s, about 72 s left`), nothing when not `enabled`. `clock` is for tests."""
+
+    def __init__(self, desc: str, total: int, unit: str, enabled: bool = True, clock=None) -> None:
+        import time
+
+        self.desc, self.total, self.unit, self.clock = desc, total, unit, clock or time.monotonic
+        self.bar = progress_bar(total=total, unit=unit, desc=desc, enabled=enabled, leave=False)
+        self.lines = enabled and not interactive()
+        self.done, self.started = 0, self.clock()
+        self.last_line = self.started
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self.bar.update(n)
+        now = self.clock()
+        if self.lines and now - self.last_line >= LINE_EVERY_S:
+            self.last_line = now
+            print(self.line(now - self.started), file=sys.stderr, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        text = f"{self.desc}: {self.done:,}/{self.total:,} {self.unit}, {elapsed:.0f} s"
+        if 0 < self.done < self.total:
+            left = elapsed * (self.total - self.done) / self.done
+            text += f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.1f} min left"
+        return text
+
+    def close(self) -> None:
+        self.bar.close()

@@ -134,6 +134,7 @@ def test_it_starts_from_a_pretrained_gpt_run(english_file, tmp_path):
                                  "eval_every": 1})
     result = run("finetune", recipe, "--run-dir", tmp_path / "ft")
     assert result.exit_code == 0, result.output
+    assert "validating the untrained model first on 8 examples (the baseline every curve starts from)" in result.output
     start = (tmp_path / "ft" / "start.log").read_text()
     assert "held out for validation" in start and "stratified by label" in start
     assert ("warning: this classifier cannot be exported by `tfkit export-hf`: head.pooling=mean has no HuggingFace "

@@ -57,3 +57,22 @@ def test_a_tokenizer_trained_off_a_terminal_prints_no_empty_lines(english_text, 
     assert "bpe tokenizer" in done.stdout
     for stream in (done.stdout, done.stderr):
         assert not [n for n, line in enumerate(stream.splitlines()) if not line.strip()], stream[:300]
+
+
+def test_long_work_off_a_terminal_is_a_plain_line_every_30_seconds_with_the_time_left(capsys):
+    from tfkit.progress import Progress
+
+    now = [0.0]
+    progress = Progress("validation", 40, "batches", clock=lambda: now[0])  # pytest's stderr is no terminal
+    for _ in range(12):
+        now[0] += 2.0
+        progress.update()  # 24 s: no line yet
+    assert capsys.readouterr().err == ""
+    for _ in range(4):
+        now[0] += 2.0
+        progress.update()
+    progress.close()
+    assert capsys.readouterr().err.splitlines() == ["validation: 15/40 batches, 30 s, about 50 s left"]
+    silent = Progress("validation", 40, "batches", enabled=False, clock=lambda: now[0] + 100)
+    silent.update()
+    assert capsys.readouterr().err == ""

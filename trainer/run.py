@@ -229,7 +229,8 @@ class Trainer(contextlib.AbstractContextManager):
         r = self.recipe
         if self.head is not None:
             return task.validate_task(self.train_module, self.valid_data, r.eval.batch_size or micro_batch_size(r),
-                                      self.info, r.train.precision, self.scorer, r.task.metric_for(r.head_task))
+                                      self.info, r.train.precision, self.scorer, r.task.metric_for(r.head_task),
+                                      show_progress=r.log.progress)
         return validation.validate(self.train_module, self.valid_data, r.eval.batches,
                                    r.eval.batch_size or micro_batch_size(r), self.info, r.train.precision)
 
@@ -245,6 +246,9 @@ class Trainer(contextlib.AbstractContextManager):
             set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
         else:
             validating = time.perf_counter()
+            if self.head is not None and self.info.is_main:  # every validation example: minutes for a large model
+                console.print(f"validating the untrained model first on {self.valid_data.num_examples:,} examples "
+                              "(the baseline every curve starts from)", highlight=False, markup=False)
             self.validate(0)  # the untrained baseline every curve starts from
             if self.loop.budget is not None:
                 self.loop.budget.took("validation", time.perf_counter() - validating)

@@ -34,7 +34,7 @@ from ..layout import WEIGHTS
 from ..models import build_model
 from ..models.config import ModelConfig
 from ..models.heads import HeadConfig, SequenceClassifier, classifier_inputs, head_loss, pool_windows, predictions
-from ..progress import Transcript
+from ..progress import Progress, Transcript
 from ..tokenization.labelled import Columns, load_labelled
 from ..tokenization.task_batches import TaskDataset, task_dataset
 from ..tokenization.tokenizer import TfkitTokenizer
@@ -136,20 +136,25 @@ def _classifier(module: nn.Module) -> SequenceClassifier:
 
 @torch.no_grad()
 def validate_task(loss_module: nn.Module, dataset: TaskDataset, batch_size: int, info: DistInfo, precision: str,
-                  scorer: Scorer, metric: str) -> TaskValidation:
+                  scorer: Scorer, metric: str, show_progress: bool = False) -> TaskValidation:
     """Loss and scores of the classifier over the whole validation split (every rank scores all of it, so
-    the result is the same on each)."""
+    the result is the same on each); with `show_progress`, a bar on a terminal or a line now and then off one
+    (an imported BERT takes minutes over a GLUE dev file on a CPU)."""
     model = _classifier(loss_module)
     was_training = model.training
     model.eval()
     logits = []
+    progress = Progress("validation", -(-dataset.num_examples // batch_size), "batches",
+                        enabled=show_progress and info.is_main)
     try:
         for batch in dataset.every_example(batch_size):
             batch = move_batch(batch, info.device)
             with autocast_context(precision, info.device):
                 out = model(**classifier_inputs(batch))  # (B, N)
             logits.append(out.float().cpu())
+            progress.update()
     finally:
+        progress.close()
         model.train(was_training)
     task = model.head_config.task
     pooled = pool_windows(torch.cat(logits), dataset.owners, int(dataset.owners.max()) + 1)  # (E, N)
