@@ -18,6 +18,7 @@ from tfkit.cli.main import app
 from tfkit.models.heads import SequenceClassifier
 from tfkit.tokenization.labelled import load_labelled
 from tfkit.tokenization.train import TokenizerSpec, train_tokenizer
+from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run_folder import resume_command
 
 STEPS = 80
@@ -282,3 +283,18 @@ def test_the_resume_hint_of_a_fine_tuning_run_names_finetune(finetuned):
     assert resume_command(run_dir).startswith(f"tfkit finetune {run_dir / 'recipe.yaml'} --resume auto")
     one_line_exit_2(run("pretrain", run_dir / "recipe.yaml", "--resume", "auto", "--run-dir", run_dir),
                     "tfkit finetune")
+
+
+def test_epochs_set_the_steps_and_max_train_samples_cuts_the_training_rows(tokenizer, tmp_path):
+    """HF's num_train_epochs and max_train_samples: 320 of stdlib:topics' rows at batch 32 are 10 updates an
+    epoch, so half an epoch is 5 steps, whatever train.max_steps says; recipe.yaml records the 5."""
+    recipe = write_recipe(tmp_path, tokenizer, data={"max_train_samples": 320},
+                          train={"epochs": 0.5, "max_steps": 999, "eval_every": 1000, "save_every": 1000})
+    result = run("finetune", recipe, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    start = (tmp_path / "run" / "start.log").read_text()
+    assert "data: data.max_train_samples=320: training on the first 320 of " in start
+    assert "train.epochs=0.5: 5 steps (10 an epoch: 320 examples at train.batch_size=32), in place of " \
+           "train.max_steps" in start
+    assert load_recipe(str(tmp_path / "run" / "recipe.yaml")).train.max_steps == 5
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r][-1] == 5

@@ -14,6 +14,7 @@ resumed run or a second run with the same tokenizer skips tokenization.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -143,6 +144,31 @@ def build_datasets(recipe: Recipe, tokenizer: TfkitTokenizer, run_dir: Path, inf
     datasets = _build(recipe, tokenizer, cache, console, report=True, bars=recipe.log.progress) if info.is_main else None
     barrier(info)
     return datasets if info.is_main else _build(recipe, tokenizer, cache, console, report=False, bars=False)
+
+
+def fit_to_data(recipe: Recipe, train_data, out: Transcript | None) -> Recipe:
+    """The recipe and training data as the data's size decides them: `data.max_train_samples` keeps the first N
+    training examples, and `train.epochs` becomes `train.max_steps` (examples // batch_size updates an epoch,
+    rounded up), written to recipe.yaml so a resume runs the same schedule. Each is said on `out`."""
+    d, t = recipe.data, recipe.train
+    if d.max_train_samples is not None and d.max_train_samples < train_data.num_examples:
+        if out is not None:
+            out.print(f"data: data.max_train_samples={d.max_train_samples:,}: training on the first "
+                      f"{d.max_train_samples:,} of {train_data.num_examples:,} {train_data.name}", highlight=False,
+                      markup=False)
+        train_data.num_examples = d.max_train_samples
+    if t.epochs is None:
+        return recipe
+    per_epoch = train_data.num_examples // t.batch_size
+    if per_epoch < 1:
+        raise ConfigError(f"train.epochs: the training data gives {train_data.num_examples:,} {train_data.name}, "
+                          f"fewer than one batch of train.batch_size={t.batch_size}")
+    steps = math.ceil(t.epochs * per_epoch)
+    if out is not None:
+        out.print(f"train.epochs={t.epochs:g}: {steps:,} steps ({per_epoch:,} an epoch: {train_data.num_examples:,} "
+                  f"{train_data.name} at train.batch_size={t.batch_size}), in place of train.max_steps",
+                  highlight=False, markup=False)
+    return dataclasses.replace(recipe, train=dataclasses.replace(t, max_steps=steps))
 
 
 def build_run_data(recipe: Recipe, tokenizer: TfkitTokenizer, cfg: ModelConfig, run_dir: Path, info: DistInfo,

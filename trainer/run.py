@@ -42,7 +42,7 @@ from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenize
 from . import run_folder, task, validation
 from .budget import TimeBudget, parse_duration
 from .checkpointer import Checkpointer
-from .data import build_run_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
+from .data import build_run_data, fit_to_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
@@ -192,6 +192,7 @@ class Trainer(contextlib.AbstractContextManager):
         check_vocab_fits(self.tokenizer, cfg.vocab_size)
         self.train_data, self.valid_data, self.head = build_run_data(recipe, self.tokenizer, cfg, self.run_dir, info,
                                                                      self.start_block)
+        self.recipe = fit_to_data(recipe, self.train_data, self.start_block if info.is_main else None)
 
     def _build_model(self) -> None:
         """The same initial weights on every rank (train.seed's or the source's), wrapped; optimizer, scaler."""

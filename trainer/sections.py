@@ -77,9 +77,14 @@ class DataSection:
     # the embeddings grow by its tokens), loss on the assistant's tokens only, conversations packed with
     # attention inside each one
     format: str = "text"
+    # train on the first N training examples only (labelled rows, packed chat rows, or blocks of data.seq_len tokens),
+    # for a quick trial (HF's max_train_samples); null = all of them. Validation data is not cut
+    max_train_samples: int | None = None
 
     def problems(self, prefix: str = "data") -> list[str]:
         out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            out.append(f"{prefix}.max_train_samples: got {self.max_train_samples}, expected a positive integer or null")
         if self.format not in ("text", "chat"):
             out.append(f"{prefix}.format: got {self.format!r}, expected text or chat")
         if self.seq_len < 2:
@@ -220,6 +225,9 @@ class ScheduleSection:
 @dataclass
 class TrainSection:
     max_steps: int = 1000  # optimizer steps (with max_time: the most the run may take)
+    # passes over the training examples (HF's num_train_epochs): sets max_steps from the data once it is read
+    # (examples // batch_size updates an epoch, rounded up); null = max_steps decides
+    epochs: float | None = None
     # a time budget such as 90s, 3m or 1h30m (the unit is required) for training proper (updates, validations,
     # checkpoints): the run ends, last checkpoint and validation written, when it is spent, its schedule decaying
     # over the steps that fit, validating at 8 evenly spaced points of them; setup before (tokenizer, token cache)
@@ -245,7 +253,7 @@ class TrainSection:
     distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
 
     def problems(self, prefix: str = "train") -> list[str]:
-        out = []
+        out = float_problems(self, prefix, epochs=POSITIVE)
         for name in ("max_steps", "batch_size", "grad_accum", "log_every", "eval_every", "save_every",
                      "keep_last", "max_bad_steps"):
             if getattr(self, name) < 1:
