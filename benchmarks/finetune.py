@@ -104,9 +104,13 @@ def bundled(name: str) -> dict:
 
 def finetune_recipe(env: Env, split: Split, train_csv: Path, hyper: hf.Hyper, seed: int, *, init_from: Path | None,
                     tokenizer: Path | None = None, pooling: str) -> dict:
-    """finetune-classify set to this benchmark's data and hyperparameters (what a user would `--set`)."""
+    """finetune-classify set to this benchmark's data and hyperparameters (what a user would `--set`). A run from a
+    checkpoint keeps the recipe's model.dropout (0.1) and takes the attention dropout from the checkpoint, as a
+    user's run does (an imported BERT's 0.1); the random-init control writes both out."""
     recipe = bundled("finetune-classify")
-    recipe["model"].update(dropout=DROPOUT, attn_dropout=DROPOUT, max_seq_len=hyper.max_len)
+    recipe["model"].update(max_seq_len=hyper.max_len)
+    if init_from is None:
+        recipe["model"].update(dropout=DROPOUT, attn_dropout=DROPOUT)
     recipe["tokenizer"]["path"] = str(tokenizer) if tokenizer else None
     recipe["data"].update(train=str(train_csv), valid=str(split.test_csv), seq_len=hyper.max_len)
     recipe["task"].update(text=1, text_pair=2, label=0, header=False, pooling=pooling, dropout=DROPOUT)
