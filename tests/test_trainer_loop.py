@@ -58,10 +58,13 @@ def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch):
     assert all(torch.isfinite(p).all() for p in loop.update.model.parameters())
 
 
-def test_sigterm_finishes_the_current_step_then_stops():
+def test_sigterm_finishes_the_current_step_then_stops(capsys):
+    said = []
+
     def stop_at_step_3(step):
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)
+            said.append(capsys.readouterr().err)  # what the user saw the moment the signal came
         return {"val_loss": 0.0, "val_ppl": 1.0, "val_accuracy": 0.0}
 
     loop, rows, _ = tiny_loop(["train.max_steps=10", "train.batch_size=4", "train.eval_every=3"], validate=stop_at_step_3)
@@ -69,6 +72,8 @@ def test_sigterm_finishes_the_current_step_then_stops():
     state = run_loop(loop)
     assert state.step == 3 and state.interrupted == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is previous  # handlers restored
+    assert said == ["\nstopping: finishing the update in progress, then saving a checkpoint and exiting (under a load "
+                    "this takes seconds); a second Ctrl-C stops at once, and the last checkpoint stays whole\n"]
 
 
 def test_bf16_autocast_trains_with_fp32_weights():

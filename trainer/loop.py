@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -122,11 +123,18 @@ class Loop:
         return self.update.info
 
 
-class StopFlag:
-    """SIGINT/SIGTERM → finish the current update, checkpoint, exit. A second signal acts immediately."""
+STOPPING = ("stopping: finishing the update in progress, then saving a checkpoint and exiting (under a load this "
+            "takes seconds); a second Ctrl-C stops at once, and the last checkpoint stays whole")
 
-    def __init__(self) -> None:
-        self.signum = 0
+
+class StopFlag:
+    """SIGINT/SIGTERM → finish the current update, checkpoint, exit. A second signal acts immediately (every
+    file is written under a temporary name first, so what was saved stays whole). With `say`, the first signal
+    is answered at once on stderr: the update in progress and the save can take seconds, and silence after a
+    Ctrl-C reads as a hang."""
+
+    def __init__(self, say: bool = False) -> None:
+        self.signum, self.say = 0, say
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopFlag":
@@ -140,6 +148,8 @@ class StopFlag:
     def _handle(self, signum, frame) -> None:
         self.signum = signum
         signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # the second one is not caught
+        if self.say:
+            print(f"\n{STOPPING}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
@@ -170,7 +180,7 @@ def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -
                        enabled=info.is_main and r.log.progress)
     loop.loader = Prefetcher(loop.dataset, micro_batch_size(r), r.train.grad_accum, info)
     try:
-        with StopFlag() as stop, loop.loader:
+        with StopFlag(say=info.is_main) as stop, loop.loader:
             loop.loader.prefetch(s.batches)  # the first update's batches, before the clock starts: each
             loop.loader.wait()  # window's time then holds the batches of its updates' successors instead
             _train(loop, stop, bar, last_checkpoint)
