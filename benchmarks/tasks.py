@@ -56,7 +56,7 @@ def build_checkpoint(work: Path, text: str, quick: bool) -> Path:
     torch.manual_seed(0)
     size = dict(d_model=64, n_layers=2, n_heads=4) if quick else dict(d_model=256, n_layers=4, n_heads=4)
     net = build_model(ModelConfig(arch="gpt", vocab_size=tok.vocab_size, max_seq_len=512, **size))
-    save_model(net, work / "ckpt", extra={"step": 0})
+    save_model(net, work / "ckpt", step=0)
     tok.save(work / "ckpt")
     return work / "ckpt"
 
