@@ -1,0 +1,144 @@
+"""A training run SIGKILLed at any moment leaves a folder tfkit continues: `--resume auto` (or a plain
+restart) finishes it, and it ends exactly where the uninterrupted run ended: the same last checkpoint,
+the same best/, the same metrics rows.
+
+The kill points are the run's own file-system steps (Python's audit hook: opens for writing, mkdir, rename,
+remove, rmtree), named by what they write: the lock, the tokenizer and token cache half-published, the
+recipe, best/ half-written and just published (keep_best's window: best/ exists, no checkpoint yet, so the
+restart begins at step 0 and best/ is set aside), a checkpoint half-written and just published. The run
+is forked from this process (no interpreter start), so each case costs one tiny training and its resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tfkit.checkpoints.run_record import read_metrics
+from tfkit.checkpoints.record import CheckpointRecord
+
+from fault_helpers import cli, tiny_recipe
+
+MUTATIONS = {"os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.link"}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+# keep_best with a validation every update and the first checkpoint at step 3: best/ is written at steps
+# 1 and 2 (at least at 1) before any checkpoint exists, the window of the issue.
+TRAIN = {"max_steps": 4, "eval_every": 1, "save_every": 3, "keep_best": True, "log_every": 1}
+
+
+def _path(event: str, args: tuple) -> str | None:
+    """The path a file-system mutation writes (a rename's destination), None for anything else."""
+    if event == "open":
+        mode, flags = args[1], args[2]
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & WRITE_FLAGS)
+        return str(args[0]) if writes and isinstance(args[0], (str, bytes, os.PathLike)) else None
+    if event in ("os.rename", "os.replace"):
+        return str(args[1])
+    return str(args[0]) if event in MUTATIONS else None
+
+
+# name -> (a mutation whose path holds this (a rename's destination that ends with it: "$" at the end), which
+# such mutation, how many mutations later the kill comes)
+POINTS = {
+    "at-the-lock": (".tfkit.lock", 1, 0),
+    "in-the-tokenizer-staging": (".tokenizer.tmp-", 1, 2),
+    "in-the-token-cache-staging": ("/data/", 1, 3),
+    "at-recipe-yaml": (".recipe.yaml.tmp-", 1, 0),
+    "in-the-first-best-staging": (".best.tmp-", 1, 1),
+    "right-after-the-first-best": ("/best$", 1, 1),
+    "in-the-second-best-staging": (".best.tmp-", 2, 2),
+    "in-the-first-checkpoint-staging": ("/checkpoints/.step-3.tmp-", 1, 2),
+    "right-after-the-first-checkpoint": ("/checkpoints/step-3$", 1, 1),
+}
+
+
+def _matches(path: str, needle: str) -> bool:
+    return path.endswith(needle[:-1]) if needle.endswith("$") else needle in path
+
+
+def _killed_run(args: list, point: tuple[str, int, int]) -> bool:
+    """Run `tfkit ARGS` in a forked child, SIGKILLed at `point`; whether the kill came (False: it finished)."""
+    needle, occurrence, later = point
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            signal.alarm(120)
+            torch.set_num_threads(1)
+            seen, countdown = [0], [None]
+
+            def hook(event, hook_args):
+                path = _path(event, hook_args)
+                if path is None:
+                    return
+                if countdown[0] is not None:
+                    countdown[0] -= 1
+                elif _matches(path, needle):
+                    seen[0] += 1
+                    if seen[0] == occurrence:
+                        countdown[0] = later
+                if countdown[0] == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            sys.addaudithook(hook)
+            cli(args)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def reference(english_text, tmp_path_factory):
+    """(recipe, the folder of the same run, uninterrupted)."""
+    root = tmp_path_factory.mktemp("run-kills")
+    recipe = tiny_recipe(root, english_text, train=TRAIN)
+    result = cli(["pretrain", recipe, "--run-dir", root / "reference"])
+    assert result.exit_code == 0, result.output
+    return recipe, root / "reference"
+
+
+def _weights(folder: Path) -> dict:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _rows(run: Path) -> dict:
+    return {(r["step"], k): r[k] for r in read_metrics(run / "metrics.jsonl") for k in ("loss", "val_loss") if k in r}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# every point with `--resume auto`; two with a plain restart (no --resume) too
+CASES = [(p, "resume-auto") for p in POINTS] + [(p, "fresh") for p in ("in-the-tokenizer-staging",
+                                                                       "right-after-the-first-best")]
+
+
+@pytest.mark.parametrize(("point", "restart"), CASES, ids=[f"kill-{p}-then-{r}" for p, r in CASES])
+def test_a_run_killed_at_any_moment_is_continued_to_the_same_end(point, restart, reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / ".cache"))
+    recipe, done = reference
+    run = tmp_path / "run"
+    assert _killed_run(["pretrain", recipe, "--run-dir", run], POINTS[point]), "the run was not killed"
+    has_checkpoint = (run / "checkpoints" / "step-3").is_dir()
+    again = ["pretrain", run / "recipe.yaml" if (run / "recipe.yaml").is_file() else recipe, "--run-dir", run]
+    if restart == "resume-auto" or has_checkpoint:
+        again += ["--resume", "auto"]
+    result = cli(again)
+    assert result.exit_code == 0, result.output
+    assert _same(_weights(run / "checkpoints" / "step-4"), _weights(done / "checkpoints" / "step-4"))
+    assert _same(_weights(run / "best"), _weights(done / "best"))
+    assert CheckpointRecord.read(run / "best").step == CheckpointRecord.read(done / "best").step
+    assert _rows(run) == _rows(done)
+    leftovers = [p.name for p in run.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    assert leftovers == [], leftovers
+    aside = sorted(p.name for p in run.iterdir() if p.name.startswith("best-set-aside-"))
+    if point == "right-after-the-first-best":  # best/ of step 1 or 2, from updates the restart trains again
+        assert len(aside) == 1 and "set aside as best-set-aside-step-" in result.output
+    if has_checkpoint:
+        assert aside == []  # the resumed run continues the updates its best/ came from
