@@ -139,7 +139,7 @@ def evaluate(
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
     if json_out is not None:
-        check_json_out(json_out)
+        check_json_out(json_out, [*checkpoints, data or task])
     if task is not None:
         refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
                                "--max-batches": max_batches, "--set": overrides or None})

@@ -181,6 +181,7 @@ class Trainer(contextlib.AbstractContextManager):
         self.prior_steps = prior_steps(self.source, resumed=self.resume_from is not None)
         keep_threads(recipe, self.resume_from)
         if info.is_main:
+            run_folder.check_inputs_apart(self.run_dir, recipe, fresh=self.resume_from is None)
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
             run_folder.keep_or_set_aside_best(self.run_dir, self.resume_from, console)
             prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, self.start_block)

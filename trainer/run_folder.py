@@ -35,6 +35,7 @@ from ..errors import CheckpointError, disk_full
 from ..files import LOCK_FILE, folder_lock, remove_stale, write_atomic
 from ..jsonfile import parse_json
 from ..layout import BEST, CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
+from ..replacing import input_conflict, input_paths
 from ..yamlfile import AliasBomb, safe_load
 from .recipe import TASK_OBJECTIVES
 
@@ -98,6 +99,33 @@ def check_run_dir(run_dir: Path, fresh: bool) -> None:
     if fresh and foreign:
         raise CheckpointError(f"run folder {run_dir}: holds files a tfkit run does not make ({', '.join(foreign[:3])}"
                               f"{', ...' if len(foreign) > 3 else ''}); choose another run_dir", params=("run_dir",))
+
+
+def check_inputs_apart(run_dir: Path, recipe, fresh: bool) -> None:
+    """Before anything is written: the run never writes what it reads. Refused, naming the recipe key: a data
+    file or folder (data.train, data.valid; on a fresh start also tokenizer.path and train.init_from, which
+    only a fresh start reads) that is, or lies inside, one of the run's own entries (tokenizer/, data/,
+    checkpoints/, best/, metrics.jsonl, ...), and a run folder that is, or lies inside, a data folder (the
+    run's files would be read as data by the next start, which then refuses the changed data). The recipe
+    file itself may be the run folder's recipe.yaml: that is how a run is resumed."""
+    outputs = [run_dir / name for name in sorted(RUN_ENTRIES - {RECIPE_FILE, LOCK_FILE})]
+    inputs = {"data.train": recipe.data.train, "data.valid": recipe.data.valid}
+    if fresh:
+        inputs.update({"tokenizer.path": recipe.tokenizer.path, "train.init_from": recipe.train.init_from})
+    folder = run_dir.resolve()
+    for key, spec in inputs.items():
+        for source in input_paths(spec) if spec else []:
+            resolved = source.resolve()
+            if resolved.is_dir() and (resolved == folder or resolved in folder.parents):
+                raise CheckpointError(f"{key} {spec}: the run folder {run_dir} lies inside it, so the run's own "
+                                      "files would be read as data; a run never writes over what it reads: choose a run_dir outside it",
+                                      params=("run_dir",))
+            for out in outputs:
+                if problem := input_conflict(out, source, inside=False):
+                    where = "is" if problem.startswith("is") else "lies inside"
+                    raise CheckpointError(f"{key} {spec}: {where} {out}, which the run writes; a run never writes "
+                                          "over what it reads: move it or choose another run_dir",
+                                          params=("run_dir",))
 
 
 class FolderClaim:
