@@ -32,6 +32,7 @@ from ..models.heads import SequenceClassifier
 from ..replacing import TFKIT_MODEL, check_new_folder
 from .hf_classifier import split_classifier, take_head_weights
 from .hf_names import BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json, split_to_tfkit
+from .hf_sizes import check_declared_sizes, header_shapes
 from .hf_tokenizer import import_tokenizer
 from .meta import SkipMetaInit, assign_weights, parameters_on_meta
 from .plain_pickle import load_plain_pickle, pickle_refusal
@@ -273,7 +274,9 @@ def hf_to_tfkit(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[ModelConf
     ConfigError for unsupported architectures/options, CheckpointError for missing, unexpected or
     mis-shaped weights. Floating tensors keep the dtype of the word embeddings.
     """
-    return _convert(*config_from_hf(hf_config), hf_state)
+    family, arch, cfg = config_from_hf(hf_config)
+    check_declared_sizes(family, cfg, hf_config, {k: tuple(v.shape) for k, v in hf_state.items()}, "config.json")
+    return _convert(family, arch, cfg, hf_state)
 
 
 def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tensor]) -> tuple[ModelConfig, dict]:
@@ -376,7 +379,13 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     name = (hf_config.get("architectures") or [None])[0]
     hf_config, head = split_classifier(hf_config, src / "config.json")  # a *ForSequenceClassification: its head
     family, arch, cfg = config_from_hf(hf_config, src / "config.json")  # fails before the weights are read
+    shapes = header_shapes(src)  # declared sizes against the files' headers, before a tensor is read
+    if shapes is not None:
+        check_declared_sizes(family, cfg, hf_config, shapes, src / "config.json")
     hf_state = read_hf_weights(src)
+    if shapes is None:  # pickled weights: their shapes are known once loaded, still before anything is built
+        check_declared_sizes(family, cfg, hf_config, {k: tuple(v.shape) for k, v in hf_state.items()},
+                             src / "config.json")
     head_state = take_head_weights(family, hf_state, name) if head is not None else {}
     with warnings.catch_warnings():  # a classifier's body is a bare model, whose LM head nothing reads
         if head is not None:

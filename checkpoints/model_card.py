@@ -20,7 +20,7 @@ from ..tokenization.tokenizer import load_tokenizer
 from .folders import resolve_checkpoint
 from .meta import parameters_on_meta
 from .run_record import RunRecord, read_run_record
-from .weights import refuse_classifier
+from .weights import check_depth, refuse_classifier
 
 TASK = {"clm": ("text-generation", "Causal language modeling"), "mlm": ("fill-mask", "Masked language modeling")}
 CLASSIFY = ("text-classification", "Text classification")  # a `tfkit finetune` classifier or regressor
@@ -33,6 +33,7 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
     llama) in `export` form (hf: a transformers folder, gguf: one llama.cpp file, `gguf_name`)."""
     record = read_run_record(path)
     folder = resolve_checkpoint(path)
+    check_depth(record.checkpoint.model, folder)  # before the count of parameters builds the model (meta)
     tokenizer = load_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
     trained = record if record.run_dir is not None or record.source is None else record.source
     front = _front_matter(record, family, export, license, trained.train_corpus)

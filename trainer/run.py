@@ -29,8 +29,10 @@ from torch import nn
 
 from ..checkpoints.finetune_card import write_cards
 from ..checkpoints.folders import resolve_checkpoint
+from ..checkpoints.record import CheckpointRecord
 from ..checkpoints.trainer_state import seed_rank, set_rng_state
 from ..checkpoints.training import load_source_weights
+from ..checkpoints.weights import check_depth
 from ..errors import TfkitError
 from ..files import is_disk_full
 from ..models import build_model
@@ -175,6 +177,8 @@ class Trainer(contextlib.AbstractContextManager):
             run_folder.check_run_files(self.run_dir)
         self.init_from = (None if self.resume_from or not recipe.train.init_from
                           else resolve_checkpoint(recipe.train.init_from))
+        if self.source is not None:  # its declared depth against its weights, before a model of it is built
+            check_depth(CheckpointRecord.read(self.source).model, self.source)
         self.precision_auto = recipe.train.precision == "auto"
         self.recipe = recipe = resolve_recipe(recipe, self.init_from, self.resume_from, info.device,
                                               self.start_block if info.is_main else None)
