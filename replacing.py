@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError, TfkitError
 from .files import write_problem
 from .jsonfile import read_json
 from .layout import (CHECKPOINTS, CLASSIFIER_EXPORT_ARCHITECTURES, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD,
@@ -56,16 +56,17 @@ def input_conflict(out: Path, source: Path, inside: bool = True) -> str | None:
     return None
 
 
-def check_not_an_input(out: Path, inputs: Iterable[str | Path], flag: str, error: type[Exception] = ConfigError,
+def check_not_an_input(out: Path, inputs: Iterable[str | Path], flag: str, error: type[TfkitError] = ConfigError,
                        inside: bool = True) -> None:
-    """Refuse, as one line naming `flag`, an output that is, holds or lies inside one of `inputs` (paths,
-    globs or specs such as `stdlib:docs`): `--force` replaces earlier outputs, never what the command reads."""
+    """Refuse, as one line naming `flag` (an option, or a library parameter the CLI spells as its flag), an
+    output that is, holds or lies inside one of `inputs` (paths, globs or specs such as `stdlib:docs`):
+    `--force` replaces earlier outputs, never what the command reads."""
     for spec in inputs:
         for source in input_paths(spec):
             problem = input_conflict(out, source, inside)
             if problem:
                 raise error(f"{flag} {out}: {problem}; an input is never written over, --force or not: choose "
-                            "another path")
+                            "another path", params=() if flag.startswith("-") else (flag, "force"))
 
 
 def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: tuple[str, ...]) -> None:

@@ -10,9 +10,6 @@ is forked from this process (no interpreter start), so each case costs one tiny 
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,23 +20,11 @@ from tfkit.checkpoints.run_record import read_metrics
 from tfkit.checkpoints.record import CheckpointRecord
 
 from fault_helpers import cli, tiny_recipe
+from kill_points import killed_at
 
-MUTATIONS = {"os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.link"}
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT
 # keep_best with a validation every update and the first checkpoint at step 3: best/ is written at steps
 # 1 and 2 (at least at 1) before any checkpoint exists, the window of the issue.
 TRAIN = {"max_steps": 4, "eval_every": 1, "save_every": 3, "keep_best": True, "log_every": 1}
-
-
-def _path(event: str, args: tuple) -> str | None:
-    """The path a file-system mutation writes (a rename's destination), None for anything else."""
-    if event == "open":
-        mode, flags = args[1], args[2]
-        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & WRITE_FLAGS)
-        return str(args[0]) if writes and isinstance(args[0], (str, bytes, os.PathLike)) else None
-    if event in ("os.rename", "os.replace"):
-        return str(args[1])
-    return str(args[0]) if event in MUTATIONS else None
 
 
 # name -> (a mutation whose path holds this (a rename's destination that ends with it: "$" at the end), which
@@ -55,41 +40,6 @@ POINTS = {
     "in-the-first-checkpoint-staging": ("/checkpoints/.step-3.tmp-", 1, 2),
     "right-after-the-first-checkpoint": ("/checkpoints/step-3$", 1, 1),
 }
-
-
-def _matches(path: str, needle: str) -> bool:
-    return path.endswith(needle[:-1]) if needle.endswith("$") else needle in path
-
-
-def _killed_run(args: list, point: tuple[str, int, int]) -> bool:
-    """Run `tfkit ARGS` in a forked child, SIGKILLed at `point`; whether the kill came (False: it finished)."""
-    needle, occurrence, later = point
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            signal.alarm(120)
-            torch.set_num_threads(1)
-            seen, countdown = [0], [None]
-
-            def hook(event, hook_args):
-                path = _path(event, hook_args)
-                if path is None:
-                    return
-                if countdown[0] is not None:
-                    countdown[0] -= 1
-                elif _matches(path, needle):
-                    seen[0] += 1
-                    if seen[0] == occurrence:
-                        countdown[0] = later
-                if countdown[0] == 0:
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-            sys.addaudithook(hook)
-            cli(args)
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +74,7 @@ def test_a_run_killed_at_any_moment_is_continued_to_the_same_end(point, restart,
     monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / ".cache"))
     recipe, done = reference
     run = tmp_path / "run"
-    assert _killed_run(["pretrain", recipe, "--run-dir", run], POINTS[point]), "the run was not killed"
+    assert killed_at(["pretrain", recipe, "--run-dir", run], *POINTS[point]), "the run was not killed"
     has_checkpoint = (run / "checkpoints" / "step-3").is_dir()
     again = ["pretrain", run / "recipe.yaml" if (run / "recipe.yaml").is_file() else recipe, "--run-dir", run]
     if restart == "resume-auto" or has_checkpoint:
