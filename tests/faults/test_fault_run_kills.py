@@ -10,6 +10,7 @@ is forked from this process (no interpreter start), so each case costs one tiny 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,50 @@ def test_a_run_killed_at_any_moment_is_continued_to_the_same_end(point, restart,
         assert len(aside) == 1 and "set aside as best-set-aside-step-" in result.output
     if has_checkpoint:
         assert aside == []  # the resumed run continues the updates its best/ came from
+
+
+def _leave_what_a_killed_run_leaves(run: Path, with_checkpoint: bool) -> None:
+    """Every entry a run killed at some moment may leave, at once: temporaries of a dead process beside each
+    entry it writes, a best/ from a later step than the run resumes from, a torn last metrics row, the lock,
+    TensorBoard and W&B folders, a recipe a resume replaced."""
+    import subprocess
+    import sys
+
+    from tfkit import files
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tag = f"{dead.pid}-{files._host()}"
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step-4", run / "best")  # a best/ of step 4: later than any resume here
+    shutil.rmtree(checkpoints / "step-4")
+    if not with_checkpoint:
+        shutil.rmtree(checkpoints / "step-2")
+    (checkpoints / f".step-4.tmp-{tag}-a1").mkdir()  # a checkpoint half-written
+    (checkpoints / f".step-4.tmp-{tag}-a1" / "model.safetensors").write_bytes(b"half")
+    for name in ("best", "tokenizer", "recipe.yaml", "metrics.jsonl", "loss.png"):
+        (run / f".{name}.tmp-{tag}-b2").mkdir()
+    (run / "data" / f".cache.tmp-{tag}-c3").mkdir(parents=True)
+    (run / ".tfkit.lock").write_text(str(dead.pid))
+    (run / "tensorboard").mkdir(exist_ok=True)
+    (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"\x00" * 16)
+    (run / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
+    (run / "recipe-before-step-2.yaml").write_text((run / "recipe.yaml").read_text())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "loss": 3.')  # the torn last row
+
+
+@pytest.mark.parametrize("with_checkpoint", [True, False], ids=["resume-from-step-2", "restart-from-step-0"])
+def test_a_folder_holding_everything_a_killed_run_leaves_is_continued(with_checkpoint, tiny_run, copy_run, monkeypatch,
+                                                                     tmp_path):
+    monkeypatch.setenv("TFKIT_CACHE", str(tmp_path / ".cache"))
+    recipe, done = tiny_run
+    run = copy_run()
+    _leave_what_a_killed_run_leaves(run, with_checkpoint)
+    result = cli(["pretrain", run / "recipe.yaml", "--run-dir", run, "--resume", "auto"])
+    assert result.exit_code == 0, result.output
+    assert _same(_weights(run / "checkpoints" / "step-4"), _weights(done / "checkpoints" / "step-4"))
+    assert _rows(run) == _rows(done)
+    assert [p.name for p in run.iterdir() if p.name.startswith("best")] == ["best-set-aside-step-4"]
+    leftovers = [p.name for p in (*run.iterdir(), *(run / "checkpoints").iterdir()) if ".tmp-" in p.name]
+    assert leftovers == [], leftovers
