@@ -21,7 +21,7 @@ from pathlib import Path
 from .errors import CheckpointError, ConfigError, DataError, TfkitError
 from .files import write_problem
 from .jsonfile import read_json
-from .layout import (CHECKPOINTS, CLASSIFIER_EXPORT_ARCHITECTURES, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD,
+from .layout import (BEST, CHECKPOINTS, CLASSIFIER_EXPORT_ARCHITECTURES, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD,
                      RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
 
 # What `--force` may replace, by the command that writes it (see `_existing_kind`): each command replaces
@@ -51,9 +51,18 @@ def input_conflict(out: Path, source: Path, inside: bool = True) -> str | None:
         return f"is the input {source}" + (f" (through a link: {resolved})" if resolved != source.absolute() else "")
     if target in resolved.parents:
         return f"holds the input {source}"
-    if inside and resolved.is_dir() and resolved in target.parents:
+    if inside and resolved.is_dir() and resolved in target.parents and _guards(resolved, target):
         return f"lies inside the input {source}"
     return None
+
+
+def _guards(folder: Path, target: Path) -> bool:
+    """Whether writing `target` inside the input `folder` would change what is read: anywhere in a data or
+    checkpoint folder, but in a training run's folder only its checkpoints (checkpoints/, best/): beside them
+    a run folder holds other commands' outputs (`predict RUN --out RUN/preds.jsonl`)."""
+    if not ((folder / RECIPE_FILE).is_file() or (folder / CHECKPOINTS).is_dir()):
+        return True
+    return any(guarded in target.parents for guarded in (folder / CHECKPOINTS, folder / BEST))
 
 
 def check_not_an_input(out: Path, inputs: Iterable[str | Path], flag: str, error: type[TfkitError] = ConfigError,
