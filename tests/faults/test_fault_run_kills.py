@@ -3,10 +3,11 @@ restart) finishes it, and it ends exactly where the uninterrupted run ended: the
 the same best/, the same metrics rows.
 
 The kill points are the run's own file-system steps (Python's audit hook: opens for writing, mkdir, rename,
-remove, rmtree), named by what they write: the lock, the tokenizer and token cache half-published, the
-recipe, best/ half-written and just published (keep_best's window: best/ exists, no checkpoint yet, so the
-restart begins at step 0 and best/ is set aside), a checkpoint half-written and just published. The run
-is forked from this process (no interpreter start), so each case costs one tiny training and its resume."""
+remove, rmtree; kill_points.py), named by what they write: the tokenizer half-published, best/ half-written
+and just published (keep_best's window: best/ exists, no checkpoint yet, so the restart begins at step 0
+and best/ is set aside), a checkpoint half-written. The run is forked from this process (no interpreter
+start), so each case costs one tiny training and its resume. Every other entry a killed run may leave is
+tried at once, in one folder (`test_a_folder_holding_everything_a_killed_run_leaves_is_continued`)."""
 
 from __future__ import annotations
 
@@ -29,17 +30,13 @@ TRAIN = {"max_steps": 4, "eval_every": 1, "save_every": 3, "keep_best": True, "l
 
 
 # name -> (a mutation whose path holds this (a rename's destination that ends with it: "$" at the end), which
-# such mutation, how many mutations later the kill comes)
+# such mutation, how many mutations later the kill comes). Each left a folder today's main refused.
 POINTS = {
-    "at-the-lock": (".tfkit.lock", 1, 0),
     "in-the-tokenizer-staging": (".tokenizer.tmp-", 1, 2),
-    "in-the-token-cache-staging": ("/data/", 1, 3),
-    "at-recipe-yaml": (".recipe.yaml.tmp-", 1, 0),
     "in-the-first-best-staging": (".best.tmp-", 1, 1),
     "right-after-the-first-best": ("/best$", 1, 1),
     "in-the-second-best-staging": (".best.tmp-", 2, 2),
     "in-the-first-checkpoint-staging": ("/checkpoints/.step-3.tmp-", 1, 2),
-    "right-after-the-first-checkpoint": ("/checkpoints/step-3$", 1, 1),
 }
 
 
