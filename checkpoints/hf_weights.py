@@ -1,4 +1,6 @@
-"""The sizes a HuggingFace config.json declares, checked against the weights present before anything is built.
+"""A HuggingFace folder's weights: read (`read_hf_weights`: safetensors, a pickled state dict read as plain
+data, or their sharded index), and the sizes its config.json declares checked against them before anything is
+built.
 
 A model is built (on the meta device, no memory) and its weights mapped one rule per tensor per layer, so
 the work grows with what config.json declares, not with what the files hold: `n_layer: 1000000` beside the
@@ -14,10 +16,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from torch import Tensor
+
 from ..errors import CheckpointError
 from ..jsonfile import member
 from ..models.config import ModelConfig
 from .hf_names import read_json
+from .plain_pickle import load_plain_pickle, pickle_refusal
 
 # Per family: the ModelConfig field -> the config.json key that declares it (as named in the refusal).
 KEYS = {
@@ -51,11 +56,8 @@ def header_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
-    elif index.is_file() and not (folder / "pytorch_model.bin").is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            return None  # read_hf_weights names what is wrong with the index
-        files = sorted({member(folder, name, index, CheckpointError) for name in weight_map.values()})
+    elif index.is_file():  # read_hf_weights' order: model.safetensors, its index, then pickled weights
+        files = _shards(folder, index)
     else:
         return None
     shapes = {}
@@ -107,3 +109,44 @@ def _held(field: str, size: float) -> str:
     if field == "kv_heads":
         return f"{size:g} key/value heads of this head size"
     return f"{int(size):,}"
+
+
+def _load_file(file: Path) -> dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if file.suffix == ".safetensors":
+            return load_file(str(file))
+    except (SafetensorError, RuntimeError, OSError, EOFError) as err:
+        raise CheckpointError(f"{file}: cannot read the weights ({str(err).splitlines()[0]})") from None
+    try:
+        state = load_plain_pickle(file)  # pickle, but no code execution
+    except Exception as err:  # noqa: BLE001 - a hostile or damaged pickle raises many types
+        raise CheckpointError(f"{file}: {pickle_refusal(err, 'weights file')}") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise CheckpointError(f"{file}: expected a state dict (tensor names to tensors), got {type(state).__name__}")
+    return state
+
+
+def _shards(folder: Path, index: Path) -> list[Path]:
+    """The files a sharded index's weight_map names, each inside `folder` (a downloaded folder may only
+    read files inside itself: `../x.safetensors` or an absolute path is refused)."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: expected a 'weight_map' object of tensor names to shard files")
+    return sorted({member(folder, name, index, CheckpointError) for name in weight_map.values()})
+
+
+def read_hf_weights(folder: Path) -> dict[str, Tensor]:
+    """The state dict of a HF folder: model.safetensors, pytorch_model.bin, or their sharded `.index.json`."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return _load_file(folder / name)
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            state: dict[str, Tensor] = {}
+            for shard in _shards(folder, index):
+                state.update(_load_file(shard))
+            return state
+    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
