@@ -27,7 +27,8 @@ from .plain_pickle import load_plain_pickle, pickle_refusal
 # Per family: the ModelConfig field -> the config.json key that declares it (as named in the refusal).
 KEYS = {
     "bert": {"n_layers": "num_hidden_layers", "d_model": "hidden_size", "vocab_size": "vocab_size",
-             "ffn_dim": "intermediate_size", "max_seq_len": "max_position_embeddings", "type_vocab_size": "type_vocab_size"},
+             "ffn_dim": "intermediate_size", "max_seq_len": "max_position_embeddings",
+             "type_vocab_size": "type_vocab_size"},
     "gpt2": {"n_layers": "n_layer", "d_model": "n_embd", "vocab_size": "vocab_size", "ffn_dim": "n_inner",
              "max_seq_len": "n_positions"},
     "llama": {"n_layers": "num_hidden_layers", "d_model": "hidden_size", "vocab_size": "vocab_size",

@@ -171,7 +171,8 @@ def check_buildable(cfg: ModelConfig, source: Path) -> None:
             "damaged or was not written for this machine")
 
 
-LAYER_TENSOR = re.compile(r"(?:^|\.)(blocks|encoder|decoder)\.(\d+)\.")  # a block's tensors: `blocks.3.attn.q_proj.weight`
+# a block's tensor: `blocks.3.attn.q_proj.weight` (`body.blocks.3.` in a classifier; `encoder.3.`, `decoder.3.`)
+LAYER_TENSOR = re.compile(r"(?:^|\.)(blocks|encoder|decoder)\.(\d+)\.")
 
 
 def check_depth(cfg: ModelConfig, folder: Path) -> None:

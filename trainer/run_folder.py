@@ -118,8 +118,8 @@ def check_inputs_apart(run_dir: Path, recipe, fresh: bool) -> None:
             resolved = source.resolve()
             if resolved.is_dir() and (resolved == folder or resolved in folder.parents):
                 raise CheckpointError(f"{key} {spec}: the run folder {run_dir} lies inside it, so the run's own "
-                                      "files would be read as data; a run never writes over what it reads: choose a run_dir outside it",
-                                      params=("run_dir",))
+                                      "files would be read as data; a run never writes over what it reads: "
+                                      "choose a run_dir outside it", params=("run_dir",))
             for out in outputs:
                 if problem := input_conflict(out, source, inside=False):
                     where = "is" if problem.startswith("is") else "lies inside"

@@ -97,7 +97,8 @@ def _case(case: str, work, run, classifier, recipe):
 CASES = ["predict-out-is-data", "predict-out-symlink-to-data", "predict-out-hardlink-of-data",
          "predict-out-through-dotdot", "eval-json-is-data", "eval-json-symlink-to-data", "eval-json-hardlink-of-data",
          "train-tokenizer-out-is-corpus", "train-tokenizer-out-symlink-to-corpus", "train-tokenizer-out-inside-corpus",
-         "train-tokenizer-out-holds-corpus", "convert-out-holds-eval-data", "convert-out-holds-eval-data-through-a-link",
+         "train-tokenizer-out-holds-corpus", "convert-out-holds-eval-data",
+         "convert-out-holds-eval-data-through-a-link",
          "pretrain-run-dir-inside-data", "pretrain-init-from-the-runs-own-best"]
 
 
