@@ -15,6 +15,7 @@ CONFIG = "config.json"
 TRAINER_STATE = "trainer_state.pt"
 MODEL_CARD = "README.md"  # in an exported model: its HuggingFace-style model card (checkpoints/model_card.py)
 CARD_MARK = "<!-- model card written by tfkit -->"  # its last line: a README.md the next export may replace
+GGUF_CARD_SUFFIX = ".README.md"  # an export-gguf file's card beside it: a.gguf -> a.README.md (one per file)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 RECIPE_FILE = "recipe.yaml"
 BEST = "best"  # in a run folder: the weights with the best validation loss (train.keep_best)
@@ -29,3 +30,8 @@ CLASSIFIER_EXPORT_ARCHITECTURES = {"bert": "BertForSequenceClassification", "gpt
                                    "llama": "LlamaForSequenceClassification",
                                    "qwen3": "Qwen3ForSequenceClassification",
                                    "mistral": "MistralForSequenceClassification"}
+
+
+def gguf_card_name(gguf_name: str) -> str:
+    """The name of the model card beside a GGUF file: `a.gguf` -> `a.README.md` (several files, several cards)."""
+    return gguf_name.removesuffix(".gguf") + GGUF_CARD_SUFFIX

@@ -18,6 +18,14 @@ The file is written with `gguf`, the package llama.cpp's authors publish for the
   `tfkit generate` frames a prompt).
 What llama.cpp cannot run (ALiBi, sinusoidal or no positions, post-norm, BatchNorm, ...) is a ConfigError
 naming every field and why, raised before anything is written.
+
+The model card belongs to its file. HuggingFace's GGUF repositories keep one README.md per repository for
+the several quantisations of one model, which several exports into one folder (of one checkpoint or of
+several) cannot share without overwriting each other's: the card of `a.gguf` is `a.README.md`
+(`layout.gguf_card_name`), and the card is also inside the file (`tfkit.model_card`), so the two are one
+unit: a kill at any moment leaves `a.gguf` old or new with its own card inside, and beside it that card
+or none, never another file's (the old card is removed before the new file is renamed into place, the new
+card written after). A card a user wrote there (no tfkit mark) is kept, with a warning.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from torch import Tensor
 from .. import __version__
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import atomic_file, write_atomic, write_problem
-from ..layout import CARD_MARK, MODEL_CARD
+from ..replacing import check_not_an_input
+from ..layout import CARD_MARK, gguf_card_name
 from ..models.config import ModelConfig
 from ..tokenization.tokenizer import TfkitTokenizer, load_tokenizer
 from .folders import resolve_checkpoint
@@ -45,6 +54,7 @@ EXTRA = 'pip install "tfkit[export]"'
 DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"),
           "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 MARK_KEY = "tfkit.version"  # in files this exporter wrote: what --force may replace
+CARD_KEY = "tfkit.model_card"  # the file's model card, the text of the card beside it
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")
 STANDARD = (SCALED, ("attn_score", ("dot",), "dot-product attention scores"),
             ("shared_qk", (False,), "separate query and key projections"),
@@ -155,12 +165,15 @@ def gguf_vocab(tok: TfkitTokenizer, vocab_size: int, source: Path) -> tuple[list
 
 
 def check_new_file(out: Path, source: Path, force: bool) -> None:
-    """Before any work: `out` is not inside the input, can be written, and replaces (with force only) a GGUF
-    file this exporter wrote, never another file or a folder."""
+    """Before any work: `out` and its card are not the input nor inside it, can be written, and `out`
+    replaces (with force only) a GGUF file this exporter wrote, never another file or a folder."""
     target = out.resolve()
-    if source.resolve() in target.parents:
-        raise CheckpointError(f"out {out}: lies inside the input {source}; the input is never modified, "
-                              "choose another path", params=("out", "force"))
+    card = out.with_name(gguf_card_name(out.name))
+    for path in (out, card):
+        check_not_an_input(path, [source], "out", CheckpointError)
+    if card.is_dir():
+        raise CheckpointError(f"out {out}: its model card's path {card} is a folder; choose another name",
+                              params=("out", "force"))
     problem = write_problem(out)
     if problem:
         raise CheckpointError(f"out {out}: {problem}", params=("out", "force"))
@@ -183,8 +196,9 @@ def _written_here(path: Path) -> bool:
 
 def export_gguf(ckpt: str | Path, out: str | Path, *, dtype: str = "f16", force: bool = False,
                 name: str | None = None, license: str | None = None, card: str | None = None) -> Path:
-    """Write the GGUF file of a tfkit checkpoint or run folder to `out` (and `card` as README.md beside it,
-    unless a README.md that tfkit did not write is there); returns `out`."""
+    """Write the GGUF file of a tfkit checkpoint or run folder to `out`, with `card` inside it and as
+    `a.README.md` beside `a.gguf` (unless a card that tfkit did not write is there; module docstring);
+    returns `out`."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     gguf = _gguf()
@@ -198,9 +212,13 @@ def export_gguf(ckpt: str | Path, out: str | Path, *, dtype: str = "f16", force:
     vocab = gguf_vocab(tok, cfg.vocab_size, folder)
     tensors = gguf_tensors(cfg, model.state_dict(), layout)
     out.parent.mkdir(parents=True, exist_ok=True)
+    beside = out.with_name(gguf_card_name(out.name))
+    ours = card is not None and _card_is_ours(beside)
     with atomic_file(out) as tmp:
         writer = gguf.GGUFWriter(tmp, layout)
         _write_metadata(writer, cfg, layout, dtype, name or folder.name, license)
+        if card is not None:
+            writer.add_string(CARD_KEY, card)
         _write_vocab(writer, tok, vocab)
         for tensor_name, array in tensors.items():
             _add_tensor(writer, tensor_name, array, dtype)
@@ -208,8 +226,10 @@ def export_gguf(ckpt: str | Path, out: str | Path, *, dtype: str = "f16", force:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-    if card is not None:
-        _write_card(out.with_name(MODEL_CARD), card)
+        if ours:  # the old file's card goes before the new file takes the name: never beside the wrong file
+            beside.unlink(missing_ok=True)
+    if ours:
+        write_atomic(beside, card)
     return out
 
 
@@ -266,13 +286,14 @@ def _write_vocab(writer, tok: TfkitTokenizer, vocab: tuple[list[str], list[int],
             add(token_id)
 
 
-def _write_card(path: Path, card: str) -> None:
-    """README.md beside the GGUF file; one a user wrote is kept (a warning says so)."""
+def _card_is_ours(path: Path) -> bool:
+    """Whether the card beside the GGUF file may be (re)written: absent, or written by tfkit; one a user
+    wrote is kept, with a warning (the card is still inside the file)."""
     if path.exists() and CARD_MARK not in path.read_text(encoding="utf-8", errors="replace"):
-        warnings.warn(f"{path}: exists and tfkit did not write it, so it is kept and the model card is not "
-                      "written", GGUFWarning, stacklevel=3)
-        return
-    write_atomic(path, card)
+        warnings.warn(f"{path}: exists and tfkit did not write it, so it is kept and the model card is only "
+                      f"inside the GGUF file ({CARD_KEY})", GGUFWarning, stacklevel=3)
+        return False
+    return True
 
 
 def _gguf():

@@ -25,16 +25,15 @@ from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..files import staged_folder
-from ..jsonfile import member
 from ..models import build_model
 from ..models.config import ModelConfig, type_problem
 from ..models.heads import SequenceClassifier
 from ..replacing import TFKIT_MODEL, check_new_folder
 from .hf_classifier import split_classifier, take_head_weights
 from .hf_names import BASE_PREFIX, RULES, TIED_ALIASES, HFInteropWarning, hf_shape, read_json, split_to_tfkit
+from .hf_weights import check_declared_sizes, header_shapes, read_hf_weights
 from .hf_tokenizer import import_tokenizer
 from .meta import SkipMetaInit, assign_weights, parameters_on_meta
-from .plain_pickle import load_plain_pickle, pickle_refusal
 from .weights import save_model
 
 SUPPORTED = {
@@ -273,7 +272,9 @@ def hf_to_tfkit(hf_config: dict, hf_state: dict[str, Tensor]) -> tuple[ModelConf
     ConfigError for unsupported architectures/options, CheckpointError for missing, unexpected or
     mis-shaped weights. Floating tensors keep the dtype of the word embeddings.
     """
-    return _convert(*config_from_hf(hf_config), hf_state)
+    family, arch, cfg = config_from_hf(hf_config)
+    check_declared_sizes(family, cfg, hf_config, {k: tuple(v.shape) for k, v in hf_state.items()}, "config.json")
+    return _convert(family, arch, cfg, hf_state)
 
 
 def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tensor]) -> tuple[ModelConfig, dict]:
@@ -321,47 +322,6 @@ def _convert(family: str, arch: str, cfg: ModelConfig, hf_state: dict[str, Tenso
     return cfg, state
 
 
-def _load_file(file: Path) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        if file.suffix == ".safetensors":
-            return load_file(str(file))
-    except (SafetensorError, RuntimeError, OSError, EOFError) as err:
-        raise CheckpointError(f"{file}: cannot read the weights ({str(err).splitlines()[0]})") from None
-    try:
-        state = load_plain_pickle(file)  # pickle, but no code execution
-    except Exception as err:  # noqa: BLE001 - a hostile or damaged pickle raises many types
-        raise CheckpointError(f"{file}: {pickle_refusal(err, 'weights file')}") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
-        raise CheckpointError(f"{file}: expected a state dict (tensor names to tensors), got {type(state).__name__}")
-    return state
-
-
-def _shards(folder: Path, index: Path) -> list[Path]:
-    """The files a sharded index's weight_map names, each inside `folder` (a downloaded folder may only
-    read files inside itself: `../x.safetensors` or an absolute path is refused)."""
-    weight_map = read_json(index).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index}: expected a 'weight_map' object of tensor names to shard files")
-    return sorted({member(folder, name, index, CheckpointError) for name in weight_map.values()})
-
-
-def read_hf_weights(folder: Path) -> dict[str, Tensor]:
-    """The state dict of a HF folder: model.safetensors, pytorch_model.bin, or their sharded `.index.json`."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).is_file():
-            return _load_file(folder / name)
-        index = folder / f"{name}.index.json"
-        if index.is_file():
-            state: dict[str, Tensor] = {}
-            for shard in _shards(folder, index):
-                state.update(_load_file(shard))
-            return state
-    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (nor a sharded index)")
-
-
 def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:
     """Write the tfkit checkpoint of the HF model folder `src_dir` into `out_dir`; returns `out_dir`.
 
@@ -376,7 +336,13 @@ def import_hf(src_dir: str | Path, out_dir: str | Path, *, force: bool = False) 
     name = (hf_config.get("architectures") or [None])[0]
     hf_config, head = split_classifier(hf_config, src / "config.json")  # a *ForSequenceClassification: its head
     family, arch, cfg = config_from_hf(hf_config, src / "config.json")  # fails before the weights are read
+    shapes = header_shapes(src)  # declared sizes against the files' headers, before a tensor is read
+    if shapes is not None:
+        check_declared_sizes(family, cfg, hf_config, shapes, src / "config.json")
     hf_state = read_hf_weights(src)
+    if shapes is None:  # pickled weights: their shapes are known once loaded, still before anything is built
+        check_declared_sizes(family, cfg, hf_config, {k: tuple(v.shape) for k, v in hf_state.items()},
+                             src / "config.json")
     head_state = take_head_weights(family, hf_state, name) if head is not None else {}
     with warnings.catch_warnings():  # a classifier's body is a bare model, whose LM head nothing reads
         if head is not None:

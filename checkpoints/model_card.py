@@ -3,8 +3,8 @@
 HuggingFace's model-card layout: YAML front matter (`library_name`, `tags`, `license` when the user gave
 one, `datasets`, `model-index` with the validation tfkit measured), then sections in prose. Each line
 states a recorded fact; a fact the checkpoint and its run did not record is left out, never guessed (a
-checkpoint outside a run folder has no corpus, seed or tokens to tell). `tfkit export-hf` and
-`tfkit export-gguf` write it beside the weights.
+checkpoint outside a run folder has no corpus, seed or tokens to tell). `tfkit export-hf` writes it as the
+folder's README.md, `tfkit export-gguf` inside the file and beside it as `a.README.md` for `a.gguf`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..tokenization.tokenizer import load_tokenizer
 from .folders import resolve_checkpoint
 from .meta import parameters_on_meta
 from .run_record import RunRecord, read_run_record
-from .weights import refuse_classifier
+from .weights import check_depth, refuse_classifier
 
 TASK = {"clm": ("text-generation", "Causal language modeling"), "mlm": ("fill-mask", "Masked language modeling")}
 CLASSIFY = ("text-classification", "Text classification")  # a `tfkit finetune` classifier or regressor
@@ -33,6 +33,7 @@ def model_card(path: str | Path, family: str, export: str, license: str | None =
     llama) in `export` form (hf: a transformers folder, gguf: one llama.cpp file, `gguf_name`)."""
     record = read_run_record(path)
     folder = resolve_checkpoint(path)
+    check_depth(record.checkpoint.model, folder)  # before the count of parameters builds the model (meta)
     tokenizer = load_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
     trained = record if record.run_dir is not None or record.source is None else record.source
     front = _front_matter(record, family, export, license, trained.train_corpus)
@@ -182,7 +183,8 @@ def export_hf_with_card(ckpt: str | Path, out: str | Path, *, force: bool = Fals
 
 def export_gguf_with_card(ckpt: str | Path, out: str | Path, *, dtype: str = "f16", force: bool = False,
                           license: str | None = None) -> Path:
-    """`gguf_export.export_gguf` with the model card of the checkpoint's run as README.md beside the file."""
+    """`gguf_export.export_gguf` with the model card of the checkpoint's run inside the file and beside it
+    (`a.gguf` -> `a.README.md`: gguf_export's docstring says why)."""
     from .gguf_export import export_gguf
 
     record = read_run_record(ckpt)

@@ -120,6 +120,7 @@ def _load(folder: Path, record: CheckpointRecord, device: str | torch.device) ->
     """The model (with its head, for a classifier) `record` describes, filled from the folder's weights."""
     cfg, head = record.model, record.head
     check_buildable(cfg, folder / CONFIG)
+    check_depth(cfg, folder)
     with parameters_on_meta():
         model = build_model(cfg)
         if head is not None:  # a fine-tuned checkpoint: the body and its head
@@ -168,6 +169,33 @@ def check_buildable(cfg: ModelConfig, source: Path) -> None:
             f"{source}: model.max_seq_len={cfg.max_seq_len:,} with sinusoidal positions needs {need / 2**30:.1f} "
             f"GiB of position tables, more than this machine's {have / 2**30:.1f} GiB of memory; the file is "
             "damaged or was not written for this machine")
+
+
+# a block's tensor: `blocks.3.attn.q_proj.weight` (`body.blocks.3.` in a classifier; `encoder.3.`, `decoder.3.`)
+LAYER_TENSOR = re.compile(r"(?:^|\.)(blocks|encoder|decoder)\.(\d+)\.")
+
+
+def check_depth(cfg: ModelConfig, folder: Path) -> None:
+    """Refuse a config.json that declares more or fewer blocks than model.safetensors holds, read from the
+    file's header before the model is built: building costs time and memory per declared block, even on the
+    meta device (`n_layers: 20000` beside the weights of 2 took a minute to reach the missing-weights error)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+            names = list(f.keys())
+    except (SafetensorError, OSError):
+        return  # _load names the unreadable file
+    stacks: dict[str, set[int]] = {}
+    for name in names:
+        if found := LAYER_TENSOR.search(name):
+            stacks.setdefault(found.group(1), set()).add(int(found.group(2)))
+    held = {stack: len(indices) for stack, indices in stacks.items() if len(indices) != cfg.n_layers}
+    if stacks and held:
+        stack, count = next(iter(held.items()))
+        raise CheckpointError(f"{folder / CONFIG}: model.n_layers={cfg.n_layers}, but {WEIGHTS} holds {count} "
+                              f"block{'s' * (count != 1)} ({stack}.0 ...); the config.json does not belong to these "
+                              "weights (or one of them is damaged)")
 
 
 def check_dtypes(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:

@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..progress import console as output_console
-from ..replacing import TFKIT_MODEL, check_new_folder
+from ..replacing import TFKIT_MODEL, check_new_folder, check_not_an_input
 from ..runtime import pick_device
 from ..threads import set_threads
 from .options import Device
@@ -95,6 +95,7 @@ def convert_mqa_to_gqa(
 
     folder = resolve_checkpoint(checkpoint)
     check_new_folder(out, [Path(checkpoint), folder], force, replaces=(TFKIT_MODEL,))
+    check_not_an_input(out, [eval_data] if eval_data else [], "--out", CheckpointError)  # scored after writing
     if eval_tokens < 1:
         raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
     has_tokenizer = (folder / "tokenizer.json").is_file()

@@ -121,7 +121,7 @@ def evaluate(
     if (data is None) == (task is None):
         raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
     if json_out is not None:  # the options first, then every argument resolved, then the work
-        check_json_out(json_out)
+        check_json_out(json_out, [*checkpoints, data or task])
     if task is not None:
         refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
                                "--max-batches": max_batches, "--set": overrides or None})

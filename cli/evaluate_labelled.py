@@ -36,7 +36,7 @@ def evaluate_labelled(checkpoints: list[str], data: str, json_out: Path | None, 
     torch_device = pick_device(device)
     set_threads()
     if json_out is not None:
-        check_json_out(json_out)
+        check_json_out(json_out, [*checkpoints, data])
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):
         rows.append(score_classifier(ckpt, data, batch_size=batch_size, device=torch_device))

@@ -102,7 +102,7 @@ def export_hf(
 
 def export_gguf(
     ckpt: Annotated[Path, typer.Argument(help="tfkit checkpoint folder, or a run folder (its latest checkpoint).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="GGUF file to write (its model card goes beside it, as README.md).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="GGUF file to write; its model card goes inside it and beside it, a.gguf -> a.README.md (one card per file: several exports share a folder).")],
     dtype: Annotated[GGUFDtype, typer.Option(
         "--dtype", help="Type of the weight matrices (norms, biases and positions stay f32).")] = GGUFDtype.f16,
     force: Force = False,

@@ -29,8 +29,10 @@ def predict(
     """
     from ..evaluation.classify import predict as run_predict  # deferred: `--help` stays fast
     from ..progress import interactive
+    from ..replacing import check_not_an_input
     from ..runtime import pick_device
 
+    check_not_an_input(out, [checkpoint, data], "--out")  # --force replaces earlier predictions, never the rows
     set_threads()
     count = run_predict(checkpoint, data, out, batch_size=batch_size, device=pick_device(device), force=force,
                         progress=interactive())

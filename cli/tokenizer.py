@@ -14,11 +14,16 @@ import typer
 
 from ..errors import ConfigError
 from ..files import write_problem
+from ..replacing import check_not_an_input
 
 
-def check_out_folder(out: Path) -> None:
+def check_out_folder(out: Path, corpus: str | None = None) -> None:
     """--out must be a folder or a path where one can be made: a regular file there, or in its way
-    (`--out notes.txt/tok`), is refused before training rather than after it."""
+    (`--out notes.txt/tok`), is refused before training rather than after it; and never the corpus, a folder
+    that holds it or one inside a corpus folder (the next read of the corpus would take the tokenizer's
+    files for text)."""
+    if corpus is not None:
+        check_not_an_input(out, [corpus], "--out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: is a file, expected a folder (tokenizer.json and its companions go inside)")
     problem = write_problem(out)
@@ -64,7 +69,7 @@ def train_tokenizer(
 
     if heldout_chars < 0:
         raise ConfigError(f"--heldout-chars must be >= 0 (0 = no held-out report), got {heldout_chars}")
-    check_out_folder(out)
+    check_out_folder(out, corpus)
     check_text_field(corpus, text_field)
     spec = TokenizerSpec(
         kind=kind,

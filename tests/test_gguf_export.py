@@ -223,7 +223,7 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_nothing_is_written
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
-    assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "README.md").exists()
+    assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "m.README.md").exists()
 
 
 def test_erf_gelu_exports_with_a_warning_that_llama_cpp_approximates_it():
@@ -257,15 +257,15 @@ def test_the_model_card_goes_beside_the_file_and_a_users_readme_is_kept(bpe, tmp
     _, folder = checkpoint(tmp_path / "ckpt", bpe, **LLAMA)
     runner = CliRunner()
     assert runner.invoke(app, ["export-gguf", str(folder), "--out", str(tmp_path / "a" / "m.gguf")]).exit_code == 0
-    card = (tmp_path / "a" / "README.md").read_text()
+    card = (tmp_path / "a" / "m.README.md").read_text()  # one card per file: m.gguf -> m.README.md
     data = pytest.importorskip("huggingface_hub").ModelCard(card).data.to_dict()
     assert data["library_name"] == "gguf" and {"tfkit", "llama", "gguf"} <= set(data["tags"])
     assert "llama.cpp's `llama` architecture" in card and "llama-cli -m m.gguf" in card
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "README.md").write_text("my notes\n")
+    (tmp_path / "b" / "m.README.md").write_text("my notes\n")
     result = runner.invoke(app, ["export-gguf", str(folder), "--out", str(tmp_path / "b" / "m.gguf")])
     assert result.exit_code == 0 and "tfkit did not write it" in result.output
-    assert (tmp_path / "b" / "README.md").read_text() == "my notes\n" and (tmp_path / "b" / "m.gguf").is_file()
+    assert (tmp_path / "b" / "m.README.md").read_text() == "my notes\n" and (tmp_path / "b" / "m.gguf").is_file()
 
 
 def test_without_the_gguf_package_the_line_names_the_extra(bpe, tmp_path, monkeypatch):

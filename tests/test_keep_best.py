@@ -1,7 +1,9 @@
 """train.keep_best: the weights of the best validation loss are kept, and eval / generate take them."""
 
+import dataclasses
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tfkit.checkpoints.training import best_loss
@@ -38,3 +40,31 @@ def test_the_best_validation_weights_are_kept_and_eval_and_generate_take_them(en
     latest = CliRunner().invoke(app, ["generate", str(run / "checkpoints" / "step-6"), "-p", "The",
                                       "--max-new-tokens", "3"])
     assert latest.exit_code == 0 and "using best/" not in latest.stderr
+
+
+@pytest.mark.parametrize(("best_step", "start", "same_run", "kept"), [
+    (2, 3, True, True),  # a resume from step 3 keeps the best of the updates it continues
+    (3, 3, True, True),
+    (4, 3, True, False),  # from updates the resume trains again (killed after best/, before the checkpoint)
+    (1, 0, True, False),  # a restart from step 0 (killed before the first checkpoint)
+    (2, 3, False, False),  # a run continuing another folder's checkpoint
+    (None, 3, True, False),  # unreadable
+])
+def test_a_best_the_start_cannot_stand_behind_is_set_aside_never_deleted(best_step, start, same_run, kept, tmp_path):
+    from tfkit.checkpoints.record import CheckpointRecord
+    from tfkit.checkpoints.training import set_aside_best
+    from tfkit.models.config import ModelConfig
+
+    best = tmp_path / "best"
+    best.mkdir()
+    record = CheckpointRecord(model=ModelConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=2, max_seq_len=8))
+    text = "{damaged" if best_step is None else dataclasses.replace(record, step=best_step).to_json()
+    (best / "config.json").write_text(text)
+    moved = set_aside_best(tmp_path, start, same_run)
+    assert (moved is None) == kept and best.exists() == kept
+    if not kept:
+        assert moved[0].name == f"best-set-aside-step-{best_step if best_step is not None else 'unknown'}"
+        assert (moved[0] / "config.json").is_file()
+        best.mkdir()  # a second restart that sets aside a best/ of the same step keeps both
+        (best / "config.json").write_text((moved[0] / "config.json").read_text())
+        assert set_aside_best(tmp_path, start, same_run)[0].name == moved[0].name + "-1"

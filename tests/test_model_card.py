@@ -1,6 +1,6 @@
-"""The README.md model card of `export-hf` folders (and beside `export-gguf` files): huggingface_hub's card
-parser reads it, and every fact in it is one the run recorded (metrics.jsonl, start.log, recipe.yaml,
-config.json), while a checkpoint without a run gets a card without them rather than guesses."""
+"""The README.md model card of `export-hf` folders (and `a.README.md` beside an export-gguf `a.gguf`):
+huggingface_hub's card parser reads it, and every fact in it is one the run recorded (metrics.jsonl,
+start.log, recipe.yaml, config.json), while a checkpoint without a run gets a card without them rather than guesses."""
 
 import hashlib
 import json

@@ -251,6 +251,7 @@ def test_metrics_writer_mirrors_scalars_to_tensorboard_and_truncates_on_resume(t
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
     writer = MetricsWriter(tmp_path, enabled=True, tensorboard=True)
+    assert writer._tb.purge_step == 0  # a fresh start drops the events a killed attempt left in the folder
     for step in (1, 2, 3):
         writer.log({"step": step, "loss": 4.0 - step, "lr": 1e-3, "tokens_per_sec": 10.0})
     writer.log({"step": 3, "val_loss": 2.5, "val_accuracy": 0.1})

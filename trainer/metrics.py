@@ -76,7 +76,9 @@ class MetricsWriter:
             except ImportError:  # tensorboard is an optional extra (tfkit[plots])
                 SummaryWriter = None
             if SummaryWriter is not None:
-                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step)
+                # purge_step: TensorBoard drops the events of the steps trained again, those of a killed
+                # attempt included when a fresh start (from step 0) restarts it
+                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step or 0)
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:

@@ -29,8 +29,10 @@ from torch import nn
 
 from ..checkpoints.finetune_card import write_cards
 from ..checkpoints.folders import resolve_checkpoint
+from ..checkpoints.record import CheckpointRecord
 from ..checkpoints.trainer_state import seed_rank, set_rng_state
 from ..checkpoints.training import load_source_weights
+from ..checkpoints.weights import check_depth
 from ..errors import TfkitError
 from ..files import is_disk_full
 from ..models import build_model
@@ -171,18 +173,23 @@ class Trainer(contextlib.AbstractContextManager):
         self.run_dir = Path(broadcast_object(chosen, info))
         if info.is_main:  # before reading the folder: a second process on it is refused before either writes
             self.folder.take(self.run_dir)
+        barrier(info)  # rank 0 has cleared what a killed attempt left: every rank now finds the same checkpoint
         self.resume_from = run_folder.find_resume(self.run_dir, resume)
         if self.resume_from is not None and info.is_main:
             run_folder.check_run_files(self.run_dir)
         self.init_from = (None if self.resume_from or not recipe.train.init_from
                           else resolve_checkpoint(recipe.train.init_from))
+        if self.source is not None:  # its declared depth against its weights, before a model of it is built
+            check_depth(CheckpointRecord.read(self.source).model, self.source)
         self.precision_auto = recipe.train.precision == "auto"
         self.recipe = recipe = resolve_recipe(recipe, self.init_from, self.resume_from, info.device,
                                               self.start_block if info.is_main else None)
         self.prior_steps = prior_steps(self.source, resumed=self.resume_from is not None)
         keep_threads(recipe, self.resume_from)
         if info.is_main:
+            run_folder.check_inputs_apart(self.run_dir, recipe, fresh=self.resume_from is None)
             run_folder.check_run_dir(self.run_dir, fresh=self.resume_from is None)
+            run_folder.keep_or_set_aside_best(self.run_dir, self.resume_from, console)
             prepare_tokenizer(recipe, self.run_dir / "tokenizer", self.source, self.start_block)
             prepare_chat_tokenizer(recipe, self.run_dir / "tokenizer", self.start_block)
         barrier(info)

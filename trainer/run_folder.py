@@ -8,6 +8,12 @@ make is never overwritten, and checkpoints of two runs (or of two branches of on
 run holds the folder's lock (`.tfkit.lock`, `files.folder_lock`) from before its first read to its end,
 so a second `pretrain` on the same folder is refused instead of training beside it. What a run takes
 from the checkpoint it starts from (model config, data, precision) is `source`'s concern.
+
+A folder tfkit made is always resumable or restartable by tfkit, whatever moment its run was killed at:
+everything a run writes, and every temporary it writes it under (`.NAME.tmp-*`, `.NAME.old-*`), is its own
+(`is_run_entry`); what a dead process left half-written is cleared when the next run takes the folder
+(`FolderClaim.take`: `files.remove_stale`), and a `best/` the restarted run cannot stand behind is set
+aside (`keep_or_set_aside_best`).
 """
 
 from __future__ import annotations
@@ -24,17 +30,31 @@ import yaml
 from ..checkpoints.folders import latest_checkpoint, list_checkpoints, resolve_resume
 from ..checkpoints.record import CheckpointRecord
 from ..checkpoints.run_record import read_metrics
+from ..checkpoints.training import BEST_SET_ASIDE, set_aside_best
 from ..errors import CheckpointError, disk_full
-from ..files import LOCK_FILE, folder_lock, write_atomic
+from ..files import LOCK_FILE, folder_lock, remove_stale, write_atomic
 from ..jsonfile import parse_json
-from ..layout import CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
+from ..layout import BEST, CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
+from ..replacing import input_conflict, input_paths
 from ..yamlfile import AliasBomb, safe_load
 from .recipe import TASK_OBJECTIVES
 
 RECIPE_HEADER = "# The resolved recipe of this run, written by tfkit pretrain (rewritten when the run resumes).\n"
 AUTO_SUFFIX = r"-\d{8}-\d{6}(-\d+)?"  # what choose_run_dir appends to the recipe name: -YYYYmmdd-HHMMSS[-N]
 RUN_ENTRIES = {RECIPE_FILE, START_LOG, "tokenizer", "data", CHECKPOINTS, "metrics.jsonl", "loss.png", "tensorboard",
-               "wandb", LOCK_FILE}
+               "wandb", LOCK_FILE, BEST}
+# The names a run writes besides RUN_ENTRIES: what a resume replaced and what a restart set aside.
+RUN_PATTERNS = re.compile(rf"recipe-before-step-\d+\.yaml|{BEST_SET_ASIDE}\w+(-\d+)?")
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(tmp|old)-(?P<owner>.*)")  # files.atomic_file / staged_folder's names
+
+
+def is_run_entry(name: str) -> bool:
+    """Whether `name`, an entry of a run folder, is one a run writes: its files and folders, and the
+    temporaries it writes them under (a kill at any moment leaves one of these, never anything else)."""
+    temporary = TEMPORARY.fullmatch(name)
+    if temporary:
+        name = temporary.group("name")
+    return name in RUN_ENTRIES or bool(RUN_PATTERNS.fullmatch(name))
 
 
 def choose_run_dir(recipe, run_dir: str | Path | None, resume: str | None) -> Path:
@@ -75,11 +95,37 @@ def check_run_dir(run_dir: Path, fresh: bool) -> None:
     if recipe.is_file() and not recipe.read_text(encoding="utf-8", errors="replace").startswith(RECIPE_HEADER):
         raise CheckpointError(f"run folder {run_dir}: its {RECIPE_FILE} was not written by tfkit pretrain and "
                               "would be overwritten; choose another run_dir", params=("run_dir",))
-    foreign = sorted(p.name for p in run_dir.iterdir()
-                     if p.name not in RUN_ENTRIES and not p.name.startswith("recipe-before-step-"))
+    foreign = sorted(p.name for p in run_dir.iterdir() if not is_run_entry(p.name))
     if fresh and foreign:
         raise CheckpointError(f"run folder {run_dir}: holds files a tfkit run does not make ({', '.join(foreign[:3])}"
                               f"{', ...' if len(foreign) > 3 else ''}); choose another run_dir", params=("run_dir",))
+
+
+def check_inputs_apart(run_dir: Path, recipe, fresh: bool) -> None:
+    """Before anything is written: the run never writes what it reads. Refused, naming the recipe key: a data
+    file or folder (data.train, data.valid; on a fresh start also tokenizer.path and train.init_from, which
+    only a fresh start reads) that is, or lies inside, one of the run's own entries (tokenizer/, data/,
+    checkpoints/, best/, metrics.jsonl, ...), and a run folder that is, or lies inside, a data folder (the
+    run's files would be read as data by the next start, which then refuses the changed data). The recipe
+    file itself may be the run folder's recipe.yaml: that is how a run is resumed."""
+    outputs = [run_dir / name for name in sorted(RUN_ENTRIES - {RECIPE_FILE, LOCK_FILE})]
+    inputs = {"data.train": recipe.data.train, "data.valid": recipe.data.valid}
+    if fresh:
+        inputs.update({"tokenizer.path": recipe.tokenizer.path, "train.init_from": recipe.train.init_from})
+    folder = run_dir.resolve()
+    for key, spec in inputs.items():
+        for source in input_paths(spec) if spec else []:
+            resolved = source.resolve()
+            if resolved.is_dir() and (resolved == folder or resolved in folder.parents):
+                raise CheckpointError(f"{key} {spec}: the run folder {run_dir} lies inside it, so the run's own "
+                                      "files would be read as data; a run never writes over what it reads: "
+                                      "choose a run_dir outside it", params=("run_dir",))
+            for out in outputs:
+                if problem := input_conflict(out, source, inside=False):
+                    where = "is" if problem.startswith("is") else "lies inside"
+                    raise CheckpointError(f"{key} {spec}: {where} {out}, which the run writes; a run never writes "
+                                          "over what it reads: move it or choose another run_dir",
+                                          params=("run_dir",))
 
 
 class FolderClaim:
@@ -107,6 +153,7 @@ class FolderClaim:
         except OSError:  # no lock file could be made (a full disk): what this process made goes again
             self.discard()
             raise
+        clear_leftovers(run_dir)
 
     def discard(self) -> None:
         """Remove what this claim made: a refused or broken start leaves nothing behind (an empty
@@ -122,6 +169,32 @@ class FolderClaim:
 
     def close(self) -> None:
         self.stack.close()
+
+
+def clear_leftovers(run_dir: Path) -> None:
+    """What dead processes left half-written in the run folder and its checkpoints/, cleared once the
+    folder is this run's (its lock held): their temporaries removed, a folder they had set aside to replace
+    and never replaced put back (`files.remove_stale`; a live process's and another host's stay)."""
+    for folder in (run_dir, run_dir / CHECKPOINTS):
+        try:
+            names = {found.group("name") for entry in folder.iterdir() if (found := TEMPORARY.fullmatch(entry.name))}
+        except OSError:
+            continue
+        for name in sorted(names):
+            remove_stale(folder / name)
+
+
+def keep_or_set_aside_best(run_dir: Path, resumed_from: Path | None, console) -> None:
+    """Before the run writes: the folder's best/ kept when the run continues the updates it came from, else
+    set aside with a warning on `console` (`checkpoints.training.set_aside_best` says why). A run killed
+    after its first best/ but before its first checkpoint restarts from step 0, so its best/ goes aside."""
+    same_run = resumed_from is None or resumed_from.parent.parent.resolve() == run_dir.resolve()
+    start = (CheckpointRecord.read(resumed_from).step or 0) if resumed_from is not None else 0
+    moved = set_aside_best(run_dir, start, same_run)
+    if moved is not None:
+        where, why = moved
+        console.print(f"warning: {run_dir / BEST}: set aside as {where.name}/ ({why}); this run writes best/ "
+                      "anew", style="yellow", markup=False, highlight=False)
 
 
 def resume_command(run_dir: Path) -> str:
