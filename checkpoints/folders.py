@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import CheckpointError, TfkitError
+from ..files import set_aside
 from ..layout import BEST, CHECKPOINTS, CONFIG, RECIPE_FILE, STEP_FOLDER, TRAINER_STATE, WEIGHTS
 from .record import CheckpointRecord
 
@@ -125,3 +126,39 @@ def chosen_note(path: str | Path, folder: Path) -> str | None:
     return (f"{path}: using best/ (step {record.step}, validation loss {record.val_loss:.4f}) kept by "
             f"train.keep_best; for the latest weights pass {latest}" if record.val_loss is not None
             else f"{path}: using best/ kept by train.keep_best; latest: {latest}")
+
+
+BEST_SET_ASIDE = "best-set-aside-step-"  # run_dir/best-set-aside-step-<K>[-n]/: a best/ a restart did not keep
+
+
+
+def set_aside_best(run_dir: Path, start_step: int, same_run: bool) -> tuple[Path, str] | None:
+    """At a start of the run folder from step `start_step` (0: a fresh start, or a restart of a run killed
+    before its first checkpoint), set aside a `best/` the run cannot stand behind; returns (where it went,
+    why) or None when it is kept.
+
+    best/ is kept only when the step it holds is at or before `start_step` of the same run: its weights
+    then come from updates the run keeps, and its val_loss is the bar the next validations must beat. A
+    best/ from a later step (a run killed after its best/ but before the checkpoint that followed) came
+    from updates the restart trains again, maybe with another recipe; one of a fresh start, of another
+    run's checkpoint (a branch) or unreadable cannot be vouched for either. Such a best/ is never deleted
+    (its weights were validated, the user may want them) nor kept (eval and generate would take it for
+    this run's): it is renamed to `best-set-aside-step-<K>/`, and the run writes best/ anew."""
+    best = run_dir / BEST
+    if not best.exists():
+        return None
+    try:
+        step = CheckpointRecord.read(best).step
+    except TfkitError:
+        step = None
+    if same_run and step is not None and step <= start_step:
+        return None
+    name, n = f"{BEST_SET_ASIDE}{'unknown' if step is None else step}", 1
+    while (run_dir / name).exists():  # an earlier restart set one aside under this name: both are kept
+        name, n = f"{BEST_SET_ASIDE}{'unknown' if step is None else step}-{n}", n + 1
+    why = ("its config.json is unreadable" if step is None else
+           f"it holds step {step}, from updates this run trains again" if same_run and start_step else
+           f"it holds step {step}, and this run starts afresh" if same_run else
+           f"it holds step {step} of this folder, and this run continues the checkpoint of another")
+    return set_aside(best, name), why
+

@@ -1,6 +1,6 @@
 """A training run's checkpoints on disk: `checkpoints/step-<N>/` every `save_every` updates (and at the end),
 `best/` for train.keep_best, pruning to `keep_last`, and after a divergence the checkpoints of the weights that
-diverged set aside; at a restart, a `best/` the restarted run cannot stand behind set aside (`set_aside_best`).
+diverged set aside (a restart's `best/` it cannot stand behind is set aside by `folders.set_aside_best`).
 
 `checkpoints/step-<N>/` holds what `weights.load_model` reads (`model.safetensors`, `config.json`), the
 tokenizer files (so the folder alone can generate, evaluate or be exported), and `trainer_state.pt`
@@ -68,40 +68,6 @@ def copy_tokenizer(source: Path, folder: Path) -> None:
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, folder / name)
-
-
-BEST_SET_ASIDE = "best-set-aside-step-"  # run_dir/best-set-aside-step-<K>[-n]/: a best/ a restart did not keep
-
-
-def set_aside_best(run_dir: Path, start_step: int, same_run: bool) -> tuple[Path, str] | None:
-    """At a start of the run folder from step `start_step` (0: a fresh start, or a restart of a run killed
-    before its first checkpoint), set aside a `best/` the run cannot stand behind; returns (where it went,
-    why) or None when it is kept.
-
-    best/ is kept only when the step it holds is at or before `start_step` of the same run: its weights
-    then come from updates the run keeps, and its val_loss is the bar the next validations must beat. A
-    best/ from a later step (a run killed after its best/ but before the checkpoint that followed) came
-    from updates the restart trains again, maybe with another recipe; one of a fresh start, of another
-    run's checkpoint (a branch) or unreadable cannot be vouched for either. Such a best/ is never deleted
-    (its weights were validated, the user may want them) nor kept (eval and generate would take it for
-    this run's): it is renamed to `best-set-aside-step-<K>/`, and the run writes best/ anew."""
-    best = run_dir / BEST
-    if not best.exists():
-        return None
-    try:
-        step = CheckpointRecord.read(best).step
-    except TfkitError:
-        step = None
-    if same_run and step is not None and step <= start_step:
-        return None
-    name, n = f"{BEST_SET_ASIDE}{'unknown' if step is None else step}", 1
-    while (run_dir / name).exists():  # an earlier restart set one aside under this name: both are kept
-        name, n = f"{BEST_SET_ASIDE}{'unknown' if step is None else step}-{n}", n + 1
-    why = ("its config.json is unreadable" if step is None else
-           f"it holds step {step}, from updates this run trains again" if same_run and start_step else
-           f"it holds step {step}, and this run starts afresh" if same_run else
-           f"it holds step {step} of this folder, and this run continues the checkpoint of another")
-    return set_aside(best, name), why
 
 
 def best_loss(run_dir: Path) -> float:

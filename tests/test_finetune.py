@@ -156,7 +156,7 @@ def one_line_exit_2(result, *fragments):
 
 
 @pytest.mark.parametrize("rows, sets, fragments", [
-    ("text,label\na,x\nb,y\n", ["task.label=topic"], ["no column 'topic'", "task.label", "--set task.label=NAME"]),
+    ("text,label\na,x\nb,y\n", ["task.label=topic"], ["no column 'topic'", "task.label", "set task.label to the one to read"]),
     ("text,label\na,x\nb,x\nc,x\n", [], ["every label is 'x'", "at least two classes"]),
     ("text,label\na,1.5\nb,zero\n", ["objective.name=regress", "task.metric=pearson"],
      ["'zero'", "expected a finite number"]),

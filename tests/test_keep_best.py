@@ -52,7 +52,7 @@ def test_the_best_validation_weights_are_kept_and_eval_and_generate_take_them(en
 ])
 def test_a_best_the_start_cannot_stand_behind_is_set_aside_never_deleted(best_step, start, same_run, kept, tmp_path):
     from tfkit.checkpoints.record import CheckpointRecord
-    from tfkit.checkpoints.training import set_aside_best
+    from tfkit.checkpoints.folders import set_aside_best
     from tfkit.models.config import ModelConfig
 
     best = tmp_path / "best"

@@ -112,7 +112,7 @@ def one_line(excinfo) -> str:
 
 @pytest.mark.parametrize("rows, options, kind, expected", [
     ([["t", "1"]], {"columns": Columns(label="gold")}, DataError,
-     ":2: no column 'gold' (task.label); the columns there are: text, label; name the one to read with --set task.label=NAME"),
+     ":2: no column 'gold' (task.label); the columns there are: text, label; set task.label to the one to read"),
     ([["t", "1"]], {"columns": Columns(text=0, label=5)}, DataError,
      ":2: no column 5 for task.label (this row has 2 columns, counted from 0)"),
     ([["t", "pos"], ["u", "pos"]], {}, DataError, "every label is 'pos'; classification needs at least two classes"),
@@ -226,5 +226,5 @@ def test_a_file_without_a_text_column_is_read_by_huggingfaces_usual_names(tmp_pa
 def test_a_named_column_that_is_missing_is_an_error_not_a_guess(tmp_path):
     path = write_csv(tmp_path / "train.csv", ["label", "sentence"], [["0", "a"], ["1", "b"]])
     with pytest.raises(DataError, match=r"no column 'review' \(task.text\); the columns there are: label, "
-                                        r"sentence; name the one to read with --set task.text=NAME"):
+                                        r"sentence; set task.text to the one to read"):
         load_labelled(str(path), columns=Columns(text="review"))

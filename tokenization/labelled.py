@@ -127,7 +127,7 @@ def _cell(row: Row, column: str | int, key: str) -> Any:
                           "(task.header: false); give its position (0, 1, ...)")
     if column not in row.names:
         raise DataError(f"{row.where}: no column {column!r} (task.{key}); the columns there are: "
-                        f"{_listed(row.names)}; name the one to read with --set task.{key}=NAME")
+                        f"{_listed(row.names)}; set task.{key} to the one to read")
     index = row.names.index(column)
     if index >= len(row.values):
         raise DataError(f"{row.where}: {len(row.values)} cells, but column {column!r} is number {index + 1} "

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoints.folders import latest_checkpoint, list_checkpoints, resolve_resume
+from ..checkpoints.folders import BEST_SET_ASIDE, latest_checkpoint, list_checkpoints, resolve_resume, set_aside_best
 from ..checkpoints.record import CheckpointRecord
 from ..checkpoints.run_record import read_metrics
-from ..checkpoints.training import BEST_SET_ASIDE, set_aside_best
 from ..errors import CheckpointError, disk_full
 from ..files import LOCK_FILE, folder_lock, remove_stale, write_atomic
 from ..jsonfile import parse_json
@@ -186,7 +185,7 @@ def clear_leftovers(run_dir: Path) -> None:
 
 def keep_or_set_aside_best(run_dir: Path, resumed_from: Path | None, console) -> None:
     """Before the run writes: the folder's best/ kept when the run continues the updates it came from, else
-    set aside with a warning on `console` (`checkpoints.training.set_aside_best` says why). A run killed
+    set aside with a warning on `console` (`checkpoints.folders.set_aside_best` says why). A run killed
     after its first best/ but before its first checkpoint restarts from step 0, so its best/ goes aside."""
     same_run = resumed_from is None or resumed_from.parent.parent.resolve() == run_dir.resolve()
     start = (CheckpointRecord.read(resumed_from).step or 0) if resumed_from is not None else 0
