@@ -240,10 +240,9 @@ class Trainer(contextlib.AbstractContextManager):
         if self.saved is not None:
             ckpt.set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
         else:
-            validating = time.perf_counter()
-            self.validate(0)  # the untrained baseline every curve starts from
-            if self.loop.budget is not None:
-                self.loop.budget.took("validation", time.perf_counter() - validating)
+            budget = self.loop.budget  # times it on its own clock: the end of the run needs a validation too
+            with budget.timing("validation") if budget is not None else contextlib.nullcontext():
+                self.validate(0)  # the untrained baseline every curve starts from
         ckpt.seed_rank(self.recipe.train.seed, self.info.rank, state.step)
         self.steps_before, self.tokens_before, started = state.step, state.tokens, time.perf_counter()
         run_loop(self.loop, last_checkpoint=lambda: self.checkpoints.set_aside_diverged(state.step))
