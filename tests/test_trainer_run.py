@@ -120,16 +120,24 @@ def test_seq2seq_trains_on_jsonl_pairs_with_jsonl_validation_and_counts_real_tok
 
 def test_resume_after_sigkill_is_exact(reference, tmp_path):
     recipe, ref_dir, _ = reference
-    run_dir = tmp_path / "killed"
-    script = ("import sys; from tfkit.trainer.recipe import load_recipe; from tfkit.trainer.run import pretrain; "
+    run_dir, stopped = tmp_path / "killed", tmp_path / "at-step-10"
+    # The run stops before its 11th update (past step-8, rows logged after it) until it is killed: a point of
+    # its own progress, so the kill lands there however fast the machine is, never after the run ended.
+    script = ("import sys, threading; from tfkit.trainer import step; from tfkit.trainer.recipe import load_recipe; "
+              "from tfkit.trainer.run import pretrain\n"
+              "update = step.train_step\n"
+              "def stop_at_10(loop, *args):\n"
+              "    if loop.state.step >= 10: open(sys.argv[3], 'w').close(); threading.Event().wait()\n"
+              "    update(loop, *args)\n"
+              "step.train_step = stop_at_10\n"
               "pretrain(load_recipe(sys.argv[1]), run_dir=sys.argv[2])")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir)],
+    proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir), str(stopped)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
-    while not (run_dir / "checkpoints" / "step-8").exists():  # the run either writes it or ends
+    while not stopped.exists():
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.005)  # returns at once when the run ends
+            proc.wait(timeout=0.005)  # returns at once if the run fails
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-    proc.send_signal(signal.SIGKILL)  # no chance to clean up: whatever was half-written stays
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up: whatever it wrote past step-8 stays
     proc.wait()
     proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
