@@ -44,9 +44,9 @@ def test_a_sigint_during_a_worker_s_last_collection_prints_no_traceback(tmp_path
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
     (tmp_path / "interrupted_end.py").write_text(INTERRUPTED_END)
     path = os.pathsep.join([str(tmp_path), str(HERE), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "worker_end",
-                           "-p", "interrupted_end", "-n", "1", "-c", os.devnull, "--rootdir", str(tmp_path),
-                           "test_one.py"],
-                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+    env = {**os.environ, "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # only the plugins named
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist", "-n", "1",
+                           "-p", "worker_end", "-p", "interrupted_end", "-c", os.devnull, "--rootdir", str(tmp_path),
+                           "test_one.py"], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
     assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr, done.stderr
