@@ -10,6 +10,7 @@ import typer.testing
 from tfkit.tokenization import TokenizerSpec, train_tokenizer
 from tfkit.tokenization.stdlib_corpus import iter_stdlib_documents
 from tfkit.trainer import optim
+from worker_end import pytest_sessionfinish  # noqa: F401  (a hook: how an xdist worker ends, quietly)
 
 ENGLISH_CHARS = 400_000
 

@@ -3,6 +3,7 @@
 Tests import these from here, never from another test file: importing a test module runs its module-level
 setup and ties two files' fixtures together."""
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -262,6 +263,29 @@ class Clock:
 
     def __call__(self):
         return self.now
+
+
+def fake_machine(monkeypatch, update: float = 0.05, validation: float = 0.1) -> Clock:
+    """Runs under `train.max_time` as on a machine of a fixed speed, whatever this one's load: the time
+    budget reads a `Clock` that moves only when the run works, `update` seconds per update and `validation`
+    seconds per validation (checkpoints take none). On the real clock a loaded 2-core machine fits fewer
+    steps in a budget and moves its validations; on this one a run's steps are the same everywhere."""
+    from tfkit.trainer import loop, run
+    from tfkit.trainer import validation as validation_module
+    from tfkit.trainer.budget import TimeBudget
+
+    clock = Clock()
+
+    def taking(seconds: float, work):
+        def timed(*args, **kwargs):
+            clock.now += seconds
+            return work(*args, **kwargs)
+        return timed
+
+    monkeypatch.setattr(run, "TimeBudget", functools.partial(TimeBudget, clock=clock))
+    monkeypatch.setattr(loop, "train_step", taking(update, loop.train_step))  # as loop.run_window calls it
+    monkeypatch.setattr(validation_module, "validate", taking(validation, validation_module.validate))
+    return clock
 
 
 def one_error_line(result) -> str:

@@ -13,7 +13,7 @@ from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.recipe_keys import recipe_keys
 from tfkit.trainer.report import RunResult, report
 
-from helpers import TINY, Clock
+from helpers import TINY, Clock, fake_machine
 
 BUDGET_RUN = [s for s in TINY if not s.startswith(("train.max_steps", "eval.sample_prompt"))] + [
     "train.max_steps=100000", "train.max_time=2s", "train.log_every=7", "train.eval_every=100000",
@@ -52,7 +52,8 @@ def test_validations_come_at_evenly_spaced_points_of_the_steps_that_fit():
     assert not late.validation_due(140, horizon)
 
 
-def test_a_budget_run_validates_through_the_run_and_samples_from_its_own_text(english_file, tmp_path):
+def test_a_budget_run_validates_through_the_run_and_samples_from_its_own_text(english_file, tmp_path, monkeypatch):
+    fake_machine(monkeypatch)  # the steps that fit in 2 s, and where the validations fall, on any machine
     run = tmp_path / "run"
     done = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--run-dir", str(run),
                                     *_sets(f"data.train={english_file}", *BUDGET_RUN, "eval.sample_prompt=auto")])

@@ -10,7 +10,7 @@ from tfkit.errors import ConfigError
 from tfkit.trainer.budget import MARGIN, TimeBudget, parse_duration
 from tfkit.trainer.recipe import load_recipe
 
-from helpers import Clock
+from helpers import Clock, fake_machine
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("3m", 180), ("1h30m", 5400), ("1.5h", 5400), (45, 45),
@@ -47,7 +47,8 @@ def test_the_horizon_is_the_steps_that_fit_after_what_the_end_needs():
     assert resumed.spent() == 60.0  # a resume continues the budget where the run left it
 
 
-def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file, tmp_path):
+def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file, tmp_path, monkeypatch):
+    fake_machine(monkeypatch)  # the steps that fit in 2 s are the same on any machine
     run = tmp_path / "run"
     sets = [f"data.train={english_file}", "train.max_steps=100000", "train.max_time=2s", "train.batch_size=4",
             "data.seq_len=32", "eval.batches=1", "eval.batch_size=4", "tokenizer.vocab_size=400",
@@ -68,9 +69,10 @@ def test_a_time_limited_run_ends_in_time_with_its_schedule_decayed(english_file,
     assert config["step"] == steps
 
 
-def test_a_run_that_reaches_max_steps_inside_its_budget_says_so(english_file, tmp_path):
+def test_a_run_that_reaches_max_steps_inside_its_budget_says_so(english_file, tmp_path, monkeypatch):
     """On a fast machine max_steps ends the run before the budget: the report must not call the step count
     what fitted in the budget."""
+    fake_machine(monkeypatch)  # 6 updates take 0.3 s of the budget's 10 minutes on any machine
     sets = [f"data.train={english_file}", "train.max_steps=6", "train.max_time=10m", "train.batch_size=4",
             "data.seq_len=32", "eval.batches=1", "eval.batch_size=4", "tokenizer.vocab_size=400",
             "tokenizer.max_train_mb=0.1", "log.progress=false", "log.plot=false", "log.tensorboard=false",

@@ -7,10 +7,10 @@ import torch._dynamo as dynamo
 
 from tfkit.models import build_model
 from tfkit.models.config import ModelConfig
-from tfkit.trainer.objectives import LossModule, compile_loss_module
+from tfkit.trainer.objectives import DYNAMO_SETTINGS, LossModule, compile_loss_module
 from tfkit.trainer.recipe import ObjectiveSection
 
-pytestmark = pytest.mark.slow  # compiled-model checks: TorchDynamo traces every objective
+SLOW = pytest.mark.slow  # compiled-model checks: TorchDynamo traces every objective
 
 OBJECTIVE = {"gpt": "clm", "bert": "mlm", "transformer": "seq2seq"}
 
@@ -42,14 +42,25 @@ def fresh_dynamo():
     dynamo.reset()
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # torch.compile's first import
+def test_compiling_the_loss_module_leaves_dynamo_s_settings_as_they_were():
+    """Its dynamo settings are the loss module's own: a later compile in the same process (generate
+    --compile, a user's code) gets dynamo's defaults. (Compiling is lazy: nothing is traced here.)"""
+    before = dynamo.config.get_config_copy()
+    compile_loss_module(_loss_module("bert"))
+    assert dynamo.config.get_config_copy() == before
+
+
+@SLOW
 @pytest.mark.parametrize("arch", sorted(OBJECTIVE))
 def test_every_objective_traces_as_one_graph(arch):
     module = _loss_module(arch)
-    compile_loss_module(module)  # sets the dynamo options the trainer compiles with
-    explained = dynamo.explain(module._orig_mod if hasattr(module, "_orig_mod") else module.forward)(_batch(arch, 0))
+    with dynamo.config.patch(DYNAMO_SETTINGS):  # what compile_loss_module traces the module with
+        explained = dynamo.explain(module.forward)(_batch(arch, 0))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+@SLOW
 def test_mlm_with_fixed_positions_traces_without_data_dependent_shapes():
     """MlmDataset's batches carry mlm_positions (B, K): the objective is one graph even where dynamo may not
     capture data-dependent output sizes, because it has none."""
@@ -63,15 +74,19 @@ def test_mlm_with_fixed_positions_traces_without_data_dependent_shapes():
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+@SLOW
 def test_compiled_bert_training_equals_eager_across_target_counts():
     """Inductor on the CPU: the losses and gradients of the compiled objective equal the eager ones while
-    the number of masked targets changes from batch to batch, without recompiling."""
+    the number of masked targets changes from batch to batch, without recompiling (the module's own
+    settings apply to its calls), and dynamo's settings are as they were after them."""
     eager, compiled = _loss_module("bert"), _loss_module("bert")
+    before = dynamo.config.get_config_copy()
     compile_loss_module(compiled)
     counts = []
     with dynamo.config.patch(error_on_recompile=True):  # a new target count must not recompile
         _compare_three_batches(eager, compiled, counts)
     assert len(set(counts)) == 3  # the batches really had different target counts
+    assert dynamo.config.get_config_copy() == before
 
 
 def _compare_three_batches(eager: LossModule, compiled: LossModule, counts: list[int]) -> None:

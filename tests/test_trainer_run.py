@@ -1,14 +1,14 @@
 """`trainer.run.pretrain` end to end on a tiny corpus: exact resume (in-process and after SIGKILL),
 init_from, refusing to mix runs, the last good checkpoint after divergence, and metrics.jsonl."""
 
-import contextlib
 import json
 import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
+import threading
+import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,9 @@ from tfkit.trainer import objectives
 from tfkit.trainer.loop import TrainingDiverged
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.run import pretrain
+from tfkit.trainer import loop as loop_module
 
-from helpers import MAX_STEPS, ONE_THREAD, losses, weights, write_corpus, write_recipe
+from helpers import MAX_STEPS, losses, weights, write_corpus, write_recipe
 
 
 @pytest.fixture(scope="module")
@@ -121,19 +122,31 @@ def test_seq2seq_trains_on_jsonl_pairs_with_jsonl_validation_and_counts_real_tok
 
 def test_resume_after_sigkill_is_exact(reference, tmp_path):
     recipe, ref_dir, _ = reference
-    run_dir = tmp_path / "killed"
-    script = ("import sys; from tfkit.trainer.recipe import load_recipe; from tfkit.trainer.run import pretrain; "
-              "pretrain(load_recipe(sys.argv[1]), run_dir=sys.argv[2])")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(recipe), str(run_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
-    while not (run_dir / "checkpoints" / "step-8").exists():  # the run either writes it or ends
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.005)  # returns at once when the run ends
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-    proc.send_signal(signal.SIGKILL)  # no chance to clean up: whatever was half-written stays
-    proc.wait()
-    proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    run_dir, stopped = tmp_path / "killed", tmp_path / "at-step-10"
+    pid = os.fork()  # the run to kill in a copy of this process: no new interpreter importing torch and tfkit
+    if pid == 0:  # the child: it never returns into pytest
+        try:
+            signal.alarm(120)  # one that hangs (a lock held by a thread of the parent) ends instead
+            window = loop_module.run_window
+
+            def stop_at_10(loop, *args):  # before the window from step 10 (past step-8, its rows logged) until
+                if loop.state.step >= 10:  # killed: a point of the run's own progress, so the kill lands there
+                    stopped.touch()  # however fast the machine is, never after the run ended
+                    threading.Event().wait()
+                return window(loop, *args)
+
+            loop_module.run_window = stop_at_10
+            pretrain(load_recipe(str(recipe)), run_dir=run_dir)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(1)
+    while not stopped.exists():
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the run ended before step 10 (its stderr is above)"
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)  # no chance to clean up: whatever it wrote past step-8 stays
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     killed_at = latest_checkpoint(run_dir)
     assert killed_at is not None and not (run_dir / "checkpoints" / f"step-{MAX_STEPS}").exists()
     print("killed after", killed_at.name, "metrics rows:", len(read_metrics(run_dir / "metrics.jsonl")))

@@ -23,6 +23,7 @@ turns the windows' rows into log lines, validations and checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -275,16 +276,15 @@ def _validate_and_save(loop: Loop, pace: Pace, bar: tqdm) -> None:
     paused = time.perf_counter()
     spaced = loop.budget is not None and loop.budget.validation_due(s.step, loop.end)
     if s.step < loop.end and (s.step % train.eval_every == 0 or spaced):
-        val = loop.validate(s.step)
+        with _timing(loop, "validation"):
+            val = loop.validate(s.step)
         shown = (f"val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  val_acc {val['val_accuracy']:.3f}"
                  if "val_ppl" in val else  # a fine-tuning run's row: its task scores (trainer/task.py)
                  "  ".join(f"{k} {v:.4f}" for k, v in val.items() if k.startswith("val_") and k != "val_examples"))
         _say(bar, f"step {s.step}: {shown}", loop.info.is_main)
-        _took(loop, "validation", paused)
     if s.step % train.save_every == 0 and s.step < loop.end:
-        saving = time.perf_counter()
-        loop.save(s)
-        _took(loop, "checkpoint", saving)
+        with _timing(loop, "checkpoint"):
+            loop.save(s)
     pace.pause(time.perf_counter() - paused)
 
 
@@ -306,9 +306,10 @@ def _plan(loop: Loop, bar: tqdm, info: DistInfo) -> int:
     return horizon
 
 
-def _took(loop: Loop, what: str, since: float) -> None:
-    if loop.budget is not None:
-        loop.budget.took(what, time.perf_counter() - since)
+def _timing(loop: Loop, what: str) -> contextlib.AbstractContextManager:
+    """Under a time budget, the validation or checkpoint inside is timed on the budget's clock (the end of
+    the run will need as long); without one, nothing."""
+    return loop.budget.timing(what) if loop.budget is not None else contextlib.nullcontext()
 
 
 def _postfix(row: dict) -> dict:

@@ -207,6 +207,9 @@ def move_batch(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tens
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
+DYNAMO_SETTINGS = {"capture_dynamic_output_shape_ops": True}  # what the loss module's graphs are traced with
+
+
 def compile_loss_module(module: LossModule) -> None:
     """`torch.compile` the model and its objective in place, as one graph per mode (train / eval).
 
@@ -214,7 +217,17 @@ def compile_loss_module(module: LossModule) -> None:
     by hand, with labels only, gathers `hidden[masked]`, whose count depends on the data: by default dynamo
     stops the graph at such an op, runs it eagerly and resumes in a new graph compiled for that count
     (three graphs and a recompilation as the count changes). Capturing data-dependent output sizes
-    symbolically keeps even that objective one graph that serves every count."""
-    torch._dynamo.config.capture_dynamic_output_shape_ops = True
-    module.compile()
+    symbolically keeps even that objective one graph that serves every count.
 
+    That setting (DYNAMO_SETTINGS) is this module's alone: dynamo reads its config when it traces, which is
+    inside a call of the compiled module (the first, eval mode's first, any retrace), so it is patched around
+    each call rather than set for the process, and a later `torch.compile` in the same process (`generate
+    --compile`, a user's own code) compiles with dynamo's defaults."""
+    module.compile()
+    compiled = module._compiled_call_impl  # what nn.Module.__call__ runs once the module is compiled
+
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(DYNAMO_SETTINGS):
+            return compiled(*args, **kwargs)
+
+    module._compiled_call_impl = call

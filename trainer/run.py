@@ -253,13 +253,12 @@ class Trainer(contextlib.AbstractContextManager):
         if self.saved is not None:
             set_rng_state(self.saved["rng"])  # last: everything above may draw random numbers
         else:
-            validating = time.perf_counter()
             if self.head is not None and self.info.is_main:  # every validation example: minutes for a large model
                 console.print(f"validating the untrained model first on {self.valid_data.num_examples:,} examples "
                               "(the baseline every curve starts from)", highlight=False, markup=False)
-            self.validate(0)  # the untrained baseline every curve starts from
-            if self.loop.budget is not None:
-                self.loop.budget.took("validation", time.perf_counter() - validating)
+            budget = self.loop.budget  # times it on its own clock: the end of the run needs a validation too
+            with budget.timing("validation") if budget is not None else contextlib.nullcontext():
+                self.validate(0)  # the untrained baseline every curve starts from
         seed_rank(self.recipe.train.seed, self.info.rank, state.step)
         self.steps_before, self.tokens_before, started = state.step, state.tokens, time.perf_counter()
         run_loop(self.loop, last_checkpoint=lambda: self.checkpoints.set_aside_diverged(state.step))

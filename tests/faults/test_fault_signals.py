@@ -1,6 +1,7 @@
 """Processes that are killed or run side by side (subprocesses, so marked slow): SIGKILL at random points
 of a run, then `--resume auto` ends bit-exactly where the uninterrupted run ended; SIGINT and SIGTERM
-save, exit 130 and 143; two `pretrain` on one run folder: one trains, the other is refused in one line."""
+save, exit 130 and 143, and a second Ctrl-C ends the run without a traceback; two `pretrain` on one run
+folder: one trains, the other is refused in one line."""
 
 from __future__ import annotations
 
@@ -23,8 +24,28 @@ from fault_helpers import environment
 pytestmark = pytest.mark.slow
 
 
-def _start(recipe, run, *extra):
-    return subprocess.Popen([sys.executable, "-m", "tfkit", "pretrain", str(recipe), "--run-dir", str(run), *extra],
+# `tfkit` whose second window of updates waits until a signal has come: a run still training when the test signals it,
+# however fast the machine is (a 4-step run could otherwise end before the signal).
+WAITS_FOR_A_SIGNAL = """
+import signal, sys, time
+from tfkit.trainer import loop as loop_module
+window = loop_module.run_window
+def waiting(loop, *args):
+    if loop.state.step >= 1:  # the window after the first update (a row per update here)
+        stop = signal.getsignal(signal.SIGTERM).__self__  # the run's StopFlag, which both signals set
+        while not stop.signum:
+            time.sleep(0.01)
+    return window(loop, *args)
+loop_module.run_window = waiting
+sys.argv[0] = "tfkit"
+from tfkit.cli.entry import run
+run()
+"""
+
+
+def _start(recipe, run, *extra, wait_for_a_signal: bool = False):
+    tfkit = ["-c", WAITS_FOR_A_SIGNAL] if wait_for_a_signal else ["-m", "tfkit"]
+    return subprocess.Popen([sys.executable, *tfkit, "pretrain", str(recipe), "--run-dir", str(run), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment())
 
 
@@ -76,21 +97,37 @@ def test_a_signal_saves_exits_with_its_code_and_the_run_resumes_exactly(sig, cod
 
     recipe, reference = tiny_run
     run = tmp_path / "run"
-    proc = _start(recipe, run, "--set", "train.max_steps=4")
+    proc = _start(recipe, run, "--set", "train.max_steps=4", wait_for_a_signal=True)
     _wait_for(proc, "step 1/4")
     proc.send_signal(sig)
-    proc.communicate(timeout=120)
-    assert proc.returncode == code
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, out
+    assert "Traceback" not in out, out  # Ctrl-C is a stop the user asked for, not a crash
     assert latest_checkpoint(run) is not None
     assert cli(["pretrain", recipe, "--run-dir", run, "--resume", "auto"]).exit_code == 0
     _same_as_reference(run, reference)
+
+
+@pytest.mark.parametrize("gap", [0.0, 0.05, 0.3], ids=lambda gap: f"second-ctrl-c-after-{gap}s")
+def test_a_second_ctrl_c_ends_the_run_without_a_traceback(gap, tiny_run, tmp_path):
+    """The first Ctrl-C lets the update, the checkpoint and the report finish; a second one stops whatever is
+    left at once (exit 130, or killed by SIGINT as a shell expects) and never prints a traceback."""
+    recipe, _ = tiny_run
+    proc = _start(recipe, tmp_path / "run", "--set", "train.max_steps=4", wait_for_a_signal=True)
+    _wait_for(proc, "step 1/4")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(gap)  # where the second lands varies; none may print a traceback
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode in (130, -signal.SIGINT), out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
 
 
 def test_two_pretrain_processes_on_one_run_folder(tiny_run, tmp_path):
     recipe, _ = tiny_run
     run = tmp_path / "run"
     first = _start(recipe, run, "--set", "train.max_steps=100000", "--set", "train.save_every=50")
-    _wait_for(first, "run folder")
+    _wait_for(first, "step 1/")  # training: its SIGTERM below is the trainer's to handle
     second = _start(recipe, run, "--resume", "auto", "--set", "train.max_steps=100000")
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 2, out
