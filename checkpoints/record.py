@@ -127,7 +127,8 @@ class CheckpointRecord:
                                       "damaged)")
             values[name] = None if section is None else kind(**_scalars(kind, section, f"{name}.", file))
         pair = raw.get("pair_fields")
-        if pair is not None and (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair)):
+        two_names = isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, str) for v in pair)
+        if pair is not None and not two_names:
             raise CheckpointError(f"{file}: 'pair_fields' is {pair!r}, expected two field names")
         values["pair_fields"] = None if pair is None else tuple(pair)
         head = raw.get("head")
