@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -44,8 +44,11 @@ def show(
     recipe: Annotated[str, typer.Argument(help="Bundled recipe name or path to a YAML file.")],
     overrides: Overrides = None,
     lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print (0: none).")] = 11,
+    pace: Annotated[Optional[float], typer.Option("--pace", help="Training tokens per second, to size a time budget's horizon for a list of sources (start.log reports the pace of a run).")] = None,
 ) -> None:
-    """Print the resolved recipe (sizes and overrides applied) on stdout, its learning-rate curve on stderr."""
+    """Print the resolved recipe (sizes and overrides applied) on stdout; on stderr, its learning-rate curve and,
+    for a list of sources under data.train, the tokens each source will contribute over the run."""
+    from ..trainer.mixing import horizon_table
     from ..trainer.recipe import find_recipe, load_recipe
     from ..trainer.schedules import lr_at
 
@@ -54,6 +57,8 @@ def show(
         err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     console.print(f"# {find_recipe(recipe)}", style="dim", highlight=False)
     console.print(resolved.to_yaml(), highlight=False, markup=False)
+    if (mixture := horizon_table(resolved, pace)) is not None:
+        err_console.print(mixture)
     if lr_points < 1:
         return
     steps = resolved.train.max_steps
