@@ -279,7 +279,7 @@ def tokenizer_texts(recipe: Recipe, spec: str | list | None = None, total_chars:
         key = "data.train" if spec is d.train else "data.valid"
         sources = read_sources(spec, key, d.text_field, valid=key == "data.valid")
         total = total_chars or sum(text_size(s.path, s.text_field) for s in sources)
-        return mixed_texts(sources, total, key)
+        return mixed_texts(sources, total, key, once=key == "data.valid")
     if d.format == "chat":
         return (content for _, turns in read_conversations(spec) for _, content in turns)
     if recipe.objective.name == "seq2seq" and is_pair_data(spec, d.source_field):

@@ -215,16 +215,19 @@ def mixture_text_size(recipe: Recipe) -> int:
     return sum(text_size(s.path, s.text_field) for s in train_sources(recipe))
 
 
-def mixed_texts(sources: list[Source], total_chars: int, key: str = "data.train") -> Iterator[str]:
+def mixed_texts(sources: list[Source], total_chars: int, key: str = "data.train", once: bool = False) -> Iterator[str]:
     """The sources' documents interleaved by their shares of characters, `total_chars` of them: the next
     document always from the source furthest behind its share; a source that runs out starts again, unless
-    it has `repeat: false`, which ends the text there (as it ends the run). What a recipe's tokenizer trains on."""
+    it has `repeat: false`, which ends the text there (as it ends the run). What a recipe's tokenizer trains
+    on. `once` (validation text): every source read at most once, the others going on after one runs out."""
     streams = {s.name: _documents(s, key) for s in sources}
     queue = [(0.0, i, s) for i, s in enumerate(sources)]  # (characters / share, order, source)
     done = 0
     while queue and done < total_chars:
         chars, i, source = heapq.heappop(queue)
         text = next(streams[source.name], None)
+        if text is None and once:
+            continue
         if text is None:
             if not source.repeat:
                 return
