@@ -118,6 +118,10 @@ def test_a_document_mask_keeps_documents_and_sources_apart():
     # a document of the window continues where it was: consecutive ids of one source, or a new document
     breaks = np.flatnonzero(np.diff(ids) != 1) + 1
     assert set(breaks.tolist()) <= starts
+    for s, stream in enumerate(data.mixture.streams):  # and every document of a source starts one of the window
+        own = set(np.asarray(stream.shards.doc_starts).tolist())
+        begins = [i for i, t in enumerate(ids) if source_of(np.array([t]))[0] == s and t - BASES[s] in own]
+        assert begins and set(begins) <= starts
 
 
 def test_held_out_views_are_read_as_the_tokens_they_stand_for():

@@ -9,13 +9,13 @@ MIN_WINDOW_TOKENS .. WINDOW_TOKENS); window e takes exactly q_s tokens from sour
 So every window holds the asked shares to one token in W, whatever the documents' lengths, and window e is
 computed from e alone: a resume, or a different number of processes, reads the same tokens.
 
-Inside a window the sources' units (their documents, cut into pieces of at most PIECE_TOKENS) are
-interleaved by how far each has come through its quota, then the window is packed into the objective's
-rows (`ClmDataset` / `MlmDataset` over it, `PureDataset.over`), so rows hold documents of several sources
-and the shares hold in the packed rows (mixing packed rows instead breaks them where sources pack
-differently). A unit starts a document unless it continues the unit before it in the window, so a document
-mask keeps documents, and sources, apart. The window's rows are visited in an order seeded by (seed, e),
-its last partial batch dropped, as a single corpus's epoch is.
+Inside a window the sources' units (their stretches cut into pieces of at most PIECE_TOKENS, whole
+documents and parts of them) are interleaved by how far each has come through its quota, then the window is
+packed into the objective's rows (`ClmDataset` / `MlmDataset` over it, `PureDataset.over`), so the shares
+hold in the packed rows (mixing packed rows instead breaks them where sources pack differently). The
+window's documents start where the sources' documents start, and where a unit does not continue the unit
+before it, so a document mask keeps documents, and sources, apart. The window's rows are visited in an order
+seeded by (seed, e), its last partial batch dropped, as a single corpus's epoch is.
 
 A source with `repeat: false` ends the mixture when it runs out: the last window takes the same fraction of
 every quota, and `num_batches` says how many batches there are (the trainer ends the run there).
@@ -40,7 +40,7 @@ from .shards import TokenShards
 from .spans import TokenSpans
 
 CHUNK_TOKENS = 1 << 16  # a source's epoch visits chunks of this many tokens in a seeded order
-PIECE_TOKENS = 2048  # documents are interleaved in pieces of at most this many tokens
+PIECE_TOKENS = 1024  # the sources are interleaved in pieces of at most this many tokens
 WINDOW_TOKENS = 1 << 22  # the most tokens of a window (the rows shuffled together): 8 MB of uint16 ids
 MIN_WINDOW_TOKENS = 1 << 16
 WINDOW = 2  # seed-stream tag of the window orders (batches.TRAIN 0, EVAL 1)
@@ -63,21 +63,19 @@ def quotas(shares: list[float], total: int) -> list[int]:
 
 @dataclass
 class Units:
-    """Stretches of source tokens laid end to end: each one's source, start in that source's tokens, length,
-    and whether it starts one of the source's documents."""
+    """Stretches of source tokens laid end to end: each one's source, start in that source's tokens, length."""
 
     source: np.ndarray  # (U,) int64
     at: np.ndarray  # (U,) int64
     length: np.ndarray  # (U,) int64
-    doc: np.ndarray  # (U,) bool
 
     @classmethod
     def join(cls, parts: list["Units"]) -> "Units":
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
-                     for f in ("source", "at", "length", "doc")))
+                     for f in ("source", "at", "length")))
 
     def take(self, order: np.ndarray) -> "Units":
-        return Units(self.source[order], self.at[order], self.length[order], self.doc[order])
+        return Units(self.source[order], self.at[order], self.length[order])
 
 
 class SourceStream:
@@ -103,8 +101,7 @@ class SourceStream:
         return self._orders[epoch]
 
     def units(self, lo: int, hi: int) -> Units:
-        """The stream's positions [lo, hi) as units: chunk by chunk, cut at document starts and into pieces of
-        at most PIECE_TOKENS."""
+        """The stream's positions [lo, hi) as units: chunk by chunk, cut into pieces of at most PIECE_TOKENS."""
         parts, p = [], lo
         while p < hi:
             epoch, a = divmod(p, self.num_tokens)
@@ -117,19 +114,13 @@ class SourceStream:
         return Units.join(parts)
 
     def _segment(self, x: int, y: int) -> Units:
-        """Source tokens [x, y) cut at its documents' starts and into pieces of at most PIECE_TOKENS."""
-        starts = self.shards.doc_starts
-        i, j = int(np.searchsorted(starts, x, "right")), int(np.searchsorted(starts, y, "left"))
-        cuts = np.concatenate([[x], np.asarray(starts[i:j], np.int64), [y]]).astype(np.int64)
-        first_is_doc = i > 0 and int(starts[i - 1]) == x
-        lo, length = cuts[:-1], np.diff(cuts)
-        pieces = -(-length // PIECE_TOKENS)  # per document part
-        which = np.repeat(np.arange(len(lo)), pieces)
-        k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece inside its part
-        at = lo[which] + k * PIECE_TOKENS
-        doc = (k == 0) & ((which > 0) | first_is_doc)
-        return Units(np.full(len(at), self.index, np.int64), at, np.minimum(PIECE_TOKENS, length[which] - k * PIECE_TOKENS),
-                     doc)
+        """Source tokens [x, y) in pieces of at most PIECE_TOKENS, also cut where a held-out split's view
+        (`TokenSpans`) passes from one range of its memmap to the next, so each piece is one slice of it."""
+        at = np.arange(x, y, PIECE_TOKENS, dtype=np.int64)
+        if isinstance(self.shards.tokens, TokenSpans):
+            offsets = self.shards.tokens.offsets
+            at = np.union1d(at, offsets[(offsets > x) & (offsets < y)])
+        return Units(np.full(len(at), self.index, np.int64), at, np.diff(np.append(at, y)))
 
     def read(self, out: np.ndarray, units: Units, positions: np.ndarray) -> None:
         """Copy this source's `units` into `out` at window `positions`."""
@@ -137,6 +128,15 @@ class SourceStream:
         base, at = (tokens.base, tokens.to_base(units.at)) if isinstance(tokens, TokenSpans) else (tokens, units.at)
         for p, a, n in zip(positions.tolist(), at.tolist(), units.length.tolist()):
             out[p : p + n] = base[a : a + n]
+
+    def doc_starts_in(self, units: Units, positions: np.ndarray) -> np.ndarray:
+        """The window positions of this source's document starts inside its `units` (laid at `positions`)."""
+        starts = self.shards.doc_starts
+        first = np.searchsorted(starts, units.at, "left")  # (U,) the first document start at or after each unit
+        count = np.searchsorted(starts, units.at + units.length, "left") - first
+        which = np.repeat(np.arange(len(first)), count)
+        k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        return positions[which] + (np.asarray(starts[first[which] + k], np.int64) - units.at[which])
 
 
 class Mixture:
@@ -171,8 +171,8 @@ class Mixture:
         return self.quota
 
     def units(self, e: int) -> tuple[Units, np.ndarray, np.ndarray]:
-        """(window e's units in window order, where each starts in the window, whether each starts a document
-        of the window)."""
+        """(window e's units in window order, where each starts in the window, whether each continues the unit
+        before it in its source)."""
         parts, clocks = [], []
         for stream, q, take in zip(self.streams, self.quota, self.quota_of(e)):
             if take == 0:
@@ -185,16 +185,18 @@ class Mixture:
         positions = np.cumsum(units.length) - units.length
         follows = np.zeros(len(units.at), dtype=bool)  # the unit continues the one before it in the window
         follows[1:] = (units.source[1:] == units.source[:-1]) & (units.at[1:] == units.at[:-1] + units.length[:-1])
-        return units, positions, units.doc | ~follows
+        return units, positions, follows
 
     def window_shards(self, e: int) -> TokenShards:
         """Window e's tokens and document starts, as token shards (held in memory)."""
-        units, positions, starts = self.units(e)
+        units, positions, follows = self.units(e)
         out = np.empty(int(units.length.sum()), dtype=self.dtype)
+        starts = [positions[~follows], [len(out)]]  # a unit that does not continue the one before starts a document
         for stream in self.streams:
             mine = units.source == stream.index
             stream.read(out, units.take(mine), positions[mine])
-        doc_starts = np.concatenate([positions[starts], [len(out)]]).astype(np.int64)
+            starts.append(stream.doc_starts_in(units.take(mine), positions[mine]))
+        doc_starts = np.unique(np.concatenate(starts).astype(np.int64))
         first = self.streams[0].shards
         return TokenShards(out, doc_starts, first.vocab_size, first.separator_id, first.meta)
 

@@ -70,6 +70,12 @@ def source_columns(result: ValidationResult) -> dict:
     return out
 
 
+def source_summary(row: dict) -> str:
+    """`  (docs 4.1234, code 3.2101)`: each source's validation loss, for the printed line; '' for one corpus."""
+    own = [f"{k.split('/', 1)[1]} {v:.4f}" for k, v in row.items() if k.startswith("val_loss/")]
+    return f"  ({', '.join(own)})" if own else ""
+
+
 def mixed_bits_per_byte(sources: dict[str, ValidationResult], weights: dict[str, float]) -> float | None:
     """Bits per byte of the mixture: its expected bits per token over its expected bytes per token."""
     if any(not r.bytes for r in sources.values()):
