@@ -136,3 +136,21 @@ def test_held_out_views_are_read_as_the_tokens_they_stand_for():
 def test_a_weight_too_small_for_one_token_of_a_window_is_refused():
     with pytest.raises(ConfigError, match="s2 has a share of"):
         mixture(shares=(0.6, 0.4 - 1e-7, 1e-7))
+
+
+def test_a_window_read_from_token_files_equals_one_read_from_memory(tmp_path):
+    """Sources on disk are read with os.preadv (their pages stay page cache): the same window, held-out views too."""
+    def on_disk(shards: TokenShards, name: str) -> TokenShards:
+        np.asarray(shards.tokens).tofile(tmp_path / name)
+        tokens = np.memmap(tmp_path / name, np.uint32, mode="r")
+        return TokenShards(tokens, shards.doc_starts, shards.vocab_size, None, {})
+
+    memory = [shards(0, 60, 300, 0), shards(1, 8, 2000, 1)]
+    disk = [on_disk(s, f"{i}.bin") for i, s in enumerate(memory)]
+    views = [s.split(0.1, min_chunk=128)[0] for s in disk]
+    for sources in (disk, views):
+        expected = [s.split(0.1, min_chunk=128)[0] for s in memory] if sources is views else memory
+        a = Mixture([SourceStream(f"s{i}", s, 0.5, True, 1, i) for i, s in enumerate(sources)], window_tokens=1 << 14)
+        b = Mixture([SourceStream(f"s{i}", s, 0.5, True, 1, i) for i, s in enumerate(expected)], window_tokens=1 << 14)
+        for e in (0, 3):
+            assert np.array_equal(a.window_shards(e).tokens, b.window_shards(e).tokens)

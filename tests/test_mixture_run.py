@@ -172,3 +172,27 @@ def test_eval_scores_several_named_corpora_side_by_side(mixed_run, tmp_path, mon
     assert [r["name"] for r in rows] == ["docs", "code"]
     twice = cli(["eval", run, "--data", f"docs={corpora / 'docs-valid.txt'}", "--data", "docs=stdlib:docs:valid"])
     assert twice.exit_code == 2 and "given twice" in twice.output
+
+
+def test_a_resumed_run_says_each_source_share_so_far(mixed_run, tmp_path):
+    import shutil
+
+    _, run, _ = mixed_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    result = cli(["pretrain", copy / "recipe.yaml", "--run-dir", copy, "--resume", "auto", "--set",
+                  "train.max_steps=10"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in (copy / "start.log").read_text().splitlines() if "data.train so far" in line)
+    assert "docs" in line and "tiny" in line and "epochs" in line, line
+
+
+def test_a_single_corpus_validates_on_several_named_sources(english_text, tmp_path):
+    corpora = write_sources(tmp_path / "corpora", english_text)
+    valid = [{"name": "docs", "path": str(corpora["docs-valid"])},
+             {"name": "code", "path": str(corpora["code-valid"]), "weight": 3}]
+    recipe = write_recipe(tmp_path, english_text, data={"valid": valid}, train={"max_steps": 2, "eval_every": 2})
+    result = cli(["pretrain", recipe, "--run-dir", tmp_path / "run"])
+    assert result.exit_code == 0, result.output
+    row = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert row["val_loss"] == pytest.approx(0.25 * row["val_loss/docs"] + 0.75 * row["val_loss/code"])

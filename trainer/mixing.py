@@ -186,6 +186,16 @@ def sources_table(train_data, batches: int, micro_batch: int) -> Table | None:
     return table
 
 
+def realised_line(train_data, batches: int, micro_batch: int) -> str | None:
+    """start.log of a resumed mixture run: each source's share of the rows trained so far and its epochs."""
+    if not isinstance(train_data, MixedDataset) or batches <= 0:
+        return None
+    tokens = train_data.tokens_by_source(batches, micro_batch)
+    epochs, total = train_data.epochs(tokens), max(sum(tokens.values()), 1)
+    return "data.train so far: " + ", ".join(f"{name} {100 * n / total:.3g}% ({epochs[name]:.3g} epochs)"
+                                             for name, n in tokens.items())
+
+
 def horizon_table(recipe: Recipe, pace: float | None = None) -> Table | None:
     """`tfkit recipes show`: every source of data.train with its weight, share, and the tokens it will
     contribute over the run's train.max_steps, or per hour at `pace` tokens per second under a time budget
