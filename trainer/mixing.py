@@ -196,28 +196,6 @@ def realised_line(train_data, batches: int, micro_batch: int) -> str | None:
                                              for name, n in tokens.items())
 
 
-def horizon_table(recipe: Recipe, pace: float | None = None) -> Table | None:
-    """`tfkit recipes show`: every source of data.train with its weight, share, and the tokens it will
-    contribute over the run's train.max_steps, or per hour at `pace` tokens per second under a time budget
-    (without a pace: at the cap of train.max_steps); None for a single corpus."""
-    if not is_mixture(recipe.data.train):
-        return None
-    t = recipe.train
-    per_step = t.batch_size * recipe.data.seq_len
-    if t.max_time and pace:
-        total, column = pace * 3600, f"tokens per hour at {pace:,.0f} tokens/s"
-    else:
-        total = per_step * t.max_steps
-        column = (f"tokens in {t.max_steps:,} steps" if not t.max_time else
-                  f"tokens at the cap of {t.max_steps:,} steps (pace: the tokens/s start.log reports)")
-    table = Table("source", "corpus", "weight", "share", column, title=f"data.train: {spec_text(recipe.data.train)}")
-    for source in train_sources(recipe):
-        small = " (under 1%)" if source.share < 0.01 else ""
-        table.add_row(source.name, source.path + ("" if source.repeat else " (repeat: false)"), f"{source.weight:g}",
-                      f"{100 * source.share:.3g}%{small}", f"{source.share * total:,.0f}")
-    return table
-
-
 def mixture_text_size(recipe: Recipe) -> int:
     """The text of data.train (every source of a list) in characters, for the tokenizer's progress bar."""
     if not is_mixture(recipe.data.train):

@@ -16,7 +16,7 @@ from fault_helpers import assert_one_line_error, changes, cli, snapshot, tiny_re
 from kill_points import killed_at
 from tfkit.checkpoints.run_record import read_metrics
 
-TINY = "A tiny source, read again and again.\n" * 3  # about 70 tokens: 10% of 8 x 32 tokens a step
+TINY = "A tiny source, read again and again.\n" * 3  # about 70 tokens: a quarter of 8 x 32 tokens a step
 
 
 def sources(folder: Path, english: str) -> dict[str, Path]:
@@ -29,9 +29,9 @@ def sources(folder: Path, english: str) -> dict[str, Path]:
 
 
 def mixture(p: dict[str, Path]) -> dict:
-    return {"train": [{"name": "docs", "path": str(p["docs"]), "weight": 0.6},
-                      {"name": "prose", "path": str(p["prose"]), "weight": 0.3},
-                      {"name": "tiny", "path": str(p["tiny"]), "weight": 0.1}],
+    return {"train": [{"name": "docs", "path": str(p["docs"]), "weight": 0.5},
+                      {"name": "prose", "path": str(p["prose"]), "weight": 0.25},
+                      {"name": "tiny", "path": str(p["tiny"]), "weight": 0.25}],
             "valid": [{"name": "docs", "path": str(p["docs-valid"])}, {"name": "prose", "path": str(p["prose-valid"])}]}
 
 
