@@ -67,7 +67,8 @@ def open_source(folder: Path) -> TokenShards:
 
 
 def mixed(folders: list[Path], shares: list[float], window: int | None = None) -> MixedDataset:
-    streams = [SourceStream(f.name, open_source(f), share, True, SEED, i) for i, (f, share) in enumerate(zip(folders, shares))]
+    streams = [SourceStream(f.name, open_source(f), share, True, SEED, i)
+               for i, (f, share) in enumerate(zip(folders, shares))]
     return MixedDataset(Mixture(streams, window_tokens=window), lambda s: ClmDataset.from_shards(s, SEQ, SEED), SEED)
 
 
@@ -114,7 +115,8 @@ def throughput_row(ctx: Context, work: Path) -> Row:
     tokens = per_call * BATCH * SEQ
     row = Row("mixture", f"rows of 3 sources 0.6/0.3/0.1 vs one source of the same size ({total / 1e6:.3g}M tokens), "
                          f"B={BATCH} T={SEQ}, MixedDataset vs ClmDataset .batch", "tok/s",
-              tokens / median(samples["tfkit"]), tokens / median(samples["single"]), goal=Goal(">= 0.95x one source", 0.95),
+              tokens / median(samples["tfkit"]), tokens / median(samples["single"]),
+              goal=Goal(">= 0.95x one source", 0.95),
               paired=paired_ratio(samples["tfkit"], samples["single"]),
               note=f"window {data.mixture.window:,} tokens, built inside each timed call",
               extra={"samples_s": samples})

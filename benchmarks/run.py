@@ -10,9 +10,10 @@ HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli 
 `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
 kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
 backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
-benchmarks/sft.py), mixture (a weighted mixture's shares in the packed rows, its rows' throughput vs one source,
-its peak memory at 1 GB vs 10 MB, benchmarks/mixture.py), finetune (fine-tuning quality parity with HF and its speed, benchmarks/finetune.py: it
-downloads an encoder and takes most of an hour, so only when named in `--only`). Questions about quality
+benchmarks/sft.py), mixture (a weighted mixture's shares in the packed rows, its rows' throughput vs one
+source, its peak memory at 1 GB vs 10 MB, benchmarks/mixture.py), finetune (fine-tuning quality parity with HF
+and its speed, benchmarks/finetune.py: it downloads an encoder and takes most of an hour, so only when named
+in `--only`). Questions about quality
 alone (does pretraining pay?) are experiments, in experiments/. `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
@@ -36,7 +37,8 @@ from .common import Context, Goal, Row, machine, table, write_json
 
 SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft",
             "mixture", "finetune")
-CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "mixture", "finetune")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+# no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "mixture", "finetune")
 NAMED_ONLY = ("finetune",)  # full runs take most of an hour: run when --only names them (and by every --quick run)
 HERE = Path(__file__).resolve().parent
 

@@ -120,7 +120,9 @@ def check_limits(max_tokens: int | None, max_batches: int | None) -> None:
 
 def evaluate(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint folders or run folders (latest checkpoint each).")],
-    data: Annotated[Optional[list[str]], typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid; repeat it (NAME=CORPUS) to score several side by side, e.g. the sources of a mixture.")] = None,
+    data: Annotated[Optional[list[str]], typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or "
+                                                      "stdlib:docs:valid; repeat it (NAME=CORPUS) to score several "
+                                                      "side by side, e.g. the sources of a mixture.")] = None,
     task: Annotated[Optional[Path], typer.Option("--task", help="Instead of --data: a JSONL task file scored by log-likelihood, multiple choice ({\"context\", \"choices\", \"gold\"}) or cloze ({\"text\"}), GPT checkpoints.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (speed only: every example is scored, with the same masks).")] = 8,

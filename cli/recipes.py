@@ -44,7 +44,9 @@ def show(
     recipe: Annotated[str, typer.Argument(help="Bundled recipe name or path to a YAML file.")],
     overrides: Overrides = None,
     lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print (0: none).")] = 11,
-    pace: Annotated[Optional[float], typer.Option("--pace", help="Training tokens per second, to size a time budget's horizon for a list of sources (start.log reports the pace of a run).")] = None,
+    pace: Annotated[Optional[float], typer.Option(
+        "--pace", help="Training tokens per second, to size a time budget's horizon for a list of sources "
+                       "(start.log reports a run's pace).")] = None,
 ) -> None:
     """Print the resolved recipe (sizes and overrides applied) on stdout; on stderr, its learning-rate curve and,
     for a list of sources under data.train, the tokens each source will contribute over the run."""

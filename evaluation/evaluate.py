@@ -319,7 +319,8 @@ def evaluate(path: str | Path, data_spec: str, request: EvalRequest = EvalReques
 
 
 @torch.no_grad()
-def evaluate_corpora(path: str | Path, corpora: dict[str, str], request: EvalRequest = EvalRequest()) -> dict[str, dict]:
+def evaluate_corpora(path: str | Path, corpora: dict[str, str],
+                     request: EvalRequest = EvalRequest()) -> dict[str, dict]:
     """name -> the metrics dict of one checkpoint on each named corpus (`tfkit eval --data NAME=CORPUS ...`, the
     sources of a mixture side by side), the checkpoint read once; each as `evaluate` scores it."""
     q = request

@@ -306,5 +306,6 @@ def type_problem(value: Any, hint: Any) -> str | None:
                 return None
     names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string",
              dict: "a mapping"}
-    lists = {str: "a list of strings", float: "a list of numbers", int: "a list of integers", dict: "a list of mappings"}
+    lists = {str: "a list of strings", float: "a list of numbers", int: "a list of integers",
+             dict: "a list of mappings"}
     return " or ".join(names.get(o) or lists.get(typing.get_args(o)[0], "a list") for o in options)

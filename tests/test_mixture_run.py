@@ -151,7 +151,8 @@ def test_the_tokenizer_text_is_sampled_by_the_weights(tmp_path):
 
 def test_recipes_take_lists_and_say_what_each_source_will_contribute(english_text, tmp_path):
     recipe = mixture_recipe(tmp_path, english_text, data={"train": [
-        {"name": "docs", "path": "stdlib:docs:train", "weight": 6}, {"name": "rare", "path": "stdlib:code", "weight": 0.05}]})
+        {"name": "docs", "path": "stdlib:docs:train", "weight": 6},
+        {"name": "rare", "path": "stdlib:code", "weight": 0.05}]})
     shown = cli(["recipes", "show", recipe, "--lr-points", "0"])
     assert shown.exit_code == 0, shown.output
     assert "the weights sum to 6.05, not 1" in shown.output

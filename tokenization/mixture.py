@@ -246,8 +246,9 @@ class MixedDataset(PureDataset):
             self.num_examples = self.template.examples_in(mixture.natural_tokens)
         else:
             self.num_examples = mixture.full_windows * self.per_window + self.last_rows
-        self._window: tuple[int, PureDataset, np.ndarray] | None = None
-        self._window = (0, self.template, self._order(0, self.template.num_examples))
+        # the window being read: (number, its dataset, its row order); one at a time
+        self._window: tuple[int, PureDataset, np.ndarray] | None = (0, self.template,
+                                                                     self._order(0, self.template.num_examples))
 
     @property
     def stride(self) -> int:

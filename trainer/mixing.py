@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ConfigError, DataError, TfkitError
+from ..errors import CheckpointError, ConfigError, DataError, TfkitError
 from ..progress import Transcript
 from ..tokenization.batches import PureDataset
 from ..tokenization.corpus import corpus_files, iter_documents, listing, text_size
@@ -36,12 +36,18 @@ def train_sources(recipe: Recipe) -> list[Source]:
     return read_sources(d.train, "data.train", d.text_field)
 
 
+def named(exc: TfkitError, key: str, source: Source) -> TfkitError:
+    """`exc` as one line that names the source and its path first (`data.train source docs (PATH): ...`)."""
+    kind = next(k for k in (ConfigError, CheckpointError, DataError, TfkitError) if isinstance(exc, k))
+    return kind(f"{key} source {source.label()}: {exc}", params=exc.params)
+
+
 def source_tokens(source: Source, key: str, tokenizer: TfkitTokenizer, cache: Path, bars: bool) -> TokenShards:
     """One source tokenized into its own cache (or reopened); a problem reading it names the source."""
     try:
         shards = prepare_tokens(source.path, tokenizer, cache, text_field=source.text_field, show_progress=bars)
     except TfkitError as exc:
-        raise type(exc)(f"{key} source {source.label()}: {exc}", params=exc.params) from None
+        raise named(exc, key, source) from None
     if shards.num_tokens == 0:
         raise DataError(f"{key} source {source.label()}: holds no text")
     return shards
@@ -83,9 +89,7 @@ def _valid(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, make: Make, s
     if d.valid:
         return make(prepare_tokens(d.valid, tokenizer, cache, text_field=d.text_field, show_progress=bars)), {}
     held = {name: s.split(d.valid_fraction, min_chunk=2 * (d.seq_len + 1)) for name, s in shards.items()}
-    if sources is None:
-        return make(held[""][1]), held
-    datasets = {}
+    datasets = {}  # (a list under data.train: one corpus there with data.valid null is data._build's)
     for source in sources:
         datasets[source.name] = make(held[source.name][1])
         where = f"data.train source {source.label()}: its {d.valid_fraction:.0%} validation share (data.valid_fraction)"
@@ -118,7 +122,8 @@ def _describe(recipe: Recipe, train, valid, sources: list[Source] | None, shards
                     else f"{t.max_steps * per_step:.2g} epochs in {t.max_steps:,} steps")
             ends = "" if source.repeat else "; repeat: false (the run ends when it runs out)"
             out.print(f"  {source.name}: {source.path}{_files(source.path)}: {shards[source.name].num_documents:,} "
-                      f"documents, {stream.num_tokens:,} tokens{_held_note(held, source.name)}; weight {source.weight:g} "
+                      f"documents, {stream.num_tokens:,} tokens{_held_note(held, source.name)}; "
+                      f"weight {source.weight:g} "
                       f"(share {100 * source.share:.3g}% asked, {100 * quota / mixture.window:.3g}% of every window); "
                       f"{span}{ends}", highlight=False, markup=False)
     else:
@@ -178,7 +183,8 @@ def sources_table(train_data, batches: int, micro_batch: int) -> Table | None:
     tokens = train_data.tokens_by_source(batches, micro_batch)
     epochs = train_data.epochs(tokens)
     total = max(sum(tokens.values()), 1)
-    table = Table("source", "tokens", "documents", "share asked", "share realised", "epochs", title="data.train sources")
+    table = Table("source", "tokens", "documents", "share asked", "share realised", "epochs",
+                  title="data.train sources")
     for stream in train_data.mixture.streams:
         table.add_row(stream.name, f"{stream.num_tokens:,}", f"{stream.shards.num_documents:,}",
                       f"{100 * stream.share:.3g}%", f"{100 * tokens[stream.name] / total:.3g}%",
@@ -232,7 +238,7 @@ def _documents(source: Source, key: str) -> Iterator[str]:
     try:
         yield from iter_documents(source.path, text_field=source.text_field)
     except TfkitError as exc:
-        raise type(exc)(f"{key} source {source.label()}: {exc}", params=exc.params) from None
+        raise named(exc, key, source) from None
 
 
 def check_sources(recipe: Recipe) -> None:
@@ -248,4 +254,4 @@ def check_sources(recipe: Recipe) -> None:
             try:
                 corpus_fingerprint(source.path, source.text_field)  # resolves the files, reads none
             except TfkitError as exc:
-                raise type(exc)(f"{key} source {source.label()}: {exc}", params=exc.params) from None
+                raise named(exc, key, source) from None

@@ -89,7 +89,8 @@ class DataSection:
 
     def problems(self, prefix: str = "data") -> list[str]:
         out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
-        out += source_problems(self.train, f"{prefix}.train") + source_problems(self.valid, f"{prefix}.valid", valid=True)
+        out += source_problems(self.train, f"{prefix}.train")
+        out += source_problems(self.valid, f"{prefix}.valid", valid=True)
         if is_mixture(self.train) and self.max_train_samples is not None:
             out.append(f"{prefix}.max_train_samples: keeps the first examples of one corpus; a list of sources "
                        f"(data.train) is sized by its weights (expected null)")
