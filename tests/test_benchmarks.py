@@ -41,7 +41,7 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["suite"] == "cpu" and result["quick"] is True and result["machine"]["torch"] == torch.__version__
     sections = {row["section"] for row in result["rows"]}
-    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft", "finetune"}
+    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft", "mixture", "finetune"}
     assert expected <= sections, (sections, result["notes"])
     for row in result["rows"]:
         assert row["tfkit"] > 0 and math.isfinite(row["tfkit"]), row
@@ -106,7 +106,7 @@ def bm():
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
         names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft", "decode", "finetune",
-                 "finetune_hf", "finetune_setup", "run")
+                 "finetune_hf", "finetune_setup", "mixture", "run")
         yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
 
 
@@ -366,3 +366,19 @@ def test_gqa_experiment_runs_quickly(ex, tmp_path, capsys):
     assert all(math.isfinite(r["converted"]) and math.isfinite(r["uptrained"]) for r in payload["loss"].values())
     assert all(set(case) == {"MHA", "GQA-2", "MQA"} for case in payload["decode"].values())
     assert "| GQA-2 | 2 | mean |" in capsys.readouterr().out
+
+
+def test_mixture_section_measures_shares_throughput_and_memory(bm, capsys, tmp_path):
+    """`python -m benchmarks.run --quick --only mixture`: the realised shares of both weight sets in the packed
+    rows (deterministic: the same rows on every machine, so their verdict holds here too), the throughput
+    against one source and the peak memory of two sizes, each a row with its goal."""
+    out = tmp_path / "mixture.json"
+    code, stdout, _ = in_process(bm, capsys, "--quick", "--only", "mixture", "--json", str(out))
+    assert code == 0, stdout
+    rows = json.loads(out.read_text())["rows"]
+    shares = [r for r in rows if r["case"].startswith("share of")]
+    assert len(shares) == 6 and all(r["passed"] for r in shares), shares
+    assert {r["baseline"] for r in shares} >= {60.0, 1.0}
+    rest = {r["unit"]: r for r in rows if not r["case"].startswith("share of")}
+    assert set(rest) == {"tok/s", "MB"} and all(r["ratio"] > 0 for r in rest.values())
+    assert rest["tok/s"]["goal"]["min_ratio"] == 0.95 and rest["MB"]["goal"]["min_ratio"] == pytest.approx(1 / 1.1)

@@ -126,6 +126,7 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
         table.add_row("validation loss", f"{result.final.loss:.4f}")
         table.add_row("perplexity", f"{result.final.perplexity:.2f}")
         table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
+        source_rows(table, result.final)
     table.add_row("steps", f"{result.state.step:,}" + what_ended(result.state, recipe.train))
     table.add_row("tokens", f"{result.state.tokens:,}")
     table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
@@ -142,6 +143,17 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
     if result.interrupted:
         console.print(f"interrupted: continue with: {resume_command(result.run_dir)}", highlight=False,
                       markup=False, soft_wrap=True)
+
+
+def source_rows(table: Table, final: ValidationResult) -> None:
+    """Validation per source (a list of sources): the mixed bits per byte, each source's loss and bits per byte."""
+    if final.sources is None:
+        return
+    bpb = final.bits_per_byte
+    table.add_row("bits per byte", "-" if bpb is None else f"{bpb:.4f}")
+    for name, own in final.sources.items():
+        bits = "-" if own.bits_per_byte is None else f"{own.bits_per_byte:.4f}"
+        table.add_row(f"  {name}: loss, bits/byte", f"{own.loss:.4f}, {bits}")
 
 
 def sample_prompt(recipe: Recipe, valid_data, tokenizer: TfkitTokenizer) -> str:

@@ -48,6 +48,7 @@ from .data import build_run_data, fit_to_data, grow_chat_vocab, prepare_chat_tok
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
+from .mixing import realised_line, sources_table
 from .objectives import LossModule, compile_loss_module, freeze_unreached
 from .optim import build_optimizer, decay_line, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
@@ -162,6 +163,8 @@ class Trainer(contextlib.AbstractContextManager):
             describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
                      self.start_block, self.precision_auto)
             self.start_block.print(decay_line(self.optimizer), highlight=False, markup=False)
+            if so_far := realised_line(self.train_data, self.state.batches, micro_batch_size(recipe)):
+                self.start_block.print(so_far, highlight=False, markup=False)  # a resumed mixture: its shares so far
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
         self.built = True
 
@@ -295,6 +298,8 @@ class Trainer(contextlib.AbstractContextManager):
                 console.print(f"loss curve: {self.run_dir / 'loss.png'}", highlight=False)
             trained = state.tokens - self.tokens_before
             report(result, self.model, trained / max(self.train_time, 1e-9) if trained else None, recipe)
+            if (sources := sources_table(self.train_data, state.batches, micro_batch_size(recipe))) is not None:
+                console.print(sources)  # a list of sources: each one's share realised and epochs
         return result
 
     def close(self) -> None:

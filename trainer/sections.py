@@ -16,6 +16,7 @@ from ..models.head_config import POOLINGS
 from ..runtime import PRECISIONS, check_device
 from ..tokenization.labelled import Columns
 from ..tokenization.mask_replace import MASK_REPLACE, mask_replace_problem
+from ..tokenization.sources import is_mixture, source_problems
 from ..tokenization.spec import TokenizerSpec
 from .budget import parse_duration
 
@@ -58,9 +59,14 @@ class TokenizerSection(TokenizerSpec):
 
 @dataclass
 class DataSection:
-    train: str | None = "stdlib:docs:train"  # file, glob, folder, .jsonl, stdlib:docs|code; null = the init_from checkpoint's data
-    valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of data.train (chunks spread through it); a stdlib split that does not match data.train becomes null unless given by --set
-    valid_fraction: float = 0.05  # with valid: null, the share of data.train held out for validation
+    # file, glob, folder, .jsonl, stdlib:docs|code; or a list of sources mixed by weight, [{name, path, weight,
+    # repeat, text_field}] (docs/data.md); null = the init_from checkpoint's data
+    train: str | list[dict] | None = "stdlib:docs:train"
+    # null = hold out valid_fraction of data.train (chunks spread through it; of each source of a list); a list of
+    # named sources [{name, path}] validates on each; a stdlib split that does not match data.train becomes null
+    # unless given by --set
+    valid: str | list[dict] | None = "stdlib:docs:valid"
+    valid_fraction: float = 0.05  # with valid: null, the share of data.train (of each source) held out for validation
     text_field: str = "text"  # JSON/JSONL key or Parquet/Arrow column holding the text
     source_field: str = "source"  # seq2seq JSONL: field of the source text
     target_field: str = "target"  # seq2seq JSONL: field of the target text
@@ -83,6 +89,11 @@ class DataSection:
 
     def problems(self, prefix: str = "data") -> list[str]:
         out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
+        out += source_problems(self.train, f"{prefix}.train")
+        out += source_problems(self.valid, f"{prefix}.valid", valid=True)
+        if is_mixture(self.train) and self.max_train_samples is not None:
+            out.append(f"{prefix}.max_train_samples: keeps the first examples of one corpus; a list of sources "
+                       f"(data.train) is sized by its weights (expected null)")
         if self.max_train_samples is not None and self.max_train_samples < 1:
             out.append(f"{prefix}.max_train_samples: got {self.max_train_samples}, expected a positive integer or null")
         if self.format not in ("text", "chat"):
@@ -96,7 +107,13 @@ class DataSection:
 
 
 def packing_problems(data: DataSection, objective: ObjectiveSection) -> list[str]:
-    """Packing keys the objective cannot honour: seq2seq rows hold one padded pair each, nothing packed."""
+    """Packing keys the objective cannot honour: seq2seq rows hold one padded pair each, nothing packed; and
+    a list of sources, which mixes documents before packing (clm, mlm), under a key that reads one corpus."""
+    for key in ("train", "valid"):
+        if is_mixture(getattr(data, key)) and (data.format == "chat" or objective.name not in ("clm", "mlm")):
+            what = "chat data (data.format: chat)" if data.format == "chat" else f"objective {objective.name}"
+            return [f"data.{key}: a list of sources mixes pretraining text for objective clm or mlm; {what} reads "
+                    "one corpus (a file, glob, folder or stdlib:...)"]
     if data.format == "chat" and objective.name != "clm":
         return [f"data.format: chat trains a GPT's next tokens (expected objective.name clm, got {objective.name})"]
     if data.document_mask and objective.name == "seq2seq":
