@@ -10,7 +10,8 @@ HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli 
 `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
 kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
 backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
-benchmarks/sft.py), finetune (fine-tuning quality parity with HF and its speed, benchmarks/finetune.py: it
+benchmarks/sft.py), inloop (a gpt-tiny run scoring two tasks at every validation vs the same run without,
+benchmarks/inloop.py), finetune (fine-tuning quality parity with HF and its speed, benchmarks/finetune.py: it
 downloads an encoder and takes most of an hour, so only when named in `--only`). Questions about quality
 alone (does pretraining pay?) are experiments, in experiments/. `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
@@ -30,12 +31,12 @@ import torch
 
 from tfkit.models import build_model
 
-from . import attention, batches, cli, corpora, doc_mask, finetune, sft, tasks, tokenizer, train_throughput
+from . import attention, batches, cli, corpora, doc_mask, finetune, inloop, sft, tasks, tokenizer, train_throughput
 from .common import Context, Goal, Row, machine, table, write_json
 
 SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft",
-            "finetune")
-CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "finetune")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+            "inloop", "finetune")
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "inloop", "finetune")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
 NAMED_ONLY = ("finetune",)  # full runs take most of an hour: run when --only names them (and by every --quick run)
 HERE = Path(__file__).resolve().parent
 
@@ -143,7 +144,7 @@ def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
            "corpora": corpora.run, "batches": batches.run, "decode": decode_rows, "cli": cli.run,
-           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run, "finetune": finetune.run}
+           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run, "inloop": inloop.run, "finetune": finetune.run}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

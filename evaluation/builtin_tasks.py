@@ -7,7 +7,7 @@ quickstart shows a task score that rises as the model learns English as the stan
 - `stdlib:docs-cloze` (LAMBADA's shape): every sentence of a held-out docstring that ends in a word of
   three letters or more; the context is the docstring up to that word (its last CONTEXT_CHARS characters,
   cut at a space), the word is what greedy decoding must give exactly;
-- `stdlib:docs-choice` (HellaSwag's shape): every sentence of eight words or more, cut in half; the first
+- `stdlib:docs-choice` (HellaSwag's shape): every sentence of 8 to 30 words, cut in half; the first
   half is the context, the choices are its own second half and those of three other sentences, drawn and
   placed with a fixed seed.
 
@@ -30,6 +30,7 @@ from .task_file import CLOZE, MULTIPLE_CHOICE, Item, Task, read_task
 CONTEXT_CHARS = 400  # a cloze context's longest reach back into its docstring
 SEED = 0
 CHOICES = 4
+MAX_WORDS = 30  # the longest sentence a choice item is made of
 SENTENCE = re.compile(r"[^.!?]*[.!?](?=\s|$)")  # up to a full stop followed by a space or the end
 
 
@@ -62,7 +63,7 @@ def _choice() -> tuple[Item, ...]:
     halves = []
     for _, sentence in _sentences():
         words = sentence.split()
-        if len(words) >= 8:
+        if 8 <= len(words) <= MAX_WORDS:  # a choice short enough for a small model's context
             cut = len(words) // 2
             halves.append((" ".join(words[:cut]), " ".join(words[cut:])))
     draw, items = random.Random(SEED), []

@@ -11,6 +11,7 @@ scored as `tfkit eval --task` scores a task file (lm-eval's default `target_deli
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
@@ -19,14 +20,26 @@ from .task_file import MULTIPLE_CHOICE, Item, Task
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
+def go_offline() -> None:
+    """The hub and datasets offline for this process: the environment for modules not imported yet, their
+    constants for those already imported (they read the environment once, at import)."""
+    os.environ.update(OFFLINE)
+    for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+        if module in sys.modules:
+            for name in names:
+                if hasattr(sys.modules[module], name):
+                    setattr(sys.modules[module], name, True)
+
+
 def lm_eval_task(name: str, limit: int | None = None) -> Task:
     """The documents of lm-eval task `name` as a multiple-choice Task (its first `limit` when given)."""
+    go_offline()
     try:
         from lm_eval.tasks import TaskManager, get_task_dict
     except ImportError:
         raise ConfigError(f"eval.tasks: lm-eval:{name} needs lm-evaluation-harness (pip install "
                           "\"tfkit[lm-eval]\")") from None
-    os.environ.update(OFFLINE)  # before its datasets are loaded: the cache or nothing
     try:
         task = get_task_dict([name], TaskManager())[name]
         docs = list(task.eval_docs)
