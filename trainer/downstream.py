@@ -19,15 +19,19 @@ group them by the slash, and `eval.best_by: task:NAME` reads `task/NAME/acc`.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.distributed as dist
+
+from torch import nn
 
 from ..errors import ConfigError
 from .task_names import best_key
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from ..models.config import ModelConfig
     from ..progress import Transcript
     from ..tokenization.train import TfkitTokenizer
@@ -68,3 +72,17 @@ def check_downstream(recipe: Recipe, downstream: Downstream | None) -> None:
     if (recipe.eval.tasks or recipe.eval.probe) and downstream is None:
         raise ConfigError("eval.tasks: downstream scores need the scorer `tfkit pretrain` builds "
                           "(evaluation.inloop.build_downstream(recipe), passed as pretrain(..., downstream=...))")
+
+
+@torch.no_grad()
+def rank0_weights(model: nn.Module, info: DistInfo, replica: nn.Module | None = None) -> nn.Module:
+    """A copy of `model` holding rank 0's weights on every rank (`replica`, made on the first call, refilled on
+    the next). DDP's replicas can part in the last bits over a run (each rank applies the all-reduced gradient
+    itself), and the checkpoint is rank 0's: scoring each rank's share of the items on its own replica would
+    give a score that is no one checkpoint's. The training weights are never touched."""
+    if replica is None:
+        replica = copy.deepcopy(model).eval().requires_grad_(False)
+    for mine, source in zip(replica.state_dict().values(), model.state_dict().values()):
+        mine.copy_(source)
+        dist.broadcast(mine, src=0)  # rank 0's values everywhere (tied tensors twice: harmless)
+    return replica

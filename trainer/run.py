@@ -46,7 +46,7 @@ from .budget import TimeBudget, parse_duration
 from .checkpointer import Checkpointer
 from .data import build_run_data, fit_to_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
-from .downstream import Downstream, check_downstream, criterion, due
+from .downstream import Downstream, check_downstream, criterion, due, rank0_weights
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
 from .objectives import LossModule, compile_loss_module, freeze_unreached
@@ -92,6 +92,7 @@ class Trainer(contextlib.AbstractContextManager):
         self.recipe, self.info = recipe, info  # the recipe as resolved by build (data, precision)
         self.scorer = scorer  # fine-tuning: (task, predictions, targets) -> validation scores
         self.downstream = downstream  # eval.tasks / eval.probe, scored at validations (trainer/downstream.py)
+        self.replica: nn.Module | None = None  # DDP: rank 0's weights, which every rank scores (rank0_weights)
         self.head = None  # fine-tuning: the classifier head (HeadConfig), its labels from the training data
         self.parallel = Parallel(recipe.train.distributed, info)
         self.started = time.perf_counter()
@@ -248,8 +249,11 @@ class Trainer(contextlib.AbstractContextManager):
         if self.downstream is None or not due(step, self.recipe.eval.task_every, last):
             return row
         precision = self.recipe.train.precision
-        if not self.parallel.sharded:
+        if not self.info.enabled:
             scores = self.downstream.score(self.model, self.info, precision)
+        elif not self.parallel.sharded:  # DDP: each rank scores its share of the items on rank 0's weights
+            self.replica = rank0_weights(self.model, self.info, self.replica)
+            scores = self.downstream.score(self.replica, self.info, precision)
         else:  # FSDP: every forward is a collective, so rank 0 scores a whole copy alone and shares the scores
             whole = self.parallel.full_weights(self.model, self.cfg)
             scores = (self.downstream.score(whole.to(self.info.device), DistInfo(device=self.info.device), precision)
@@ -337,5 +341,6 @@ class Trainer(contextlib.AbstractContextManager):
         Their cycles are collected at once under torchrun and on a GPU (a lab's next run needs the memory);
         elsewhere a full collection costs a quarter second for nothing."""
         self.loop = self.checkpoints = self.optimizer = self.train_module = self.model = self.saved = None
+        self.replica = None
         if self.info.enabled or self.info.device.type == "cuda":
             gc.collect()
