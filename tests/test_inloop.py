@@ -82,7 +82,8 @@ def test_a_bert_probe_in_the_loop_equals_the_probe_fitted_offline(english_text, 
     for step in (2, 4):
         checkpoint = str(tmp_path / "run" / "checkpoints" / f"step-{step}")
         spec = json.dumps(probe)  # JSON is YAML: the flag takes the recipe key's mapping
-        assert rows[step]["task/probe-labelled/acc"] == offline([checkpoint, "--probe", spec], tmp_path / "p.json")["acc"]
+        fitted = offline([checkpoint, "--probe", spec], tmp_path / "p.json")
+        assert rows[step]["task/probe-labelled/acc"] == fitted["acc"]
 
 
 def test_the_probe_fit_is_scikit_learns_ridge_classifier():
@@ -244,11 +245,37 @@ def test_tasks_split_across_processes_give_the_scores_of_one(tmp_path, english_t
     torch.manual_seed(0)
     model = build_model(ModelConfig(arch="gpt", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4,
                                     max_seq_len=96)).eval()
-    groups = task_groups(tokenizer, load_task("stdlib:docs-choice", 40)) + task_groups(tokenizer,
-                                                                                      load_task("stdlib:docs-cloze", 40))
+    groups = [g for name in ("stdlib:docs-choice", "stdlib:docs-cloze")
+              for g in task_groups(tokenizer, load_task(name, 40))]
     scorer = ContinuationScorer(model, tokenizer, batch_size=4)
     one = scorer.score(groups)
     halves = [scorer.score(groups, (rank, 2)) for rank in (0, 1)]
     assert all((a is None) != (b is None) for a, b in zip(*halves))  # each item scored by one process
     assert [a if a is not None else b for a, b in zip(*halves)] == one
     assert sum(a is not None for a in halves[0]) not in (0, len(groups))  # both processes had work
+
+
+def test_the_built_in_tasks_are_named_by_recipes_keys_and_the_same_every_time():
+    from tfkit.evaluation.builtin_tasks import BUILTIN, load_task
+
+    shown = " ".join(CliRunner().invoke(app, ["recipes", "keys", "eval"]).output.split())
+    assert all(name in shown for name in BUILTIN) and "eval.probe" in shown and "stdlib:topics" in shown
+    cloze, choice = load_task("stdlib:docs-cloze"), load_task("stdlib:docs-choice")
+    assert (cloze.kind, choice.kind) == ("cloze", "multiple_choice") and len(cloze.items) > 500 < len(choice.items)
+    assert all(len(item.choices) == 4 and item.choices.count(item.choices[item.gold]) == 1 for item in choice.items)
+    assert load_task("stdlib:docs-choice", 3).items == choice.items[:3]
+
+
+def test_loss_png_draws_the_task_scores_against_tokens(tmp_path):
+    from tfkit.trainer.metrics import plot_loss
+    from tfkit.trainer.task_curves import token_curves
+
+    rows = [{"step": 0, "val_loss": 8.0, "task/a/acc": 0.2, "task/a/perplexity": 900.0, "tokens": 0},
+            {"step": 1, "loss": 7.5, "tokens": 512}, {"step": 2, "loss": 7.0, "tokens": 1024},
+            {"step": 2, "val_loss": 7.1},  # a validation that scored no task: its tokens from the training row
+            {"step": 4, "loss": 6.0, "tokens": 2048}, {"step": 4, "val_loss": 6.2, "task/a/acc": 0.4, "tokens": 2048}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loss, tasks = token_curves(rows)
+    assert loss == [(0, 8.0), (1024, 7.1), (2048, 6.2)] and tasks == {"task/a/acc": [(0, 0.2), (2048, 0.4)]}
+    pytest.importorskip("matplotlib")
+    assert plot_loss(tmp_path / "metrics.jsonl", tmp_path / "loss.png") and (tmp_path / "loss.png").stat().st_size

@@ -58,5 +58,6 @@ def test_two_processes_log_the_scores_one_process_gives_their_checkpoints(englis
             # where its buffers lie): the accuracies are equal, a perplexity to 1e-6
             assert rows[step][f"task/{name}/{keys[1]}"] == pytest.approx(one[keys[1]], rel=1e-6), (step, task)
         probe = tmp_path / "probe.json"
-        assert CliRunner().invoke(app, ["eval", checkpoint, "--probe", "stdlib:topics", "--json", str(probe)]).exit_code == 0
+        args = ["eval", checkpoint, "--probe", "stdlib:topics", "--json", str(probe)]
+        assert CliRunner().invoke(app, args).exit_code == 0
         assert rows[step]["task/probe-topics/acc"] == json.loads(probe.read_text())[0]["acc"]

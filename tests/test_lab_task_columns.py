@@ -38,9 +38,9 @@ def test_a_lab_judges_a_claim_on_the_probe_its_trainings_scored(tmp_path):
     results = json.loads((out / "results.json").read_text())
     for name in ("p15", "keep"):
         (scores,) = results["rows"][name]["scores"]["task:probe-topics"].values()
-        rows = [json.loads(line) for line in (out / "runs" / name / "seed-1337" / "metrics.jsonl").read_text().splitlines()]
-        last = [r for r in rows if "task/probe-topics/acc" in r][-1]
-        assert scores == {"error": pytest.approx(1 - last["task/probe-topics/acc"]), "acc": last["task/probe-topics/acc"]}
+        metrics = (out / "runs" / name / "seed-1337" / "metrics.jsonl").read_text().splitlines()
+        acc = [row for row in map(json.loads, metrics) if "task/probe-topics/acc" in row][-1]["task/probe-topics/acc"]
+        assert scores == {"error": pytest.approx(1 - acc), "acc": acc}
     assert {v["on"] for v in results["verdicts"]} == {"task:probe-topics"}
     delta = results["summary"]["keep"]["task:probe-topics"]["delta"]
     assert delta == pytest.approx(results["rows"]["keep"]["scores"]["task:probe-topics"]["1337"]["error"]

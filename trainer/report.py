@@ -165,6 +165,9 @@ def best_note(run_dir: Path, recipe: Recipe) -> str | None:
     if record.val_loss is None:
         return None
     key = best_key(recipe.eval.best_by)
+    if recipe.head_task is not None:  # a fine-tuning run keeps its task.metric (trainer/task.py)
+        metric = recipe.task.metric_for(recipe.head_task)
+        return f"step {record.step:,}, the highest validation {metric} ({-record.val_loss:.4f}; task.metric)"
     if key is None:
         return f"step {record.step:,}, the lowest validation loss ({record.val_loss:.4f})"
     return (f"step {record.step:,}, the highest {key.removeprefix(PREFIX).replace('/', ' ')} "

@@ -336,9 +336,11 @@ def downstream_problems(e: EvalSection, prefix: str = "eval") -> list[str]:
     if isinstance(e.probe, dict):
         unknown = [k for k in e.probe if k not in PROBE_KEYS]
         if unknown:
-            out.append(f"{prefix}.probe: unknown key(s) {', '.join(map(str, unknown))} (expected {', '.join(PROBE_KEYS)})")
+            out.append(f"{prefix}.probe: unknown key(s) {', '.join(map(str, unknown))} "
+                       f"(expected {', '.join(PROBE_KEYS)})")
         if not isinstance(e.probe.get("data"), str) or not e.probe["data"]:
-            out.append(f"{prefix}.probe.data: expected the labelled file (or stdlib:topics), got {e.probe.get('data')!r}")
+            out.append(f"{prefix}.probe.data: expected the labelled file (or stdlib:topics), got "
+                       f"{e.probe.get('data')!r}")
         out += [p.replace("columns.", f"{prefix}.probe.", 1) for p in
                 Columns(e.probe.get("text", "text"), None, e.probe.get("label", "label")).problems()]
         if not isinstance(e.probe.get("header", True), bool):
