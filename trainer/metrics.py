@@ -3,7 +3,8 @@
 
 `metrics.jsonl` is the record of truth: one JSON object per line, flushed as written, readable by
 anything. Training rows carry `step, loss, accuracy, lr, grad_norm, tokens, tokens_per_sec` (+ `mfu` on
-GPUs); validation rows carry `step, val_loss, val_accuracy, val_ppl`. On resume, rows logged after the
+GPUs); validation rows carry `step, val_loss, val_accuracy, val_ppl`, and with eval.tasks / eval.probe
+`task/NAME/METRIC` and `tokens` (trainer/downstream.py). On resume, rows logged after the
 checkpoint (by the run that died) are dropped, so the file reads as one uninterrupted run.
 """
 
