@@ -23,7 +23,7 @@ from ..runtime import check_precision, pick_device
 from ..threads import set_threads
 from .json_rows import write_rows
 from .options import Device
-from .task_eval import evaluate_task, refuse_corpus_options
+from .task_eval import evaluate_probe, evaluate_task, refuse_corpus_options
 
 if TYPE_CHECKING:
     from ..checkpoints.record import CheckpointRecord
@@ -124,6 +124,7 @@ def evaluate(
                                                       "stdlib:docs:valid; repeat it (NAME=CORPUS) to score several "
                                                       "side by side, e.g. the sources of a mixture.")] = None,
     task: Annotated[Optional[Path], typer.Option("--task", help="Instead of --data: a JSONL task file scored by log-likelihood, multiple choice ({\"context\", \"choices\", \"gold\"}) or cloze ({\"text\"}), GPT checkpoints.")] = None,
+    probe: Annotated[Optional[str], typer.Option("--probe", help="Instead of --data: a linear probe's held-out accuracy on frozen mean-pooled features of labelled data (stdlib:topics, a file with text and label columns, or '{data: FILE, text: COL, label: COL}'), as eval.probe scores it during training.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (speed only: every example is scored, with the same masks).")] = 8,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored: predicted tokens, so masked ones for BERT (default: all).")] = None,
@@ -153,12 +154,13 @@ def evaluate(
     from ..checkpoints.record import CheckpointRecord
     from ..tokenization.corpus import check_text_field
 
-    if (not data) == (task is None):
-        raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
+    if sum(bool(given) for given in (data, task, probe)) != 1:
+        raise ConfigError("give --data CORPUS (loss, perplexity), --task FILE (downstream accuracy) or --probe DATA "
+                          "(a linear probe's accuracy), one of them")
     corpora = named_corpora(data or [])
     if json_out is not None:  # the options first, then every argument resolved, then the work
-        check_json_out(json_out, [*checkpoints, *corpora.values(), *([task] if task else [])])
-    if task is not None:
+        check_json_out(json_out, [*checkpoints, *corpora.values(), *([task] if task else []), *([probe] if probe else [])])
+    if task is not None or probe is not None:
         refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
                                "--max-batches": max_batches, "--set": overrides or None})
     else:
@@ -172,9 +174,9 @@ def evaluate(
         if note := chosen_note(path, folder):
             err.print(note)
     if any(record.is_classifier for record in records):  # made by `tfkit finetune`: scored on labelled rows
-        if task is not None:
-            raise ConfigError("--task scores language models; a classifier made by `tfkit finetune` is scored on "
-                              "labelled rows: --data FILE")
+        if task is not None or probe is not None:
+            raise ConfigError("--task and --probe score language models; a classifier made by `tfkit finetune` is "
+                              "scored on labelled rows: --data FILE")
         from .evaluate_labelled import evaluate_labelled
 
         if len(corpora) > 1:
@@ -187,6 +189,8 @@ def evaluate(
     if task is not None:
         return evaluate_task(checkpoints, task, json_out=json_out, batch_size=batch_size, device=torch_device,
                              dtype=dtype)
+    if probe is not None:
+        return evaluate_probe(checkpoints, probe, json_out=json_out, device=torch_device, dtype=dtype)
     request = EvalRequest(batch_size=batch_size, max_batches=max_batches, max_tokens=max_tokens,
                           seq_len=choose_seq_len(records, seq_len, overrides), stride=stride, device=torch_device,
                           dtype=precision, seed=seed, text_field=text_field, overrides=tuple(overrides or ()),

@@ -282,6 +282,7 @@ def _validate_and_save(loop: Loop, pace: Pace, bar: tqdm) -> None:
         shown = (f"val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  val_acc {val['val_accuracy']:.3f}"
                  if "val_ppl" in val else  # a fine-tuning run's row: its task scores (trainer/task.py)
                  "  ".join(f"{k} {v:.4f}" for k, v in val.items() if k.startswith("val_") and k != "val_examples"))
+        shown += "".join(f"  {k.removeprefix('task/')} {v:.3f}" for k, v in val.items() if k.startswith("task/"))
         _say(bar, f"step {s.step}: {shown}{source_summary(val)}", loop.info.is_main)
     if s.step % train.save_every == 0 and s.step < loop.end:
         with _timing(loop, "checkpoint"):

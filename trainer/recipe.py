@@ -30,7 +30,8 @@ from ..yamlfile import AliasBomb, check_expansion, safe_load
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
                        DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
-                       OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
+                       OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection,
+                       downstream_recipe_problems, packing_problems)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Recipe:
             out.append(f"objective.name: {self.objective.name!r} does not train model.arch={self.model.arch!r} "
                        f"(expected {expected!r})")
         out += packing_problems(self.data, self.objective)
+        out += downstream_recipe_problems(self.eval, self.train, self.model.arch, self.head_task is not None)
         task = TASK_OBJECTIVES.get(self.objective.name)
         if task and not self.data.train:
             out.append("data.train: a fine-tuning recipe names its labelled data (a file or stdlib:topics)")
