@@ -31,6 +31,8 @@ class Context:
     quick: bool  # seconds instead of minutes: tiny shapes, few rounds (for CI); not for recorded numbers
     compile: bool  # also measure torch.compile'd models
     device: torch.device
+    eager: bool = True  # train section: also the eager rows (off where a lease has time for the compiled ones only)
+    profile: bool = False  # train section: the compiled tfkit step's top kernels, once per case
     clock: str = "wall"  # wall | cpu (process CPU time: steadier than wall time on a busy shared host)
     corpus: Path | None = None  # text file for the tokenizer section; None = the built-in corpus
     corpus_mb: float = 50.0  # corpora section: megabytes written in every format

@@ -191,15 +191,19 @@ def finetune_step(bert_run: Path, run_dir: Path, quick: bool) -> Step:
 
 
 def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
-    """The checklist in priority order: environment, GPT and what reads its run, BERT, benchmarks, tests.
+    """The checklist in priority order: what no lease has measured yet or what changed since, then what
+    earlier leases passed.
 
     A lent machine gives one command of about ten minutes, so the order is what a cut-off run should have
-    done first: the GPT pretrain at full size (bf16, compile, fused AdamW, flash attention) and the steps
-    that need its run (compiled decoding, flex document masks), BERT and its fine-tuning, the two short
-    benchmark sections, then `pytest -m gpu` (four minutes on an H200) and the long training section. On
-    a GPU the shipped gpt2-small / bert-base recipes run as published (bf16, compile, their model and
-    tokenizer sizes) but for the batch, the step count and the text the tokenizer trains on; `--quick`
-    runs the tiny recipes on the CPU instead. Timeouts are about twice what each step took on an H200
+    done first: the goals not yet met or measured (the 1B-class GQA/MQA decode cells, the fused loss, the
+    in-loop task overhead, BERT-base at T=128 with a profile of its step, GPT-2 124M against the
+    nanoGPT-style reference), then the checks earlier leases passed: the document-mask test and
+    gpt2-small trained with document masks, the GPT pretrain at full size (bf16, compile, fused AdamW,
+    flash attention) and what reads its run (compiled decoding), BERT and its fine-tuning, the short
+    benchmark sections, `pytest -m gpu` and the whole train section. On a GPU the shipped gpt2-small / bert-base
+    recipes run as published (bf16, compile, their model and tokenizer sizes) but for the batch, the step
+    count and the text the tokenizer trains on; `--quick` runs the tiny recipes and the CPU benchmark
+    cases on the CPU instead. Timeouts are about twice what each step took on an H200
     (benchmarks/RESULTS.md); a step starts only if its timeout fits in what is left of the budget."""
     py = sys.executable
     gpt, bert = ("gpt-tiny", "bert-tiny") if quick else ("gpt2-small", "bert-base")
@@ -210,25 +214,39 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
     new_tokens = "8" if quick else "128"
     suite = ["--suite", "cpu", "--quick"] if quick else ["--suite", "gpu"]
 
-    def bench(section: str, timeout: float) -> Step:
-        json_path = work / f"bench-{section}.json"
-        return Step(f"bench-{section}", [py, "-m", "benchmarks.run", *suite, "--only", section, "--json",
-                                         str(json_path)], timeout, "bench.log", read_bench(json_path))
+    def bench(name: str, section: str, timeout: float, *options: str, skip: str | None = None) -> Step:
+        json_path = work / f"{name}.json"
+        return Step(name, [py, "-m", "benchmarks.run", *suite, "--only", section, *options, "--json", str(json_path)],
+                    timeout, "bench.log", read_bench(json_path), skip=skip)
+
+    def train_case(name: str, gpu_case: str, cpu_case: str | None, timeout: float, *options: str) -> Step:
+        """One train case, compiled only on a GPU (the goals are the compiled rows'); its CPU counterpart
+        with --quick, or no run where the case is about a CUDA kernel."""
+        case, skip = (gpu_case, None) if not quick else (cpu_case, None if cpu_case else f"{gpu_case}: CUDA only")
+        return bench(name, "train", timeout, "--case", case or gpu_case, *([] if quick else ["--no-eager"]), *options,
+                     skip=skip)
 
     return [
         Step("env", [py, "-c", ENV_SCRIPT], 60, "env-tests.log", read_env),
+        bench("bench-decode-1b", "decode_1b", 280),  # goal 5: 142 s on an H100
+        train_case("bench-fused-loss", "fused loss", None, 240),  # goal 6: past 120 s on an H100 (compiling)
+        bench("bench-inloop", "inloop", 300),
+        train_case("bench-bert-128", "bert-base MLM T=128", "bert tiny MLM", 220, "--profile"),  # goal 2: 110 s
+        train_case("bench-reference", "reference GPT", "reference GPT", 200),  # goal 1: 98 s
+        # The document-mask fix (the block mask built outside the compiled graph): its test, then training.
+        Step("doc-mask-test", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_models_gpu.py", "-k",
+                               "document_mask"], 120, "env-tests.log", read_pytest),
+        pretrain_step("doc-mask", gpt, work / "doc-mask", quick, 10 if quick else 150,
+                      [*gpt_sets, "data.document_mask=true"], 260),
         pretrain_step("pretrain-gpt", gpt, gpt_run, quick, 10 if quick else 300, gpt_sets, 180),
         Step("generate", [py, "-m", "tfkit", "generate", str(gpt_run), "-p", SAMPLE_PROMPT, "-n", new_tokens,
                           "--min-new-tokens", new_tokens, "-t", "0",
                           *([] if quick else ["--compile", "--dtype", "bf16"])],
              90, "generate.log", read_generate, needs="pretrain-gpt"),
-        # On CUDA, document masks run through flex_attention.
-        pretrain_step("doc-mask", gpt, work / "doc-mask", quick, 10 if quick else 200,
-                      [*gpt_sets[:2], "data.document_mask=true", reuse_tokenizer], 150, needs="pretrain-gpt"),
         pretrain_step("pretrain-bert", bert, bert_run, quick, 10 if quick else 300, bert_sets, 180),
         finetune_step(bert_run, work / "finetune", quick),
-        bench("attention", 90),
-        bench("decode", 300),  # 65 s on an H200, before the compiled 1B-class GQA/MQA cells (goal 5)
+        bench("bench-attention", "attention", 90),
+        bench("bench-decode", "decode", 300),
         # `pytest -m gpu` but its quick run of the GPU suite, which the bench steps run at full size
         Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests", "--deselect",
                             "tests/test_trainer_gpu.py::test_gpu_benchmark_suite_runs_quick"],
@@ -238,7 +256,7 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
                      "--set", "train.batch_size=32", "--set", "train.grad_accum=1", "--set", reuse_tokenizer],
              300, "pretrain.log", falling_loss(work / "ddp"), needs="pretrain-gpt",
              skip=None if gpus >= 2 else f"a two-process torchrun needs two GPUs; this machine has {gpus}"),
-        bench("train", 480),
+        bench("bench-train", "train", 480),
     ]
 
 

@@ -1,24 +1,25 @@
 """The one benchmark command: every speed claim tfkit makes comes from this table.
 
     python -m benchmarks.run [--suite cpu|gpu|all] [--quick] [--json OUT] [--compile | --no-compile]
+                             [--only SECTION,...] [--case TEXT] [--no-eager] [--profile]
 
-Sections (each row a ratio against a baseline measured in the same run; > 1 = tfkit better):
-train (tokens/s vs HuggingFace, and on CPU vs reference_gpt.py, a minimal nanoGPT-style GPT), attention
-(vs bare SDPA and the naive path), tokenizer (vs raw `tokenizers`), corpora (token preparation from every corpus format vs raw
-`encode_batch`), batches (MLM batch preparation vs
-HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli (start-up and
-`train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
-kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
-backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
-benchmarks/sft.py), mixture (a weighted mixture's shares in the packed rows, its rows' throughput vs one
-source, its peak memory at 1 GB vs 10 MB, benchmarks/mixture.py), inloop (a gpt-tiny run scoring two tasks at every
-validation vs the same run without, benchmarks/inloop.py), finetune (fine-tuning quality parity with HF and its
-speed, benchmarks/finetune.py: it downloads an encoder and takes most of an hour, so only when named in `--only`).
-Questions about quality
-alone (does pretraining pay?) are experiments, in experiments/. `--quick` shrinks every shape so the
-whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
-needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
-on 2 cores.
+Sections (each row a ratio against a baseline measured in the same run; > 1 = tfkit better): train (tokens/s vs
+HuggingFace, and on CPU vs reference_gpt.py, a minimal nanoGPT-style GPT), attention (vs bare SDPA and the naive
+path), tokenizer (vs raw `tokenizers`), corpora (token preparation from every corpus format vs raw `encode_batch`),
+batches (MLM batch preparation vs HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py),
+decode_1b (GPU only: the same at a 1B-class shape, B=16, a 2048-token context, compiled, against what the KV-cache
+bytes predict), cli (start-up and `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a
+training step with packed documents kept apart vs attending across them, benchmarks/doc_mask.py), tasks
+(multiple-choice scoring vs lm-eval's HF backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain
+PyTorch loop over HF's GPT2LMHeadModel, benchmarks/sft.py), mixture (a weighted mixture's shares in the packed rows,
+its rows' throughput vs one source, its peak memory at 1 GB vs 10 MB, benchmarks/mixture.py), inloop (a gpt-tiny
+run, gpt2-small on a GPU, scoring two tasks at every validation vs the same run without, benchmarks/inloop.py),
+finetune (fine-tuning quality parity with HF and its speed, benchmarks/finetune.py: it downloads an encoder and
+takes most of an hour, so only when named in `--only`). Questions about quality alone (does pretraining pay?) are
+experiments, in experiments/. `--case`, `--no-eager` and `--profile` (the top kernels of tfkit's step) narrow the
+train section to what a short GPU lease can measure. `--quick` shrinks every shape so the whole suite runs in
+seconds (CI checks that it still runs); its numbers are not results. The GPU suite needs CUDA and is sized to finish
+in under 10 minutes on one H100; the CPU suite takes a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from . import (attention, batches, cli, corpora, doc_mask, finetune, inloop, mix
                train_throughput)
 from .common import Context, Goal, Row, machine, table, write_json
 
-SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft",
-            "mixture", "inloop", "finetune")
+SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "decode_1b", "cli", "doc_mask", "tasks",
+            "sft", "mixture", "inloop", "finetune")
 # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
-CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "mixture", "inloop", "finetune")
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "mixture", "finetune")
+GPU_ONLY = ("decode_1b",)  # a 1B-class model's decoding, compiled: a question about GPU memory bandwidth
 NAMED_ONLY = ("finetune",)  # full runs take most of an hour: run when --only names them (and by every --quick run)
 HERE = Path(__file__).resolve().parent
 
@@ -86,8 +88,6 @@ def decode_rows(ctx: Context) -> list[Row]:
                                       f"L={mha.n_layers}, B={batch} T={context}, {shape.steps} steps",
                             "tok/s", best[name][(batch, context)], best["MHA"][(batch, context)],
                             note=f"KV cache {kv / mha.kv_heads:.3g}x", extra={"repeats": repeats}))
-    if ctx.suite == "gpu" and ctx.compile:
-        rows += bytes_bound_rows(ctx, dtype)
     # HF generate where decoding matters most, the largest cell; with --compile also at batch 1, where a
     # step is the matrix-vector products and the compiled step is meant to be twice as fast.
     hf_cells = [cells[-1]] + ([cells[0]] if ctx.compile else [])
@@ -114,11 +114,16 @@ def decode_rows(ctx: Context) -> list[Row]:
     return rows
 
 
-def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
+def bytes_bound_rows(ctx: Context) -> list[Row]:
     """GQA and MQA against MHA where the KV cache is a large share of what a step reads (goal 5): a
     1B-class shape at B=16 and a 2048-token context, the step compiled (CUDA graphs), as `generate
     --compile` runs it. Goal: 80% of the gain the bytes predict (decode.predicted_speedup)."""
     from . import decode
+
+    if not ctx.compile:
+        ctx.skip("decode_1b: the goal is about the compiled decode step; run without --no-compile")
+        return []
+    dtype = torch.bfloat16
 
     shape = decode.Shape(256, 2, 8, 4096, (256, 256), 4) if ctx.quick else decode.ONE_B
     batch, context = (4, 256) if ctx.quick else (16, 2048)
@@ -147,7 +152,8 @@ def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
 
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
-           "corpora": corpora.run, "batches": batches.run, "decode": decode_rows, "cli": cli.run,
+           "corpora": corpora.run, "batches": batches.run, "decode": decode_rows,
+           "decode_1b": bytes_bound_rows, "cli": cli.run,
            "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run, "mixture": mixture.run,
            "inloop": inloop.run, "finetune": finetune.run}
 
@@ -160,6 +166,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="results file (default benchmarks/results-<suite>[-quick].json)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="also time torch.compile'd models (default: on for gpu, off for cpu: slow to compile)")
+    parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
+                        help="train section: also the eager rows (--no-eager: the compiled ones only)")
+    parser.add_argument("--profile", action="store_true",
+                        help="train section: print where the time of tfkit's step goes (top kernels), once per case")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: 1 with --quick, which stays fast on a busy host; "
                              "else torch's default)")
@@ -192,6 +202,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--only: unknown section(s) {', '.join(unknown)}; expected some of {', '.join(SECTIONS)}")
     if args.case and "train" not in args.only:
         parser.error("--case selects train cases; add train to --only")
+    if not args.eager and args.compile is False:
+        parser.error("--no-eager with --no-compile leaves no train rows to measure")
     if "finetune" in args.only and not args.quick and args.suite != "gpu":
         sizes = finetune.FULL
         problem = finetune.check_data(args.finetune_data, sizes.n_train, sizes.n_test)
@@ -219,11 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     for suite in suites:
         compile_ = compiled[suite] = args.compile if args.compile is not None else suite == "gpu"
         device = torch.device("cuda" if suite == "gpu" else "cpu")
-        ctx = Context(suite, args.quick, compile_, device, clock=args.clock, corpus=args.corpus,
+        ctx = Context(suite, args.quick, compile_, device, eager=args.eager or not compile_, profile=args.profile,
+                      clock=args.clock, corpus=args.corpus,
                       corpus_mb=args.corpus_mb, finetune_data=args.finetune_data, cache=args.cache)
         for section in args.only:
             if suite == "gpu" and section in CPU_ONLY:
                 ctx.notes.append(f"{section}: CPU-only work, measured by --suite cpu")
+                continue
+            if suite == "cpu" and section in GPU_ONLY:
+                ctx.notes.append(f"{section}: GPU-only work, measured by --suite gpu")
                 continue
             start = time.perf_counter()
             options = {"match": args.case} if section == "train" else {}

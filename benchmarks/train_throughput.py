@@ -47,6 +47,7 @@ from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSect
 from tfkit.trainer.step import Update
 
 from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
+from .profile import top_kernels
 from .reference_gpt import ReferenceGPT, configure_optimizers
 
 MASK_PROB = 0.15  # MLM: fraction of positions that carry a label (BERT's)
@@ -108,8 +109,8 @@ def cases(ctx: Context) -> list[Case]:
             Case("gpt 124M fused loss vs plain head", gpt, 16, 1024, "bf16", baseline="plain-head", fused_loss="on"),
             Case("gpt 124M vs HF GPT2LMHeadModel", gpt, 16, 1024, "bf16", goal_compiled=goal),
             Case("gpt 124M GQA (4 kv) vs HF LlamaForCausalLM", llama_like(gpt, 4), 16, 1024, "bf16"),
-            Case("bert-base MLM vs HF BertForMaskedLM", bert, 256, 128, "bf16", goal_compiled=bert_goal),
-            Case("bert-base MLM vs HF BertForMaskedLM", bert, 64, 512, "bf16", goal_compiled=bert_goal)]
+            Case("bert-base MLM T=128 vs HF BertForMaskedLM", bert, 256, 128, "bf16", goal_compiled=bert_goal),
+            Case("bert-base MLM T=512 vs HF BertForMaskedLM", bert, 64, 512, "bf16", goal_compiled=bert_goal)]
 
 
 def make_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int = 0) -> dict[str, Tensor]:
@@ -264,6 +265,8 @@ def measure(ctx: Context, case: Case, compiled: bool) -> Row:
     ctx.log(f"train: {case.name} B={case.batch} T={case.seq_len} {case.precision} {mode}")
     samples = time_interleaved({"tfkit": ours, name: theirs}, ctx.device, warmup=warmup, rounds=rounds, calls=calls,
                                timer=ctx.timer)
+    if ctx.profile and compiled == ctx.compile:  # the step a user runs: compiled where compiling is measured
+        ctx.log(f"train: where the time of tfkit's step goes, {case.name} {mode}\n{top_kernels(ours, ctx.device)}")
     tokens = case.batch * case.seq_len
     tfkit_rate, base_rate = tokens / median(samples["tfkit"]), tokens / median(samples[name])
     extra = {"samples_s": samples, "tfkit_params": model.num_params(),
@@ -287,6 +290,8 @@ def run(ctx: Context, match: str = "") -> list[Row]:
     """Every case of `cases` whose name contains `match` (run.py's --case); the HF ones only where
     transformers is installed (the reference GPT needs nothing but torch)."""
     chosen = [case for case in cases(ctx) if match in case.name]
+    if not chosen:
+        ctx.skip(f"train: no {ctx.suite} case's name contains {match!r}: " + "; ".join(c.name for c in cases(ctx)))
     has_hf = importlib.util.find_spec("transformers") is not None
     if not has_hf and any(case.baseline == "hf" for case in chosen):
         ctx.skip("train: transformers is not installed (pip install -e '.[test]'), no HF baseline")
@@ -294,7 +299,7 @@ def run(ctx: Context, match: str = "") -> list[Row]:
     for case in chosen:
         if case.baseline == "hf" and not has_hf:
             continue
-        for compiled in (False, True) if ctx.compile else (False,):
+        for compiled in [mode for mode, wanted in ((False, ctx.eager), (True, ctx.compile)) if wanted]:
             try:
                 rows.append(measure(ctx, case, compiled))
                 ctx.log(rows[-1].line())

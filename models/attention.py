@@ -13,9 +13,10 @@ to every layer as an `AttnMask`. Which SDPA kernel runs (`attention: flash`):
 - padding masks: a boolean `attn_mask`; ALiBi: an additive float `attn_mask` with the mask folded in.
   FlashAttention-2 takes no mask, so CUDA uses the memory-efficient or cuDNN kernel; the CPU flash kernel
   takes masks. GQA is passed as `enable_gqa=True` (no K/V copies), except with a mask on CUDA, where
-  the memory-efficient kernel needs full-width K/V. To make a fall back to the math path an error rather
-  than a slowdown, wrap the call in `torch.nn.attention.sdpa_kernel([...fused backends...])`
-  (tests/test_models_gpu.py does).
+  the memory-efficient kernel takes no grouped K/V: each K/V head's query heads become its query rows
+  (`grouped_query_attention`), or, for a per-head mask, K/V are copied to full width. To make a fall back
+  to the math path an error rather than a slowdown, wrap the call in
+  `torch.nn.attention.sdpa_kernel([...fused backends...])` (tests/test_models_gpu.py does).
 `attention: naive` spells every step out (repeat K/V, QK^T/sqrt(d) + mask, softmax, dropout, @V) and can
 return the attention weights; `need_weights=True` always takes this path, since fused kernels never
 materialise the weights.
@@ -179,23 +180,48 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, dropout_p: 
                     scale: float | None = None) -> Tensor:
     """softmax(scale * QK^T + mask)V by PyTorch's fused SDPA (scale None = 1/sqrt(D), SDPA's own default).
 
-    K/V heads are shared, not copied, except on CUDA with a mask tensor: FlashAttention takes no mask and
-    the memory-efficient kernel no grouped K/V, so SDPA would run its unfused math path; full-width K/V
-    (B, H, S, D) keep it fused."""
+    K/V heads are shared, not copied. On CUDA with a mask tensor FlashAttention takes no mask and the
+    memory-efficient kernel no grouped K/V (SDPA would run its unfused math path), so a mask shared by all
+    heads folds the query heads of each K/V head into its rows (`grouped_query_attention`); only a
+    per-head mask (ALiBi) or a band gets full-width K/V (B, H, S, D) copies."""
     gqa = k.shape[1] != q.shape[1]
     if mask.block is not None and dropout_p == 0.0:
         return flex_attention(q, k, v, mask.block, scale=scale, enable_gqa=gqa)  # (B, H, T, D)
+    banded = mask.band is not None and q.shape[-2] == k.shape[-2] and worth_banding(q.shape[-2], mask.band[0])
+    if gqa and mask.tensor is not None and q.is_cuda and not banded and mask.tensor.dim() == 4 \
+            and mask.tensor.shape[1] == 1:  # one mask for every head: decoding over a KV cache, padding
+        return grouped_query_attention(q, k, v, mask.tensor, dropout_p, scale)  # (B, H, T, D)
     if gqa and mask.tensor is not None and q.is_cuda:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         gqa = False
-    if mask.band is not None and q.shape[-2] == k.shape[-2] and worth_banding(q.shape[-2], mask.band[0]):
+    if banded:
         return banded_attention(q, k, v, *mask.band, dropout_p, scale, gqa)  # (B, H, T, D)
     if mask.is_causal:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
                                               enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tensor, dropout_p=dropout_p, scale=scale,
                                           enable_gqa=gqa)
+
+
+def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float,
+                            scale: float | None) -> Tensor:
+    """GQA/MQA under a mask shared by all heads, with each K/V head read once: the `groups` query heads of
+    a K/V head become extra query rows of it, so SDPA's fused masked kernel runs over (B, H_kv, groups*T)
+    queries and the narrow cache instead of K/V copied to full width. The copies made a decode step over
+    the KV cache read and write more bytes than MHA's (GQA 0.57x MHA's tokens/s at a 1B-class shape on an
+    H100, benchmarks/RESULTS.md), the opposite of what a smaller cache is for.
+
+    q (B, H, T, D); k, v (B, H_kv, S, D); mask (B or 1, 1, T or 1, S), bool (True = attend) or additive."""
+    b, h, t, d = q.shape
+    kv_heads = k.shape[1]
+    groups = h // kv_heads
+    folded = q.reshape(b, kv_heads, groups * t, d)  # (B, H_kv, G*T, D): row g*T + t is query head j*G + g
+    if mask.shape[2] != 1:  # row g*T + t takes mask row t
+        mask = mask.unsqueeze(2).expand(mask.shape[0], 1, groups, t, mask.shape[-1]).reshape(
+            mask.shape[0], 1, groups * t, mask.shape[-1])  # (B, 1, G*T, S)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return out.reshape(b, h, t, d)  # (B, H_kv, G*T, D) -> (B, H, T, D)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:

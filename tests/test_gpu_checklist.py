@@ -186,13 +186,18 @@ def test_pytest_closing_line_as_counts():
 
 def test_the_real_plan_covers_the_checklist_in_priority_order(tmp_path):
     names = [s.name for s in gc.plan(tmp_path, quick=False, gpus=1)]
-    assert names == ["env", "pretrain-gpt", "generate", "doc-mask", "pretrain-bert", "finetune", "bench-attention",
-                     "bench-decode", "pytest-gpu", "ddp", "bench-train"]
+    assert names == ["env", "bench-decode-1b", "bench-fused-loss", "bench-inloop", "bench-bert-128", "bench-reference",
+                     "doc-mask-test", "doc-mask", "pretrain-gpt", "generate", "pretrain-bert", "finetune",
+                     "bench-attention", "bench-decode", "pytest-gpu", "ddp", "bench-train"]
     steps = {s.name: s for s in gc.plan(tmp_path, quick=False, gpus=1)}
     assert "--compile" in steps["generate"].argv and steps["ddp"].skip
     assert "data.document_mask=true" in steps["doc-mask"].argv
     assert steps["bench-train"].argv[3:6] == ["--suite", "gpu", "--only"]
-    assert not gc.plan(tmp_path, quick=False, gpus=2)[9].skip
+    assert not gc.plan(tmp_path, quick=False, gpus=2)[names.index("ddp")].skip
+    for name in ("bench-fused-loss", "bench-bert-128", "bench-reference"):  # the goals are the compiled rows'
+        assert "--no-eager" in steps[name].argv and "--case" in steps[name].argv, name
+    assert "--profile" in steps["bench-bert-128"].argv
+    assert gc.plan(tmp_path, quick=True, gpus=0)[names.index("bench-fused-loss")].skip  # a CUDA kernel's case
     assert "train.compile=true" in steps["finetune"].argv and steps["finetune"].needs == "pretrain-bert"
     assert len({s.log for s in steps.values()}) <= 5  # + 2 summaries: within the 8 files a lent machine returns
 
@@ -219,12 +224,14 @@ def test_quick_checklist_runs_every_step_on_the_cpu(tmp_path):
     steps = {s["step"]: s for s in summary["steps"]}
     assert list(steps) == summary["planned"] == [s.name for s in gc.plan(tmp_path, quick=True, gpus=0)]
     assert steps.pop("ddp")["status"] == "skipped"  # one GPU-less machine: no two-process run
+    assert steps.pop("bench-fused-loss")["status"] == "skipped"  # a GPU case with no CPU counterpart
     assert {name: s["status"] for name, s in steps.items()} == dict.fromkeys(steps, "ok"), summary
     assert steps["env"]["figures"]["cuda_available"] is False
     assert steps["pytest-gpu"]["figures"].get("passed", 0) == 0 and steps["pytest-gpu"]["figures"]["skipped"] > 0
     for name in ("pretrain-gpt", "pretrain-bert", "doc-mask", "finetune"):
         assert steps[name]["figures"]["last_loss"] < steps[name]["figures"]["first_loss"]
-    assert all(steps[f"bench-{s}"]["figures"]["rows"] for s in ("train", "attention", "decode"))
+    assert all(steps[f"bench-{s}"]["figures"]["rows"] for s in ("train", "attention", "decode", "reference",
+                                                                  "bert-128", "inloop"))
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and f.stat().st_size < 16 * 2**20 for f in files)
 

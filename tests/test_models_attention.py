@@ -6,7 +6,7 @@ import torch
 
 from tfkit.models import build_model
 from tfkit.models.attention import (
-    AttnMask, cross_attention_mask, naive_attention, position_mask, self_attention_mask,
+    AttnMask, cross_attention_mask, grouped_query_attention, naive_attention, position_mask, self_attention_mask,
 )
 
 from helpers import tiny_cfg
@@ -120,6 +120,24 @@ def test_position_mask_over_a_cache():
     mask = position_mask(torch.tensor([3, 4]), torch.arange(6), causal=True)
     expected = torch.tensor([[True, True, True, True, False, False], [True, True, True, True, True, False]])
     assert torch.equal(mask[0, 0], expected)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2], ids=["mqa", "gqa"])
+@pytest.mark.parametrize("queries", [1, 5], ids=["decode", "prefill"])
+@pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
+def test_grouped_queries_over_a_cache_equal_the_repeated_heads(kv_heads, queries, additive):
+    """CUDA's masked GQA path folds each K/V head's query heads into its rows instead of copying K/V to full
+    width; on any input it must give what every query head attending its own copy gives (naive path)."""
+    g = torch.Generator().manual_seed(queries + kv_heads)
+    q = torch.randn(2, 4, queries, 8, generator=g)  # (B, H, T, D)
+    k, v = torch.randn(2, kv_heads, 9, 8, generator=g), torch.randn(2, kv_heads, 9, 8, generator=g)  # (B, H_kv, S, D)
+    q_pos = torch.arange(9 - queries, 9) - torch.tensor([[0], [2]])  # (B, T): the second row two slots behind
+    mask = torch.arange(9)[None, None, None, :] <= q_pos[:, None, :, None]  # (B, 1, T, S): its cache slots so far
+    if additive:  # (B, 1, T, S) bias: 0 where seen, a finite penalty elsewhere
+        mask = (~mask).float() * -1e4
+    out = grouped_query_attention(q, k, v, mask, 0.0, None)  # (B, H, T, D)
+    expected, _ = naive_attention(q, k, v, AttnMask(mask), 0.0, training=False)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_padding_and_causal_combine_and_padding_queries_see_themselves():

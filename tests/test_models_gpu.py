@@ -51,23 +51,35 @@ def test_padding_with_grouped_kv_heads_stays_on_a_fused_kernel(arch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cached_decoding_runs_a_fused_kernel():
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4], ids=["mqa", "gqa", "mha"])
+def test_cached_decoding_runs_a_fused_kernel(n_kv_heads):
     """The prefill and the decode steps attend over the whole cache under a position mask: a fused kernel
-    (memory-efficient or cuDNN; FlashAttention takes no mask) serves them, never the unfused math path."""
+    (memory-efficient or cuDNN; FlashAttention takes no mask) serves them, never the unfused math path,
+    and grouped K/V heads (folded into query rows, not copied) give the naive path's logits."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tfkit.models.generation import decode_step, prefill
 
-    model = build_model(ModelConfig(arch="gpt", vocab_size=128, d_model=256, n_layers=2, n_heads=4, n_kv_heads=1,
-                                    max_seq_len=128)).to("cuda", torch.bfloat16).eval()
+    cfg = ModelConfig(arch="gpt", vocab_size=128, d_model=256, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+                      max_seq_len=128)
+    model = build_model(cfg).to("cuda", torch.bfloat16).eval()
+    naive = build_model(ModelConfig(**{**cfg.to_dict(), "attention": "naive"})).to("cuda", torch.bfloat16).eval()
+    naive.load_state_dict(model.state_dict())
     ids = torch.randint(0, 128, (2, 16), device="cuda")
     cache = model.new_kv_cache(2, 32, device="cuda", dtype=torch.bfloat16)
+    naive_cache = naive.new_kv_cache(2, 32, device="cuda", dtype=torch.bfloat16)
     fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
-    with torch.inference_mode(), sdpa_kernel(fused):
-        logits = prefill(model, ids, cache)
+    with torch.inference_mode():
+        with sdpa_kernel(fused):
+            logits = prefill(model, ids, cache)
+        expected = prefill(naive, ids, naive_cache)
         for pos in range(16, 20):
             position = torch.tensor(pos, device="cuda")
-            logits = decode_step(model, logits.argmax(-1, keepdim=True), position, cache)  # (B, 1) -> (B, V)
+            token = expected.argmax(-1, keepdim=True)  # (B, 1): the same token for both
+            with sdpa_kernel(fused):
+                logits = decode_step(model, token, position, cache)  # (B, 1) -> (B, V)
+            expected = decode_step(naive, token, position, naive_cache)  # (B, V)
+            torch.testing.assert_close(logits.float(), expected.float(), atol=0.1, rtol=0.05)
     assert torch.isfinite(logits).all()
 
 
