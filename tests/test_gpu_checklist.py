@@ -196,7 +196,7 @@ def test_the_real_plan_covers_the_checklist_in_priority_order(tmp_path):
     assert not gc.plan(tmp_path, quick=False, gpus=2)[names.index("ddp")].skip
     for name in ("bench-fused-loss", "bench-bert-128", "bench-reference"):  # the goals are the compiled rows'
         assert "--no-eager" in steps[name].argv and "--case" in steps[name].argv, name
-    assert "--profile" in steps["bench-bert-128"].argv
+    assert "--profile" in steps["bench-bert-128"].argv and "--profile" in steps["bench-reference"].argv
     assert gc.plan(tmp_path, quick=True, gpus=0)[names.index("bench-fused-loss")].skip  # a CUDA kernel's case
     assert "train.compile=true" in steps["finetune"].argv and steps["finetune"].needs == "pretrain-bert"
     assert len({s.log for s in steps.values()}) <= 5  # + 2 summaries: within the 8 files a lent machine returns
