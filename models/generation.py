@@ -73,6 +73,7 @@ def prefill(model: nn.Module, input_ids: Tensor, cache, *, memory: Tensor | None
     return _forward(model, input_ids, cache, None, memory, src_mask)[:, -1]  # (B, V)
 
 
+@torch.no_grad()
 def decode_step(model: nn.Module, token: Tensor, pos: Tensor, cache, memory: Tensor | None = None,
                 src_mask: Tensor | None = None) -> Tensor:
     """The static decode step: token (B, 1) at position pos (0-dim long tensor) -> its logits (B, V).
@@ -80,6 +81,8 @@ def decode_step(model: nn.Module, token: Tensor, pos: Tensor, cache, memory: Ten
     Writes the token's keys/values into the cache at pos and attends over the whole cache (B, H_kv, S_max,
     D) under a mask, so the shapes are the same at every position and nothing is read on the host: this is
     the function `generate(compile=True)` compiles into one graph. The caller keeps pos < cache.max_len.
+    Without gradients, as `prefill`: the cache it reads was filled in inference mode (the encoder memory's
+    cross-attention keys/values are inference tensors), which autograd could not save for a backward.
     """
     return _forward(model, token, cache, pos, memory, src_mask)[:, -1]  # (B, V)
 

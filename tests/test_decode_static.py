@@ -137,3 +137,17 @@ def test_compiled_decode_is_one_graph_and_decodes_like_eager(positions: str, pro
     assert not [w for w in caught if "torch.compile failed" in str(w.message)]
     assert counters["stats"]["unique_graphs"] == 1
     assert got == eager
+
+
+@pytest.mark.parametrize("arch", ["gpt", "transformer"])
+def test_decode_step_builds_no_graph_after_an_inference_mode_prefill(arch: str) -> None:
+    """Called with gradients on (a user's own loop, the fake-CUDA check), the step after `prefill` reads a
+    cache filled in inference mode; it must neither keep an autograd graph nor try to save those tensors."""
+    model = tiny(arch, n_kv_heads=1)
+    ids = torch.randint(0, 61, (2, 5))
+    cache = model.new_kv_cache(2, 12)
+    memory, src = (encode_source(model, [[3, 4, 5], [6, 7]], pad_id=0) if arch == "transformer" else (None, None))
+    logits = prefill(model, ids, cache, memory=memory, src_mask=src)
+    for pos in range(5, 8):
+        logits = decode_step(model, logits.argmax(-1, keepdim=True), torch.tensor(pos), cache, memory, src)
+        assert logits.grad_fn is None and not logits.requires_grad
