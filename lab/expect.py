@@ -5,6 +5,8 @@ Also the two small checks every part of a spec shares (`mapping`, `suggest`)."""
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ PROBE_SOURCE = {"attention_reliance": "attention_reliance", "flash_max_diff": "f
                 "attention_entropy": "attention", "attention_max_prob": "attention", "attention_spread": "attention",
                 "residual_update": "residual_update"}
 PROBE_NAMES = tuple(PROBE_SOURCE)
+PER_LAYER_PROBES = ("attention_entropy", "attention_max_prob", "attention_spread", "residual_update")
 DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
 
 
@@ -45,6 +48,12 @@ class Expectation:
     fails: str | None = None
     untested: str | None = None  # the claim, in words
     why: str = ""  # why this lab cannot test it
+    margin_reason: str = ""  # why the margin / tol is what it is (the noise floor it was measured against)
+    reported: str = ""  # the paper's own number for this claim, in words (paper.py prints it beside ours)
+    paper: dict | None = None  # the source's regime when it is not the spec's `paper:` (paper.py)
+    layer: int | None = None  # a per-layer probe read at this layer (negative: from the last) instead of its mean
+    than_layer: int | None = None  # the layer of the run `below` / `above` names (default: `layer`)
+    hash: str = ""  # of the expectation as written (registration.py: fixed before the data or not)
 
     @property
     def pair(self) -> tuple[str, str]:
@@ -65,8 +74,11 @@ class Expectation:
         if self.same:
             return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
         sign, bound = ("<", self.below) if self.below is not None else (">", self.above)
-        return f"{self.probe} of {self.run} {sign} {bound}'s" if isinstance(bound, str) \
-            else f"{self.probe} of {self.run} {sign} {bound:g}"
+        at = "" if self.layer is None else f" at layer {self.layer}"
+        if isinstance(bound, str):
+            other = self.layer if self.than_layer is None else self.than_layer
+            return f"{self.probe} of {self.run}{at} {sign} {bound}'s" + ("" if other is None else f" at layer {other}")
+        return f"{self.probe} of {self.run}{at} {sign} {bound:g}"
 
     @property
     def versus(self) -> str | None:
@@ -93,7 +105,13 @@ def mapping(value: Any, key: str, allowed: tuple[str, ...], problems: list[str])
 
 
 EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
-               "trains", "fails", "untested", "why", "source")
+               "trains", "fails", "untested", "why", "source", "margin_reason", "reported", "paper", "layer",
+               "than_layer")
+
+
+def item_hash(item: Any) -> str:
+    """sha256 (16 hex digits) of an expectation as written, keys sorted: any edit makes another hash."""
+    return hashlib.sha256(json.dumps(item, sort_keys=True, default=str).encode()).hexdigest()[:16]
 FORMS = ("better", "not_worse", "same", "probe", "trains", "untested")
 
 
@@ -103,7 +121,12 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same, probe or trains/fails, "
                         "and source")
         return []
-    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
+    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"), hash=item_hash(item))  # `on`: YAML
+    # 1.1 for true, so the key is `eval`
+    for name in ("margin_reason", "reported"):
+        if name in item and not (isinstance(item[name], str) and item[name].strip()):
+            problems.append(f"{key}.{name}: got {item[name]!r}, expected text")
+        setattr(exp, name, str(item.get(name) or ""))
     forms = [f for f in FORMS if f in item]
     if len(forms) != 1:
         problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe, trains "
@@ -113,6 +136,10 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         problems.append(f"{key}.why: belongs to untested, not to {forms[0]}")
         return []
     partner = {"better": "than", "not_worse": "than", "trains": "fails"}
+    for name in ("layer", "than_layer"):
+        if name in item and forms[0] != "probe":
+            problems.append(f"{key}.{name}: belongs to probe, not to {forms[0]}")
+            return []
     for name in ("than", "fails"):
         if name in item and partner.get(forms[0]) != name:
             problems.append(f"{key}.{name}: belongs to " + ("better or not_worse" if name == "than" else "trains")
@@ -157,6 +184,15 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         exp.below, exp.above = item.get("below"), item.get("above")
         if exp.probe not in PROBE_NAMES:
             problems.append(f"{key}.probe: got {exp.probe!r}, expected one of {', '.join(PROBE_NAMES)}")
+        for name in ("layer", "than_layer"):
+            value = item.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                problems.append(f"{key}.{name}: got {value!r}, expected a layer index (0 first, -1 last)")
+            setattr(exp, name, value if isinstance(value, int) and not isinstance(value, bool) else None)
+        if (exp.layer is not None or exp.than_layer is not None) and exp.probe not in PER_LAYER_PROBES:
+            problems.append(f"{key}.layer: {exp.probe} has no layers (expected one of {', '.join(PER_LAYER_PROBES)})")
+        if exp.than_layer is not None and exp.versus is None:
+            problems.append(f"{key}.than_layer: needs below or above naming a run")
         if (exp.below is None) == (exp.above is None):
             problems.append(f"{key}: a probe expectation needs exactly one of below or above")
         referenced = [("run", exp.run)] + ([("below" if exp.below is not None else "above", exp.versus)]

@@ -150,25 +150,54 @@ def read_curves(lab: Lab) -> dict:
     return out
 
 
+def sweep_label(lab: Lab) -> str:
+    """The eval text a sweep picks on: the spec's `sweep_on`, else the second eval text (the first, the lab's own
+    held-out text, is the one verdicts are read on by default), else the only one (and the report says so)."""
+    labels = list(lab.evals)
+    return lab.spec.sweep_on or (labels[1] if len(labels) > 1 else labels[0])
+
+
 def pick_best(lab: Lab, rows: dict) -> dict:
-    """Under `sweep`: add each variant's row as a copy of its best run's (lowest mean of the lab's metric
-    over seeds on the first eval text), so verdicts compare each variant at its best setting; returns
-    {"key", "values", "best": {variant: run}} ({} without a sweep). Every variant is chosen on the same
-    text the same way, so the choice favours none of them."""
+    """Under `sweep`: add each variant's row as a copy of its best run's (lowest mean of the lab's metric over
+    seeds on the selection text, `sweep_label`), so verdicts compare each variant at its best setting; returns
+    {"key", "values", "best": {variant: run}, "on": the selection text, "edges": {variant: where}} ({} without a
+    sweep). Every variant is chosen the same way on a text the verdicts are not read on (unless the lab has only
+    one), so the choice favours none of them and the verdict is not read on the noise it was picked on; a best
+    value at the end of a numeric grid is named in `edges` (a better one may lie beyond it)."""
     if not lab.spec.sweep:
         return {}
-    label, metric = next(iter(lab.evals)), lab.spec.metric
+    label, metric = sweep_label(lab), lab.spec.metric
+    ((key, values),) = lab.spec.sweep.items()
 
     def mean_score(run: str) -> float:
         values = [s[metric] for s in rows[run]["scores"][label].values()]
         mean = sum(values) / len(values)
         return mean if math.isfinite(mean) else math.inf  # a run that diverged is nobody's best
 
-    best = {variant: min(runs, key=mean_score) for variant, runs in sweep_runs(lab.spec).items()}
+    best, edges = {}, {}
+    for variant, runs in sweep_runs(lab.spec).items():
+        names = list(runs)  # in the order of `values`
+        best[variant] = min(names, key=mean_score)
+        value = values[names.index(best[variant])]
+        if all(isinstance(v, (int, float)) for v in values) and value in (min(values), max(values)):
+            edges[variant] = "smallest" if value == min(values) else "largest"
     for variant, run in best.items():
         rows[variant] = {"kind": "best", "best_of": run, "scores": rows[run]["scores"]}
-    ((key, values),) = lab.spec.sweep.items()
-    return {"key": key, "values": values, "best": best}
+    return {"key": key, "values": values, "best": best, "on": label, "edges": edges}
+
+
+def sweep_warnings(results: dict) -> list[str]:
+    """What a reader must know about a sweep's choice: a best value at the edge of its grid, and a selection text
+    that is also the text a verdict is read on."""
+    sweep = results.get("sweep") or {}
+    if not sweep:
+        return []
+    out = [f"{variant}'s best {sweep['key']} is the grid's {where} value ({sweep['best'][variant]}): a better value "
+           "may lie beyond the grid, so its verdicts are for this grid" for variant, where in sweep.get("edges", {}).items()]
+    if "on" in sweep and len(results["evals"]) == 1:
+        out.append(f"the sweep picked each variant's best {sweep['key']} on {sweep['on']}, the only eval text, which its "
+                   "verdicts are read on too: the choice and the verdict share that text's noise")
+    return out
 
 
 def first_batch(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> dict:
