@@ -69,16 +69,17 @@ def run(
     if sizes is not None:
         from ..errors import ConfigError
         from ..lab.engine import default_folder
+        from ..lab.ladder import run_sizes
+        from ..lab.sizes import size_rungs
 
         if len(ladder) > 1:
             raise ConfigError("sizes: a ladder is along one axis; give --sizes or repeated --steps, not both",
                               params=("sizes",))
-        from ..lab.ladder import run_sizes
-
-        out = out or default_folder(spec.claim)
-        console.print(f"lab {spec.claim}: a ladder of model sizes over {seeds or spec.seeds or 3} seed(s); folder {out}",
-                      highlight=False, markup=False)
-        folder, results = run_sizes(spec, options, sizes, out)
+        rungs, out = size_rungs(spec, options, sizes), out or default_folder(spec.claim)
+        console.print(f"lab {spec.claim}: a ladder of {len(rungs)} model sizes ({rungs[0].key} "
+                      f"{', '.join(str(r.value) for r in rungs)}, {', '.join(str(r.steps) for r in rungs)} steps) over "
+                      f"{seeds or spec.seeds or 3} seed(s); folder {out}", highlight=False, markup=False)
+        folder, results = run_sizes(spec, options, rungs, out)
         _show(folder, results, MARKDOWN)
         return
     if len(ladder) > 1:

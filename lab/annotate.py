@@ -25,6 +25,8 @@ def predicted_side(exp: Expectation) -> int | None:
     another run on its side; None where the claim has no direction (same, not_worse, thresholds, trains)."""
     if exp.better:
         return -1
+    if exp.faster:  # a ratio of steps: its side of 1 (annotate shifts it to 0)
+        return 1
     if exp.versus:
         return -1 if exp.below is not None else 1
     return None
@@ -49,7 +51,7 @@ def annotate(v: Verdict, exp: Expectation, results: dict, paper: dict | None) ->
     registration = results.get("registration")
     v.registered = fixed(registration, exp.hash)
     v.looks = earlier_looks(registration, v.claim, v.on) if registration and registration.get("looks") else []
-    interval_line = v.lo is not None and not exp.untested and not exp.trains and (not exp.probe or exp.versus)
+    interval_line = v.lo is not None and not (exp.untested or exp.trains or exp.faster) and (not exp.probe or exp.versus)
     if interval_line and v.status not in NO_TEST:
         iv = Interval(v.mean, v.sd or 0.0, v.n, v.lo, v.hi)
         v.p = family_p(exp, iv, v.status)
@@ -62,6 +64,6 @@ def annotate(v: Verdict, exp: Expectation, results: dict, paper: dict | None) ->
         v.warning = f"{v.warning}; {picked}" if v.warning else picked
     source = exp.paper or paper
     if source:
-        v.paper = comparison(source, exp.reported, v.status, v.lo, v.hi, predicted_side(exp),
-                             our_scale(results, exp))
+        lo, hi = (v.lo - 1.0, v.hi - 1.0) if exp.faster and v.lo is not None else (v.lo, v.hi)
+        v.paper = comparison(source, exp.reported, v.status, lo, hi, predicted_side(exp), our_scale(results, exp))
     return v

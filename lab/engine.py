@@ -321,6 +321,7 @@ def run(lab: Lab, progress: LabProgress | None = None) -> dict:
     """Train, convert, score and probe every job of the lab; returns the results (results.json). `progress`
     shows it (lab/progress.py; tests pass one on a fake clock)."""
     units = len(lab.jobs) * 2 + probe_units(lab)  # each job is trained or converted, then scored
+    where = provenance()  # the code and machine as the trainings start (the tree may change while they run)
     progress, timing = progress or LabProgress(units, trainings(lab), lab.options.jobs), {}
     started = progress.clock()
     progress.print("lab: the tokenizers and token caches every run shares (logs/ keeps their output) ...")
@@ -365,5 +366,5 @@ def run(lab: Lab, progress: LabProgress | None = None) -> dict:
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
             "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale, "sweep": sweep,
             "documents": documents, "timing_s": timing, "cost": s.cost, "downstream": downstream,
-            "provenance": provenance()}
+            "provenance": where}
 

@@ -28,7 +28,7 @@ from .engine import DEFAULT_SEEDS, claim_folder, default_folder, prepare, run
 from .plan import LabOptions
 from .report import MARKDOWN, RESULTS, report_folder, write_report
 from .paper import short_count
-from .sizes import rung_options, size_rungs
+from .sizes import SizeRung, rung_options
 from .spec import LabSpec, load_spec
 from .trend import trend, trend_text, turns
 
@@ -64,9 +64,8 @@ def run_ladder(spec: LabSpec, options: LabOptions, steps: list[int], out: Path |
     return folder, write_ladder(folder, spec, rungs, "steps")
 
 
-def run_sizes(spec: LabSpec, options: LabOptions, count: int | None, out: Path | None = None) -> tuple[Path, dict]:
-    """Every size's lab (every rung planned and checked before the first trains), then the ladder report."""
-    rungs = size_rungs(spec, options, count)
+def run_sizes(spec: LabSpec, options: LabOptions, rungs: list[SizeRung], out: Path | None = None) -> tuple[Path, dict]:
+    """Every size's lab (`sizes.size_rungs`; every rung checked before the first trains), then the ladder report."""
     sizes = {"key": rungs[0].key, "values": [r.value for r in rungs]}
     folder, options = _claim(spec, options, out, {"claim": spec.claim, "sizes": sizes})
     labs = [prepare(spec, rung_options(options, r), folder / r.name) for r in rungs]
@@ -108,6 +107,9 @@ def _cell(v: dict) -> str:
     if v["status"] == "missing":
         return "-"
     word = v["status"]
+    if v.get("ratio") and v.get("mean") is not None:  # faster/than: a ratio of steps
+        spread = f" [{v['lo']:.3g}, {v['hi']:.3g}]" if v.get("lo") is not None else ""
+        return f"{word}: {v['mean']:.3g}x{spread}"
     if v.get("lo") is not None:
         return f"{word}: Δ {v['mean']:+.3g} [{v['lo']:+.3g}, {v['hi']:+.3g}]"
     if v.get("mean") is None:  # trains/fails: read from the gates, no difference

@@ -5,7 +5,7 @@ last block's residual update against the first's)."""
 
 from __future__ import annotations
 
-from .expect import Expectation
+from .expect import PROBE_SOURCE, Expectation
 from .outcomes import untrained
 from .stats import Interval, mean_sd, paired_interval
 from .verdict_line import MIN_SEEDS, Verdict, difference, is_quick, judge_count, undecided
@@ -14,12 +14,15 @@ PER_LAYER = {"attention_entropy": ("attention", "entropy"), "attention_max_prob"
              "attention_spread": ("attention", "spread")}  # expect name -> (results.json probe, its statistic)
 
 
-def probe_seeds(results: dict, probe: str, run: str | None, label: str) -> dict[str, float]:
+def probe_seeds(results: dict, probe: str, run: str | None, label: str, layer: int | None = None) -> dict[str, float]:
     """{seed: value} of `probe` (an `expect: probe:` name) for `run`; a per-layer probe gives its mean over
-    layers. attention_reliance is kept per eval text (`label`), memory_ratio once for the lab."""
+    layers, or its value at `layer` (negative: from the last; a seed without that layer is left out).
+    attention_reliance is kept per eval text (`label`), memory_ratio once for the lab."""
     probes = results.get("probes", {})
     if probe == "memory_ratio":
         return {"-": probes["memory"]["ratio"]} if probes.get("memory") else {}
+    if probe == "flash_speedup":
+        return {"-": probes["train_speed"]["speedup"]} if "speedup" in probes.get("train_speed", {}) else {}
     if probe == "attention_reliance":
         found = probes.get(probe) or {}
         return dict(found["values"].get(label, {})) if found.get("run") == run else {}
@@ -28,7 +31,12 @@ def probe_seeds(results: dict, probe: str, run: str | None, label: str) -> dict[
     out = {}
     for seed, value in values.items():
         layers = value[stat] if stat else value
-        out[seed] = sum(layers) / len(layers) if isinstance(layers, list) else layers
+        if not isinstance(layers, list):
+            out[seed] = layers
+        elif layer is None:
+            out[seed] = sum(layers) / len(layers)
+        elif -len(layers) <= layer < len(layers):
+            out[seed] = layers[layer]
     return out
 
 
@@ -37,8 +45,12 @@ def judge_probe(exp: Expectation, results: dict, label: str) -> Verdict:
     another run, read from the paired t interval of the per-seed differences (module doc)."""
     if exp.versus:
         return judge_probe_pair(exp, results, label)
-    values = list(probe_seeds(results, exp.probe, exp.run, label).values())
+    values = list(probe_seeds(results, exp.probe, exp.run, label, exp.layer).values())
     on = label if exp.probe == "attention_reliance" else ""
+    skipped = (results.get("probes", {}).get(PROBE_SOURCE[exp.probe]) or {}).get("why")
+    if skipped:  # a probe this machine cannot measure (train_speed without a GPU)
+        return Verdict(exp.describe(), on, "not tested", 0, None, None, None, exp.source, why=f"{skipped}",
+                       figures="nothing measured")
     if not values:
         return Verdict(exp.describe(), on, "missing", 0, None, None, None, exp.source)
     holding = sum((v < exp.below) if exp.below is not None else (v > exp.above) for v in values)
@@ -52,13 +64,17 @@ def judge_probe(exp: Expectation, results: dict, label: str) -> Verdict:
 def judge_probe_pair(exp: Expectation, results: dict, label: str) -> Verdict:
     """`probe: P, run: A, below: B` (or above): P(A) - P(B) seed by seed, its 95% paired t interval; holds
     when the interval lies wholly on the predicted side of 0, reversed when wholly on the other."""
-    a, b = (probe_seeds(results, exp.probe, run, label) for run in (exp.run, exp.versus))
+    other = exp.layer if exp.than_layer is None else exp.than_layer
+    a, b = probe_seeds(results, exp.probe, exp.run, label, exp.layer), probe_seeds(results, exp.probe, exp.versus,
+                                                                                   label, other)
     seeds = [s for s in a if s in b]
     if not seeds:
         return Verdict(exp.describe(), "", "missing", 0, None, None, None, exp.source)
     iv = paired_interval([a[s] - b[s] for s in seeds])
     means = [mean_sd([values[s] for s in seeds])[0] for values in (a, b)]
-    figures = f"{exp.run} {means[0]:.3g}, {exp.versus} {means[1]:.3g}; {difference(iv.mean, iv.lo, iv.hi, iv.n)}"
+    at = ["" if n is None else f" (layer {n})" for n in (exp.layer, other)]
+    figures = (f"{exp.run}{at[0]} {means[0]:.3g}, {exp.versus}{at[1]} {means[1]:.3g}; "
+               f"{difference(iv.mean, iv.lo, iv.hi, iv.n)}")
     failed = [x for x in (untrained(results, exp.run), untrained(results, exp.versus)) if x]
     if failed and not is_quick(results):
         status, why = "not tested", "; ".join(failed)

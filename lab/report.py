@@ -24,7 +24,8 @@ from .spec import LabSpec, load_spec
 from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
 
 RESULTS, MARKDOWN = "results.json", "results.md"
-UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte"}
+UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte",
+         "masked_loss": "nats per [MASK]ed token, every chosen position replaced by [MASK]"}
 
 
 RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seeds (lower is better) and its "
@@ -109,7 +110,9 @@ def gate_lines(results: dict) -> list[str]:
     g, tuned = results.get("gates"), bool(results.get("downstream"))
     if not g:
         return []
-    out = [f"Loss on {g['label']} of every training against the unigram model of its training text and the "
+    what = {"masked_loss": "Loss on the [MASK]ed positions only (every chosen position replaced by [MASK]: nothing to "
+                           "copy from the input)"}.get(g.get("metric", "loss"), "Loss")
+    out = [f"{what} on {g['label']} of every training against the unigram model of its training text and the "
            f"weights it started from (step 0), means over seeds. A run learned when its loss is at least "
            f"{g['min_gain']:g} nats below the unigram figure; it diverged when its loss is not finite or, trained "
            f"from scratch, more than {g['min_gain']:g} above step 0. A comparison involving a run that did not "
@@ -164,6 +167,15 @@ def probe_lines(results: dict) -> list[str]:
                    f"{m['ratio']:.1f}x at T={m['seq_lens'][-1]}")
         out += ["", "| T | flash MiB | naive MiB |", "| --- | --- | --- |"]
         out += [f"| {t} | {f:.1f} | {n:.1f} |" for t, f, n in zip(m["seq_lens"], m["flash"], m["naive"])]
+    if "train_speed" in probes:
+        t = probes["train_speed"]
+        if t.get("why"):
+            out.append(f"- training speed, flash against naive: not measured ({t['why']})")
+        else:
+            out.append(f"- training speed of one step (fresh weights, bf16) on {t['device']}, {t['run']}: flash / naive = "
+                       f"{t['speedup']:.2f}x at T={t['seq_lens'][-1]}")
+            out += ["", "| T | flash tokens/s | naive tokens/s |", "| --- | --- | --- |"]
+            out += [f"| {n} | {f:,.0f} | {v:,.0f} |" for n, f, v in zip(t["seq_lens"], t["flash"], t["naive"])]
     if "decode_speed" in probes:
         values = probes["decode_speed"]["values"]
         sizes = list(dict.fromkeys(b for v in values.values() for b in v["tokens_per_sec"]))

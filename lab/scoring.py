@@ -111,7 +111,32 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
         request = EvalRequest(batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
                               cache_dir=cache_dir, show_progress=False, masking=own_masking(recipe) if own else None)
     result = evaluate(checkpoint, text, request)
-    return {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
+    out = {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
+    if recipe.objective.name == "mlm" and not (whole or own):
+        out.update(masked_scores(checkpoint, text, request))
+    return out
+
+
+# The positions an MLM model cannot solve by copying its input: every chosen position (the common 15%) replaced by
+# [MASK]. Under 80/10/10 a tenth of the targets are visible in the input, and a model that copies them scores a
+# loss the unigram gate accepts while it predicts masked tokens no better than token frequencies (docs/lab.md).
+MASKED = {"mask_prob": 0.15, "mask_replace": [1.0, 0.0, 0.0], "whole_word": False}
+
+
+def masked_scores(checkpoint: Path, text: str, request) -> dict:
+    """{masked_loss, masked_tokens}: the loss on [MASK]ed positions only (MASKED), the same batches otherwise."""
+    from dataclasses import replace
+
+    from ..evaluation.evaluate import evaluate
+
+    result = evaluate(checkpoint, text, replace(request, masking=MASKED))
+    return {"masked_loss": result["loss"], "masked_tokens": result["tokens"]}
+
+
+def has_masked(recipe: Recipe, column: Column, scores: dict) -> bool:
+    """Whether a cached score has what this column needs: an MLM model's plain column its masked-position loss."""
+    plain = column.factor == 1 and not (column.whole or column.own)
+    return not (recipe.objective.name == "mlm" and plain) or "masked_loss" in scores
 
 
 def _read_scores(path: Path) -> dict:
@@ -128,7 +153,8 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
     path = scores_file(lab, job)
     have = _read_scores(path) if path.is_file() else {}
     # a degradation column written before it split rows at the training length held an overall loss: redone
-    missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])}
+    missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])
+               or not has_masked(recipe, v, have[k])}  # a score written before masked_loss existed: redone
     for label, column in missing.items():
         have[label] = score_checkpoint(checkpoint, column.text, recipe, column.factor, lab.folder / "data",
                                        column.whole, column.own)

@@ -65,8 +65,8 @@ def size_values(spec: LabSpec, base: Recipe, count: int | None) -> tuple[str, li
     if spec.sizes:
         values = spec.sizes["values"]
         if count is not None and not 2 <= count <= len(values):
-            raise ConfigError(f"sizes: got {count}, expected 2 to {len(values)} (the rungs of {spec.path}'s sizes "
-                              f"block: {values})", params=("sizes",))
+            raise ConfigError(f"sizes: got {count}, expected 2 to {len(values)} (the rungs {spec.path} lists: "
+                              f"{values})", params=("sizes",))
         return spec.sizes["key"], values[:count] if count else values
     if count is None or not 2 <= count <= len(DEFAULT_FACTORS):
         raise ConfigError(f"sizes: got {count}, expected 2 to {len(DEFAULT_FACTORS)} (widths of {DEFAULT_FACTORS} "
@@ -82,8 +82,8 @@ def size_values(spec: LabSpec, base: Recipe, count: int | None) -> tuple[str, li
 def size_rungs(spec: LabSpec, options: LabOptions, count: int | None) -> list[SizeRung]:
     """Every rung of the ladder, its steps set for the same tokens per parameter (module doc)."""
     if options.steps:
-        raise ConfigError("steps: a sizes ladder sets each rung's steps from its parameters (tokens per parameter); "
-                          "give the spec's sizes.tokens_per_param instead of --steps", params=("steps",))
+        raise ConfigError("steps: a ladder of sizes sets each rung's training length from its parameters (tokens per "
+                          "parameter); set the spec's sizes.tokens_per_param instead", params=("steps",))
     base = reference_recipe(spec, options, [])
     key, values = size_values(spec, base, count)
     per_step = base.train.batch_size * base.data.seq_len

@@ -256,10 +256,12 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     if not isinstance(expect, list):
         problems.append("expect: expected a list of expectations")
         expect = []
-    spec.expect_hash = item_hash(expect)
+    spec.expect_hash = item_hash(expect if spec.metric == "loss" else {"expect": expect, "metric": spec.metric})
     for i, item in enumerate(expect):
         for exp in parse_expectation(item, f"expect[{i}]", names, problems):
             exp.paper = parse_paper(item.get("paper"), f"expect[{i}].paper", problems)
+            if spec.metric != "loss":  # the metric decides what the expectation reads: part of what is registered
+                exp.hash = item_hash({"expect": item, "metric": spec.metric})
             spec.expect.append(exp)
             if exp.probe in PROBE_SOURCE:
                 check_probed(spec.probes, spec.variants, spec.reference, exp, f"expect[{i}]", problems)

@@ -22,7 +22,7 @@ PROBE_SETTINGS = {
     "attention_logits": {"runs": RUNS},
     "attention": {"runs": RUNS},  # default: every variant
     "residual_update": {"runs": RUNS},  # default: every variant
-    "train_speed": {"runs": RUNS, "seq_lens": COUNTS},  # CUDA only (probes.train_speed)
+    "train_speed": {"run": RUN, "seq_lens": COUNTS},  # on a GPU only (probes.train_speed)
 }
 PER_VARIANT = ("attention", "residual_update")  # probes that measure every variant unless `runs` says otherwise
 
@@ -71,7 +71,7 @@ def check_probed(probes: dict[str, Any], variants, reference: str, exp: Expectat
     if source not in probes:
         problems.append(f"{key}.probe: {exp.probe} is measured by probes.{source}, which the spec does not run")
         return
-    if source == "memory":  # one figure of the run's architecture, not a value per run
+    if source in ("memory", "train_speed"):  # one figure of the run's architecture, not a value per run
         return
     probed = probed_runs(probes, variants, reference, source)
     for run in (exp.run, exp.versus):

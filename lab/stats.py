@@ -135,10 +135,13 @@ def seeds_needed(sd: float, gap: float) -> int | None:
         return None
     if sd == 0.0:
         return 2
-    n = 2
-    while n <= MAX_SEEDS and half_width(sd, n) >= gap:
-        n += 1 if n < 50 else max(1, n // 20)
-    return n if n <= MAX_SEEDS else None
+    if half_width(sd, MAX_SEEDS) >= gap:
+        return None
+    lo, hi = 1, MAX_SEEDS  # half_width falls as n grows: the first n in (lo, hi] below the gap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if half_width(sd, mid) >= gap else (lo, mid)
+    return max(hi, 2)
 
 
 @dataclass(frozen=True)

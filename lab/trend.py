@@ -14,7 +14,7 @@ import math
 from .downstream import column_metric
 from .spec import Expectation
 from .stats import slope_interval
-from .verdict import default_label, paired
+from .verdict import claim_deltas, default_label
 
 WORDS = ("holds", "reversed", "differs", "inconclusive", "does not hold", "mixed")  # a turn is between two of these
 
@@ -31,15 +31,15 @@ def rung_x(results: dict, axis: str) -> float | None:
 def trend(exp: Expectation, rungs: dict[str, dict], axis: str) -> dict | None:
     """{slope, lo, hi, n, per}: the least-squares slope of A - B against log2(axis) over every rung and seed;
     None for a claim that is no paired difference (probes, trains/fails, untested) or with fewer than 2 rungs."""
-    if exp.untested or exp.trains or exp.probe:
-        return None
+    if exp.untested or exp.trains or exp.probe or exp.faster:  # no paired difference (a faster claim's ratios are
+        return None  # read per rung)
     xs, ys = [], []
     for results in rungs.values():
         x = rung_x(results, axis)
         if x is None:
             continue
         label = exp.on or default_label(results, exp)
-        deltas = paired(results["rows"], *exp.pair, label, column_metric(results, label))
+        deltas = claim_deltas(exp, results["rows"], label, column_metric(results, label))
         finite = [d for d in deltas if math.isfinite(d)]
         xs += [x] * len(finite)
         ys += finite

@@ -34,6 +34,7 @@ design."""
 
 from __future__ import annotations
 
+from .curve_verdicts import judge_speed
 from .downstream import column_metric
 from .outcomes import judge_training, leaking, untrained
 from .probe_verdicts import judge_probe
@@ -59,6 +60,22 @@ def paired(rows: dict, a: str, b: str, label: str, metric: str) -> list[float]:
     sa, sb = (rows.get(n, {}).get("scores", {}).get(label, {}) for n in (a, b))
     return [sa[s][metric] - sb[s][metric] for s in sorted(sa) if s in sb
             and sa[s].get(metric) is not None and sb[s].get(metric) is not None]
+
+
+def claim_deltas(exp: Expectation, rows: dict, label: str, metric: str) -> list[float]:
+    """The per-seed differences a comparison is read from: A - B, or (A - B) - (C - D) with `minus`, over the
+    seeds every row involved has on `label`."""
+    a, b = exp.pair
+    if not exp.minus:
+        return paired(rows, a, b, label, metric)
+    first, second = (by_seed(rows, x, y, label, metric) for x, y in ((a, b), exp.minus))
+    return [first[s] - second[s] for s in sorted(first) if s in second]
+
+
+def by_seed(rows: dict, a: str, b: str, label: str, metric: str) -> dict[str, float]:
+    sa, sb = (rows.get(n, {}).get("scores", {}).get(label, {}) for n in (a, b))
+    return {s: sa[s][metric] - sb[s][metric] for s in sa if s in sb
+            and sa[s].get(metric) is not None and sb[s].get(metric) is not None}
 
 
 def reliance_warning(results: dict, label: str) -> str:
@@ -100,13 +117,15 @@ def judge(exp: Expectation, results: dict) -> Verdict:
         return judge_probe(exp, results, label)
     if exp.trains:
         return judge_training(exp, results, results.get("gates", {}).get("label", label))
-    a, b = exp.pair
-    deltas = paired(results["rows"], a, b, label, column_metric(results, label))
+    if exp.faster:
+        return judge_speed(exp, results, "validation")
+    names = [*exp.pair, *(exp.minus or ())]
+    deltas = claim_deltas(exp, results["rows"], label, column_metric(results, label))
     if not deltas:
         return Verdict(exp.describe(), label, "missing", 0, None, None, None, exp.source)
     iv = paired_interval(deltas)
-    failed = list(dict.fromkeys(x for x in (untrained(results, a), untrained(results, b)) if x))
-    leaks = [x for x in (leaking(results, a), leaking(results, b)) if x]
+    failed = list(dict.fromkeys(x for x in map(lambda n: untrained(results, n), names) if x))
+    leaks = [x for x in map(lambda n: leaking(results, n), names) if x]
     if leaks:  # a property of the architecture, at any size: --quick shows it too
         status, why = "invalid", "; ".join(leaks)
     elif failed and not is_quick(results):  # in --quick nothing trains far: the gates say so in their table
@@ -116,7 +135,7 @@ def judge(exp: Expectation, results: dict) -> Verdict:
         status = "no verdict" if why else decide(exp, iv)
     others = []
     for other in counterparts(results, label):
-        found = paired(results["rows"], a, b, other, column_metric(results, other))
+        found = claim_deltas(exp, results["rows"], other, column_metric(results, other))
         if found:
             o = paired_interval(found)
             others.append({"on": other, "mean": o.mean, "lo": o.lo, "hi": o.hi, "n": o.n})

@@ -52,6 +52,7 @@ class Verdict:
     registered: str = ""  # "fixed before the data" | "written after the data" | "" (registration.py)
     looks: list = field(default_factory=list)  # what earlier looks at fewer seeds read: "inconclusive at 3 seeds"
     paper: dict | None = None  # the paper beside it: cite, regime, reported, agreement, scale ratios (paper.py)
+    ratio: bool = False  # mean / lo / hi are a ratio of steps (faster/than), not a difference
 
     @property
     def numbers(self) -> str:

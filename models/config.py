@@ -26,7 +26,7 @@ ATTN_SCORES = ("dot", "additive")
 PAD_FILLS = ("-inf",)  # or a number <= 0
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
-INITS = ("normal", "xavier")
+INITS = ("normal", "xavier", "t5")
 ROPE_SCALINGS = (None, "linear", "yarn")
 
 
@@ -77,7 +77,9 @@ class ModelConfig:
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as the original paper
     dropout: float = 0.0  # on embeddings and residual branches
     attn_dropout: float = 0.0  # on attention probabilities
-    init: str = "normal"  # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier
+    # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier | t5 (xavier, the query
+    # projection divided by sqrt(head_dim): T5's unscaled attention folds the 1/sqrt(d) into W_q's init instead)
+    init: str = "normal"
     init_std: float = 0.02  # standard deviation of the normal init
     type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
     pad_token_id: int | None = None  # the tokenizer's padding id (HF export); masks come from attention_mask

@@ -292,3 +292,19 @@ def test_the_additive_hidden_layer_matches_einsum_free_broadcasting():
     want = (w[None, :, None, None, :] * torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))).sum(-1)  # (2, 3, 4, 6)
     torch.testing.assert_close(additive_scores(q, k, w), want)
     assert F.softmax(additive_scores(q, k, w), -1).shape == (2, 3, 4, 6)
+
+
+def test_t5_init_folds_the_score_scale_into_the_query_projection():
+    """init t5 with attn_scale none gives the scores xavier with sqrt_d gives, at step 0: W_q is sqrt(head_dim)
+    smaller, every other weight is xavier's."""
+    xavier = tiny_cfg("gpt", init="xavier", attn_scale="sqrt_d")
+    t5 = tiny_cfg("gpt", init="t5", attn_scale="none")
+    torch.manual_seed(0)
+    a = build_model(xavier)
+    torch.manual_seed(0)
+    b = build_model(t5)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        factor = xavier.head_dim ** -0.5 if name.endswith("q_proj.weight") else 1.0
+        assert torch.allclose(pb, pa * factor), name
+    ids = torch.randint(0, xavier.vocab_size, (2, 16))
+    assert torch.allclose(a(ids), b(ids), atol=1e-5)  # the same function before any update
