@@ -51,7 +51,7 @@ def results_table(rows: list[dict], names: list[str], data: str) -> Table:
                    "KV B/tok (bf16)", "tok/s"):
         table.add_column(column, justify="left" if column in ("checkpoint", "arch") else "right")
     for name, r in zip(names, rows):
-        table.add_row(name, r["arch"], steps_text(r.get("step"), r.get("prior_steps")), f"{r['params']:,}",
+        table.add_row(name, r["arch"], steps_text(r["step"], r["prior_steps"]), f"{r['params']:,}",
                       f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", _num(r["bits_per_byte"], ".4f"),
                       f"{100 * r['token_accuracy']:.2f}%",
                       f"{r['tokens']:,}", _num(r["kv_cache_bytes_per_token"], ","), _num(r["tokens_per_sec"], ",.0f"))
@@ -87,7 +87,7 @@ def side_by_side(by_corpus: list[dict[str, dict]], names: list[str], corpora: di
     for ckpt, scored in zip(names, by_corpus):
         first = next(iter(scored.values()))
         cells = [c for r in scored.values() for c in (f"{r['loss']:.4f}", _num(r["bits_per_byte"], ".4f"))]
-        table.add_row(ckpt, steps_text(first.get("step"), first.get("prior_steps")), *cells)
+        table.add_row(ckpt, steps_text(first["step"], first["prior_steps"]), *cells)
     return table
 
 
