@@ -51,6 +51,9 @@ class ModelConfig:
     # the query projection also makes the keys (Reformer's shared-QK attention): each key is its token's query
     # normalised to unit length, and a token attends to itself only when no other key is visible; no k_proj
     shared_qk: bool = False
+    # the key projection also makes the values (K = V): each value is its token's key before QK-norm and RoPE; no
+    # v_proj, half the key/value parameters of an attention block (the KV cache stays the same size)
+    shared_kv: bool = False
     positions: str = "learned"  # learned | sinusoidal | rope | alibi | none (no position information at all)
     rope_theta: float = 10000.0  # RoPE base frequency
     # RoPE context extension (models/rope_scaling.py): null | linear (position interpolation) | yarn (YaRN);
@@ -205,6 +208,9 @@ class ModelConfig:
         if self.shared_qk and self.n_kv_heads is not None and self.n_kv_heads != self.n_heads:
             out.append(f"{prefix}.shared_qk: the keys are the queries' projection, one per query head, so "
                        f"{prefix}.n_kv_heads must be null or {self.n_heads} (got {self.n_kv_heads})")
+        if self.shared_qk and self.shared_kv:
+            out.append(f"{prefix}.shared_kv: with {prefix}.shared_qk the keys are the normalised queries, so K = V would make "
+                       "every projection one (expected one of shared_qk or shared_kv, not both)")
         if self.shared_qk and self.arch == "transformer":
             out.append(f"{prefix}.shared_qk: shares a self-attention's query and key projection (Reformer), but arch "
                        "transformer's cross-attention takes its keys from the encoder (expected arch gpt or bert)")
