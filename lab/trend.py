@@ -14,7 +14,9 @@ import math
 from .downstream import column_metric
 from .spec import Expectation
 from .stats import slope_interval
+from .outcomes import untrained
 from .verdict import claim_deltas, default_label
+from .verdict_line import is_quick
 
 WORDS = ("holds", "reversed", "differs", "inconclusive", "does not hold", "mixed")  # a turn is between two of these
 
@@ -29,14 +31,20 @@ def rung_x(results: dict, axis: str) -> float | None:
 
 
 def trend(exp: Expectation, rungs: dict[str, dict], axis: str) -> dict | None:
-    """{slope, lo, hi, n, per}: the least-squares slope of A - B against log2(axis) over every rung and seed;
-    None for a claim that is no paired difference (probes, trains/fails, untested) or with fewer than 2 rungs."""
+    """{slope, lo, hi, n, per, left_out}: the least-squares slope of A - B against log2(axis) over every rung and
+    seed where every run the claim reads trained (a rung where one stayed at the unigram loss has a difference of
+    noise, which would bend the line: it is named in `left_out`); None for a claim that is no paired difference
+    (probes, trains/fails, untested) or with fewer than 2 rungs left."""
     if exp.untested or exp.trains or exp.probe or exp.faster:  # no paired difference (a faster claim's ratios are
         return None  # read per rung)
-    xs, ys = [], []
-    for results in rungs.values():
+    xs, ys, left_out = [], [], []
+    names = [*exp.pair, *(exp.minus or ())]
+    for rung, results in rungs.items():
         x = rung_x(results, axis)
         if x is None:
+            continue
+        if not is_quick(results) and any(untrained(results, n) for n in names):
+            left_out.append(rung)
             continue
         label = exp.on or default_label(results, exp)
         deltas = claim_deltas(exp, results["rows"], label, column_metric(results, label))
@@ -46,7 +54,7 @@ def trend(exp: Expectation, rungs: dict[str, dict], axis: str) -> dict | None:
     if len(set(xs)) < 2:
         return None
     s = slope_interval(xs, ys)
-    return {"slope": s.slope, "lo": s.lo, "hi": s.hi, "n": s.n,
+    return {"slope": s.slope, "lo": s.lo, "hi": s.hi, "n": s.n, "left_out": left_out,
             "per": "doubling of parameters" if axis != "steps" else "doubling of steps"}
 
 
@@ -65,4 +73,5 @@ def trend_text(t: dict | None) -> str:
     if t["lo"] is None:
         return f"{t['slope']:+.3g} per {t['per']} (no interval from {t['n']} points)"
     side = "Δ rises" if t["lo"] > 0 else "Δ falls" if t["hi"] < 0 else "no trend resolved"
-    return f"{t['slope']:+.3g} per {t['per']}, 95% CI [{t['lo']:+.3g}, {t['hi']:+.3g}] ({side})"
+    left = f"; {', '.join(t['left_out'])} left out: a run did not train" if t.get("left_out") else ""
+    return f"{t['slope']:+.3g} per {t['per']}, 95% CI [{t['lo']:+.3g}, {t['hi']:+.3g}] ({side}{left})"

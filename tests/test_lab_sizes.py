@@ -12,7 +12,7 @@ from tfkit.cli.main import app
 from tfkit.lab.plan import LabOptions
 from tfkit.lab.sizes import count_params, reference_recipe, size_rungs
 from tfkit.lab.spec import load_spec
-from tfkit.lab.trend import trend, turns
+from tfkit.lab.trend import trend, trend_text, turns
 from helpers import one_error_line
 
 SPEC = """\
@@ -132,6 +132,12 @@ def test_trend_and_turns_on_rungs_made_by_hand():
     from tfkit.lab.spec import Expectation
 
     t = trend(Expectation(source="s", better="a", than="b"), spec_results, "d_model")
-    assert t["slope"] == pytest.approx(-0.1, abs=0.01) and t["hi"] < 0
+    assert t["slope"] == pytest.approx(-0.1, abs=0.01) and t["hi"] < 0 and t["left_out"] == []
+    failed = {"status": "did not learn", "loss": 6.9, "unigram": 6.8, "step0": 8.3}  # a rung where b never trained
+    spec_results["d_model-16"] = {**spec_results["d_model-65536"], "scale": {"a": {"params": 2**14}},
+                                  "gates": {"runs": {"b": {"seeds": {"0": failed}}}}}
+    t2 = trend(Expectation(source="s", better="a", than="b"), spec_results, "d_model")
+    assert t2["left_out"] == ["d_model-16"] and t2["slope"] == pytest.approx(t["slope"])
+    assert "d_model-16 left out: a run did not train" in trend_text(t2)
     assert turns([("d_model-32", "reversed"), ("d_model-64", "inconclusive"), ("d_model-128", "holds")]) == [
         "reversed at d_model-32, inconclusive at d_model-64", "inconclusive at d_model-64, holds at d_model-128"]
