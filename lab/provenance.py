@@ -23,11 +23,11 @@ def git_commit(folder: Path = PACKAGE) -> str | None:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
-    commit = git("rev-parse", "--short=7", "HEAD")
+    commit = git("rev-parse", "HEAD")
     if commit is None:
         return None
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return commit + ("+dirty" if dirty else "")
+    dirty = git("status", "-s", "-uno")  # short form, tracked files only: empty when the tree is the commit's
+    return commit[:7] + ("+dirty" if dirty else "")
 
 
 def cpu_name() -> str:
