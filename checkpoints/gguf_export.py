@@ -58,6 +58,7 @@ CARD_KEY = "tfkit.model_card"  # the file's model card, the text of the card bes
 SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head size)")
 STANDARD = (SCALED, ("attn_score", ("dot",), "dot-product attention scores"),
             ("shared_qk", (False,), "separate query and key projections"),
+            ("shared_kv", (False,), "separate key and value projections"),
             ("pad_fill", ("-inf",), "padding masked out exactly"), ("residual", (True,), "residual connections"))
 NEEDS = {  # what each llama.cpp graph computes, as (field, allowed values, what the graph has)
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-norm blocks"),

@@ -23,6 +23,7 @@ WHOLE_CONTEXT = ("window", (None,), "attention over the whole context (Mistral h
 # What no HF family computes (the lab's options): each is refused by every family, naming the field.
 STANDARD = (("attn_score", ("dot",), "dot-product attention scores"),
             ("shared_qk", (False,), "separate query and key projections"),
+            ("shared_kv", (False,), "separate key and value projections"),
             ("pad_fill", ("-inf",), "padding masked out exactly (the dtype's minimum added to its scores)"),
             ("residual", (True,), "residual connections"))
 EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT, *STANDARD)

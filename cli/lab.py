@@ -35,10 +35,17 @@ def run(
     data: Annotated[Optional[str], typer.Option("--data", help="Training corpus of every run (data.train).")] = None,
     evals: Annotated[Optional[list[str]], typer.Option("--eval", help="A held-out text to score on (repeatable); "
                                                        "default: the spec's, else the base recipe's data.valid.")] = None,
-    seeds: Annotated[int, typer.Option("--seeds", help="Paired seeds per variant; a verdict needs at least 3.")] = 3,
+    seeds: Annotated[Optional[int], typer.Option("--seeds", help="Paired seeds per variant; a verdict needs at least 3. "
+                                                 "Default: the spec's `seeds:` (what its margins need), else 3. More "
+                                                 "seeds on a finished lab's --out continue it as a second look.")] = None,
     steps: Annotated[Optional[list[int]], typer.Option("--steps", help="train.max_steps of every run from scratch; "
                                                        "repeat it for a ladder: the whole lab at each step count "
                                                        "(folders steps-N), verdicts side by side.")] = None,
+    sizes: Annotated[Optional[int], typer.Option("--sizes", help="A ladder of N model sizes: the lab at the first N "
+                                                 "rungs of the spec's sizes block (else at N widths: 0.5, 1, 2, 4, 8 "
+                                                 "times the base d_model), every rung at the same tokens per "
+                                                 "parameter (folders d_model-W), a verdict per rung and the trend "
+                                                 "of each claim across sizes.")] = None,
     overrides: Overrides = None,
     jobs: Annotated[int, typer.Option("--jobs", help="Trainings run at the same time (processes).")] = 1,
     out: Annotated[Optional[Path], typer.Option("--out", help="Lab folder; an existing lab of the same claim and "
@@ -59,13 +66,29 @@ def run(
     ladder = list(steps or [])
     options = LabOptions(seeds=seeds, steps=ladder[0] if len(ladder) == 1 else None, data=data,
                          evals=list(evals or []), sets=list(overrides or []), jobs=jobs, quick=quick)
+    if sizes is not None:
+        from ..errors import ConfigError
+        from ..lab.engine import default_folder
+        from ..lab.ladder import run_sizes
+        from ..lab.sizes import size_rungs
+
+        if len(ladder) > 1:
+            raise ConfigError("sizes: a ladder is along one axis; give --sizes or repeated --steps, not both",
+                              params=("sizes",))
+        rungs, out = size_rungs(spec, options, sizes), out or default_folder(spec.claim)
+        console.print(f"lab {spec.claim}: a ladder of {len(rungs)} model sizes ({rungs[0].key} "
+                      f"{', '.join(str(r.value) for r in rungs)}, {', '.join(str(r.steps) for r in rungs)} steps) over "
+                      f"{seeds or spec.seeds or 3} seed(s); folder {out}", highlight=False, markup=False)
+        folder, results = run_sizes(spec, options, rungs, out)
+        _show(folder, results, MARKDOWN)
+        return
     if len(ladder) > 1:
         from ..lab.engine import default_folder
         from ..lab.ladder import run_ladder
 
         out = out or default_folder(spec.claim)
         console.print(f"lab {spec.claim}: a ladder of {len(ladder)} labs at {', '.join(map(str, sorted(ladder)))} "
-                      f"steps over {seeds} seed(s); folder {out}", highlight=False, markup=False)
+                      f"steps over {seeds or spec.seeds or 3} seed(s); folder {out}", highlight=False, markup=False)
         folder, results = run_ladder(spec, options, ladder, out)
         _show(folder, results, MARKDOWN)
         return
@@ -76,6 +99,16 @@ def run(
                   f"{len(lab.seeds)} seed(s){cost}; folder {lab.folder}", highlight=False, markup=False)
     results = write_report(lab.folder, run_lab(lab), spec)
     _show(lab.folder, results, MARKDOWN)
+
+
+@app.command("family")
+def family(folders: Annotated[list[Path], typer.Argument(help="Lab folders (or ladders) whose verdicts form one "
+                                                          "family.")]) -> None:
+    """Holm's family-wise view over every tested verdict line of the labs given (a record's), beside each lab's
+    own: which verdict words survive once every comparison of the record is counted."""
+    from ..lab.family import record_family, render_record_family
+
+    console.print(render_record_family(record_family(list(folders))), highlight=False, markup=False)
 
 
 @app.command("report")

@@ -14,6 +14,7 @@ What the hand-made comparisons needed and this does every time:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -36,12 +37,15 @@ from .jobs import Lab, checkpoint_of, final_checkpoint, job_named, log_path, sco
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
 from .probing import probe_units, run_probes
 from .progress import LabProgress, Training
+from .provenance import provenance
+from .registration import add_look, register
 from .scale import run_scale
 from .scoring import eval_label, labels, pick_best, read_curves, score_job
 from .spec import LabSpec
 
 LAB_FILE = "lab.json"
 SPEC_COPY = "spec.yaml"
+DEFAULT_SEEDS = 3  # without --seeds and a spec's own `seeds:` (verdict_line.MIN_SEEDS: fewer give no word)
 
 
 def default_folder(claim: str) -> Path:
@@ -51,6 +55,8 @@ def default_folder(claim: str) -> Path:
 
 def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
     """Check everything (spec, every recipe, the options, the folder) before any compute; one error."""
+    if options.seeds is None:  # the spec's own (the seeds its margins need), else the default
+        options = dataclasses.replace(options, seeds=spec.seeds or DEFAULT_SEEDS)
     if options.seeds < 1:
         raise ConfigError(f"seeds: got {options.seeds}, expected a positive integer", params=("seeds",))
     if options.jobs < 1:
@@ -72,6 +78,9 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
         while label in evals:
             label, n = f"{eval_label(text)}-{n}", n + 1
         evals[label] = text
+    if spec.sweep_on is not None and spec.sweep_on not in evals:
+        raise ConfigError(f"{spec.path}: sweep_on: got {spec.sweep_on!r}, expected one of the eval texts "
+                          f"({', '.join(evals)})", params=("evals",))
     for factor in spec.probes.get("lengths") or []:
         for key, recipe in recipes.items():
             if recipe.objective.name != "clm":
@@ -96,6 +105,7 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
     check_task_columns(spec.path, recipes)  # eval.tasks / eval.probe of the trainings (inloop_columns.py)
     folder = Path(out) if out else default_folder(spec.claim)
     _claim_folder(folder, spec, options)
+    register(folder, spec, seeds)  # before the first training: each verdict says if its expectation was fixed then
     return Lab(spec, options, folder, jobs, recipes, evals, seeds)
 
 
@@ -139,6 +149,10 @@ def claim_folder(folder: Path, spec: LabSpec, record: dict, marker_name: str) ->
         if not isinstance(found.get("options"), dict):
             raise ConfigError(f"{marker}: damaged, expected the claim and options of a lab (no options object); "
                               "restore it, or run the lab into another out folder", params=("out",))
+        if second_look(found, record):  # the same lab at more seeds: its earlier results were there to be seen
+            add_look(folder, found["options"]["seeds"])
+            write_atomic(marker, json.dumps(record, indent=2) + "\n")
+            return
         if found != record:
             raise ConfigError(f"{folder}: holds a lab of {found.get('claim')!r} with options {found.get('options')}, "
                               f"not {record['options']}; continue it with the same options or choose another out",
@@ -150,6 +164,14 @@ def claim_folder(folder: Path, spec: LabSpec, record: dict, marker_name: str) ->
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / SPEC_COPY, spec.path.read_text(encoding="utf-8"))
     write_atomic(marker, json.dumps(record, indent=2) + "\n")
+
+
+def second_look(found: dict, record: dict) -> bool:
+    """Whether `record` is the lab `found` describes continued with more seeds (and nothing else changed)."""
+    old, new = found.get("options") or {}, record.get("options") or {}
+    if not all(isinstance(o.get("seeds"), int) for o in (old, new)) or new["seeds"] <= old["seeds"]:
+        return False
+    return {**found, "options": {**old, "seeds": new["seeds"]}} == record
 
 
 def _tokenizer_key(recipe: Recipe) -> str:
@@ -299,6 +321,7 @@ def run(lab: Lab, progress: LabProgress | None = None) -> dict:
     """Train, convert, score and probe every job of the lab; returns the results (results.json). `progress`
     shows it (lab/progress.py; tests pass one on a fake clock)."""
     units = len(lab.jobs) * 2 + probe_units(lab)  # each job is trained or converted, then scored
+    where = provenance()  # the code and machine as the trainings start (the tree may change while they run)
     progress, timing = progress or LabProgress(units, trainings(lab), lab.options.jobs), {}
     started = progress.clock()
     progress.print("lab: the tokenizers and token caches every run shares (logs/ keeps their output) ...")
@@ -342,5 +365,6 @@ def run(lab: Lab, progress: LabProgress | None = None) -> dict:
     return {"claim": s.claim, "title": s.title, "source": s.source, "spec": str(s.path), "metric": s.metric,
             "reference": s.reference, "seeds": lab.seeds, "options": lab.options.to_dict(), "evals": lab.evals,
             "rows": rows, "curves": read_curves(lab), "probes": probes, "gates": gates, "scale": scale, "sweep": sweep,
-            "documents": documents, "timing_s": timing, "cost": s.cost, "downstream": downstream}
+            "documents": documents, "timing_s": timing, "cost": s.cost, "downstream": downstream,
+            "provenance": where}
 

@@ -5,6 +5,8 @@ Also the two small checks every part of a spec shares (`mapping`, `suggest`)."""
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +15,9 @@ from typing import Any
 PROBE_SOURCE = {"attention_reliance": "attention_reliance", "flash_max_diff": "flash_equality",
                 "mask_leak": "mask_leak", "memory_ratio": "memory", "attention_logits": "attention_logits",
                 "attention_entropy": "attention", "attention_max_prob": "attention", "attention_spread": "attention",
-                "residual_update": "residual_update"}
+                "residual_update": "residual_update", "flash_speedup": "train_speed"}
 PROBE_NAMES = tuple(PROBE_SOURCE)
+PER_LAYER_PROBES = ("attention_entropy", "attention_max_prob", "attention_spread", "residual_update")
 DEFAULT_MARGIN = 0.01  # nats (or bits per byte): differences smaller than this are noise at these sizes
 
 
@@ -43,30 +46,46 @@ class Expectation:
     margin: float = DEFAULT_MARGIN
     trains: str | None = None
     fails: str | None = None
+    faster: str | None = None  # faster/than: A reaches B's final validation loss in fewer steps (curve_verdicts.py)
     untested: str | None = None  # the claim, in words
     why: str = ""  # why this lab cannot test it
+    margin_reason: str = ""  # why the margin / tol is what it is (the noise floor it was measured against)
+    reported: str = ""  # the paper's own number for this claim, in words (paper.py prints it beside ours)
+    paper: dict | None = None  # the source's regime when it is not the spec's `paper:` (paper.py)
+    layer: int | None = None  # a per-layer probe read at this layer (negative: from the last) instead of its mean
+    than_layer: int | None = None  # the layer of the run `below` / `above` names (default: `layer`)
+    hash: str = ""  # of the expectation as written (registration.py: fixed before the data or not)
+    minus: tuple[str, str] | None = None  # a difference of differences: (A - B) - (C - D), seed by seed
 
     @property
     def pair(self) -> tuple[str, str]:
         """(A, B) of a comparison: its verdict is read from the differences A - B."""
         if self.trains:
             return self.trains, self.fails
-        return self.same or (self.better or self.not_worse, self.than)
+        return self.same or (self.better or self.not_worse or self.faster, self.than)
 
     def describe(self) -> str:
         if self.untested:
             return self.untested
         if self.trains:
             return f"{self.trains} trains where {self.fails} does not"
+        if self.faster:
+            return f"{self.faster} reaches {self.than}'s final validation loss in fewer steps"
+        a, b = self.pair if not self.probe else (None, None)
+        if self.minus:  # the change from B to A against the change from D to C
+            a, b = f"{a} - {b}", f"{self.minus[0]} - {self.minus[1]}"
         if self.better:
-            return f"{self.better} < {self.than}"
+            return f"{a} < {b}"
         if self.not_worse:
-            return f"{self.not_worse} not worse than {self.than} (by more than {self.margin:g})"
+            return f"{a} not worse than {b} (by more than {self.margin:g})"
         if self.same:
-            return f"{self.same[0]} = {self.same[1]} (|Δ| <= {self.tol:g})"
+            return f"{a} = {b} (|Δ| <= {self.tol:g})"
         sign, bound = ("<", self.below) if self.below is not None else (">", self.above)
-        return f"{self.probe} of {self.run} {sign} {bound}'s" if isinstance(bound, str) \
-            else f"{self.probe} of {self.run} {sign} {bound:g}"
+        at = "" if self.layer is None else f" at layer {self.layer}"
+        if isinstance(bound, str):
+            other = self.layer if self.than_layer is None else self.than_layer
+            return f"{self.probe} of {self.run}{at} {sign} {bound}'s" + ("" if other is None else f" at layer {other}")
+        return f"{self.probe} of {self.run}{at} {sign} {bound:g}"
 
     @property
     def versus(self) -> str | None:
@@ -93,8 +112,14 @@ def mapping(value: Any, key: str, allowed: tuple[str, ...], problems: list[str])
 
 
 EXPECT_KEYS = ("better", "not_worse", "than", "same", "tol", "probe", "run", "below", "above", "eval", "margin",
-               "trains", "fails", "untested", "why", "source")
-FORMS = ("better", "not_worse", "same", "probe", "trains", "untested")
+               "trains", "fails", "untested", "why", "source", "margin_reason", "reported", "paper", "layer",
+               "than_layer", "minus", "faster")
+
+
+def item_hash(item: Any) -> str:
+    """sha256 (16 hex digits) of an expectation as written, keys sorted: any edit makes another hash."""
+    return hashlib.sha256(json.dumps(item, sort_keys=True, default=str).encode()).hexdigest()[:16]
+FORMS = ("better", "not_worse", "same", "probe", "trains", "untested", "faster")
 
 
 def parse_expectation(item: Any, key: str, names: set[str], problems: list[str]) -> list[Expectation]:
@@ -103,19 +128,28 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         problems.append(f"{key}: expected a mapping with better/than, not_worse/than, same, probe or trains/fails, "
                         "and source")
         return []
-    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"))  # `on` is YAML 1.1 for true
+    exp = Expectation(source=str(item.get("source") or ""), on=item.get("eval"), hash=item_hash(item))  # `on`: YAML
+    # 1.1 for true, so the key is `eval`
+    for name in ("margin_reason", "reported"):
+        if name in item and not (isinstance(item[name], str) and item[name].strip()):
+            problems.append(f"{key}.{name}: got {item[name]!r}, expected text")
+        setattr(exp, name, str(item.get(name) or ""))
     forms = [f for f in FORMS if f in item]
     if len(forms) != 1:
-        problems.append(f"{key}: expected exactly one of better or not_worse (with than), same, probe, trains "
+        problems.append(f"{key}: expected exactly one of better, not_worse or faster (with than), same, probe, trains "
                         f"(with fails) or untested (with why), got {forms or 'none'}")
         return []
     if "why" in item and forms[0] != "untested":
         problems.append(f"{key}.why: belongs to untested, not to {forms[0]}")
         return []
-    partner = {"better": "than", "not_worse": "than", "trains": "fails"}
+    partner = {"better": "than", "not_worse": "than", "trains": "fails", "faster": "than"}
+    for name in ("layer", "than_layer"):
+        if name in item and forms[0] != "probe":
+            problems.append(f"{key}.{name}: belongs to probe, not to {forms[0]}")
+            return []
     for name in ("than", "fails"):
         if name in item and partner.get(forms[0]) != name:
-            problems.append(f"{key}.{name}: belongs to " + ("better or not_worse" if name == "than" else "trains")
+            problems.append(f"{key}.{name}: belongs to " + ("better, not_worse or faster" if name == "than" else "trains")
                             + f", not to {forms[0]}")
             return []
     if not exp.source:
@@ -130,7 +164,7 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
             return []
     exp.tol, exp.margin = float(item.get("tol", exp.tol)), float(item.get("margin", exp.margin))
     referenced = []
-    if forms[0] in ("better", "not_worse"):
+    if forms[0] in ("better", "not_worse", "faster"):
         setattr(exp, forms[0], item.get(forms[0]))
         exp.than = item.get("than")
         referenced = [(forms[0], item.get(forms[0])), ("than", exp.than)]
@@ -157,10 +191,29 @@ def parse_expectation(item: Any, key: str, names: set[str], problems: list[str])
         exp.below, exp.above = item.get("below"), item.get("above")
         if exp.probe not in PROBE_NAMES:
             problems.append(f"{key}.probe: got {exp.probe!r}, expected one of {', '.join(PROBE_NAMES)}")
+        for name in ("layer", "than_layer"):
+            value = item.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                problems.append(f"{key}.{name}: got {value!r}, expected a layer index (0 first, -1 last)")
+            setattr(exp, name, value if isinstance(value, int) and not isinstance(value, bool) else None)
+        if (exp.layer is not None or exp.than_layer is not None) and exp.probe not in PER_LAYER_PROBES:
+            problems.append(f"{key}.layer: {exp.probe} has no layers (expected one of {', '.join(PER_LAYER_PROBES)})")
+        if exp.than_layer is not None and exp.versus is None:
+            problems.append(f"{key}.than_layer: needs below or above naming a run")
         if (exp.below is None) == (exp.above is None):
             problems.append(f"{key}: a probe expectation needs exactly one of below or above")
         referenced = [("run", exp.run)] + ([("below" if exp.below is not None else "above", exp.versus)]
                                            if exp.versus else [])
+    if "minus" in item:
+        pair = item["minus"]
+        if forms[0] not in ("better", "not_worse", "same"):
+            problems.append(f"{key}.minus: belongs to better, not_worse or same, not to {forms[0]}")
+        elif not (isinstance(pair, list) and len(pair) == 2):
+            problems.append(f"{key}.minus: expected a list of two variant names (C, D: the claim reads (A - B) - (C - D)), "
+                            f"got {pair!r}")
+        else:
+            exp.minus = (pair[0], pair[1])
+            referenced += [("minus", pair[0]), ("minus", pair[1])]
     for field_name, name in referenced:
         if name not in names:
             problems.append(f"{key}.{field_name}: got {name!r}, expected one of {', '.join(sorted(names))}")

@@ -36,7 +36,7 @@ QUICK = ("model.d_model=32", "model.n_layers=1", "model.n_heads=4", "model.max_s
 @dataclass
 class LabOptions:
     """What `tfkit lab run` was asked for; stored in the lab folder so a resumed lab runs the same plan."""
-    seeds: int = 3  # verdict.MIN_SEEDS: fewer give numbers and no verdict word
+    seeds: int | None = None  # None: the spec's `seeds:`, else 3 (verdict_line.MIN_SEEDS: fewer give no verdict word)
     steps: int | None = None  # train.max_steps of every run from scratch
     data: str | None = None  # data.train of the base recipe
     evals: list[str] = field(default_factory=list)  # held-out texts; empty = the spec's, else data.valid

@@ -11,7 +11,8 @@ from ..files import atomic_file
 from .downstream import column_metric
 from .scoring import is_degradation
 from .stats import mean_sd, paired_interval
-from .verdict import paired, untrained
+from .outcomes import untrained
+from .verdict import paired
 
 
 def write_plots(folder: Path, results: dict) -> list[str]:

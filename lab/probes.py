@@ -15,6 +15,9 @@
   tensors measures that on any device, deterministically, without a GPU's allocator statistics.
 - `decode_speed`: greedy decoding tokens/s at each batch size and the KV-cache bytes per token: what
   fewer key/value heads buy at inference, beside what they cost in loss.
+- `train_speed`: tokens/s of one training step (forward, backward) flash against naive at each sequence length,
+  on a GPU only (FlashAttention's speed is a claim about a GPU's memory hierarchy; a CPU's numbers say nothing
+  about it, so there the probe records why it did not run and the verdict reads "not tested").
 - `attention_logits`: the largest |attention logit| (q·k times the score scale, before the softmax) a
   query of any layer and head gives a key its mask lets it see. Their growth at a high learning rate is
   the instability QK-norm is for (Dehghani et al., 2023, section 3.1; Wortsman et al., 2023, section
@@ -108,6 +111,40 @@ def activation_memory(checkpoint: Path, seq_lens: list[int]) -> dict:
             row.append(_saved_bytes(model, ids) / 2**20)
         out[impl] = row
     out["ratio"] = out["naive"][-1] / max(out["flash"][-1], 1e-9)
+    return out
+
+
+NO_GPU = "no GPU on this machine: FlashAttention's speed is measured on one"
+
+
+def train_speed(checkpoint: Path, seq_lens: list[int], steps: int = 10, tokens: int = 16384) -> dict:
+    """{"seq_lens", "flash", "naive" (tokens/s of a training step), "speedup" (flash over naive at the longest)}
+    of the checkpoint's architecture (fresh weights, bf16 autocast, about `tokens` tokens a step), timed after
+    two warm-up steps with the device synchronised; {"why": NO_GPU} without CUDA."""
+    if not torch.cuda.is_available():
+        return {"why": NO_GPU}
+    cfg, device = CheckpointRecord.read(checkpoint).model, torch.device("cuda")
+    out: dict = {"seq_lens": list(seq_lens), "device": torch.cuda.get_device_name(0)}
+    for impl in ("flash", "naive"):
+        row = []
+        for t in seq_lens:
+            config = dataclasses.replace(cfg, attention=impl, max_seq_len=max(t, cfg.max_seq_len))
+            torch.manual_seed(0)
+            model = build_model(config).to(device)
+            ids = torch.randint(0, config.vocab_size, (max(1, tokens // t), t), device=device)
+            for n in range(steps + 2):
+                if n == 2:
+                    torch.cuda.synchronize()
+                    started = time.perf_counter()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = _logits(model, {"input_ids": ids})  # (B, T, V)
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            row.append(ids.numel() * steps / (time.perf_counter() - started))
+        out[impl] = row
+    out["speedup"] = out["flash"][-1] / out["naive"][-1]
     return out
 
 

@@ -1,7 +1,7 @@
 """Which probe runs on which checkpoints, and how its values are kept (results.json's `probes`).
 
 The measurements themselves are in probes.py (attention reliance, flash = naive, the mask leak, activation
-memory, decode speed, the largest attention logit) and mechanisms.py (attention entropy, max probability
+memory, training speed on a GPU, decode speed, the largest attention logit) and mechanisms.py (attention entropy, max probability
 and score spread per layer; the relative update of the residual stream per block). Probes that read one
 batch (PER_BATCH) measure each probed run's every seed on the first evaluation batch of the lab's first eval
 text, under the layout the checkpoint trained with; their values are {run: {seed: value}}, a value being a
@@ -36,7 +36,7 @@ def probe_units(lab: Lab) -> int:
     p, spec = lab.spec.probes, lab.spec
     runs = sum(len(spec.probed_runs(key)) for key in PER_BATCH if key in p)
     decode = len(spec.probed_runs("decode_speed")) if "decode_speed" in p else 0
-    return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p) + decode
+    return len(lab.seeds) * (("attention_reliance" in p) + runs) + ("memory" in p) + decode + ("train_speed" in p)
 
 
 def _probed(lab: Lab, name: str, seeds: list[int]) -> list[Job]:
@@ -86,6 +86,13 @@ def run_probes(lab: Lab, rows: dict, progress: LabProgress) -> dict:
             started = progress.clock()
             out["memory"] = {"run": job.name, **measure.activation_memory(checkpoint_of(lab, job), lengths)}
             progress.step(f"probe activation memory {job.key}", started)
+    if "train_speed" in p:  # a GPU's figure (probes.train_speed): on a CPU it records why it did not run
+        cfg = p["train_speed"] or {}
+        lengths = [64, 128] if lab.options.quick else list(cfg.get("seq_lens", [1024, 2048, 4096]))
+        for job in _probed(lab, cfg.get("run", lab.spec.reference), lab.seeds)[:1]:  # its architecture, once
+            started = progress.clock()
+            out["train_speed"] = {"run": job.name, **measure.train_speed(checkpoint_of(lab, job), lengths)}
+            progress.step(f"probe training speed {job.key}", started)
     if "decode_speed" in p:
         cfg, out["decode_speed"] = p["decode_speed"] or {}, {"values": {}}
         sizes = [1, 2] if lab.options.quick else [int(b) for b in cfg.get("batch_sizes", [1, 8])]

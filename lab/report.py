@@ -11,16 +11,21 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_atomic
 from ..jsonfile import read_json
+from .annotate import annotate
 from .documents import document_lines
 from .downstream import MIN_MATTHEWS
+from .family import apply_holm, family_lines
 from .mechanism_lines import lengths_lines, mechanism_lines, own_masking_lines
-from .scoring import is_degradation
+from .scoring import is_degradation, sweep_warnings
+from .provenance import provenance_line
+from .registration import read_registration
 from .scale import scale_lines
 from .spec import LabSpec, load_spec
 from .verdict import MIN_SEEDS, coverage_warning, judge, reliance_warning, summary
 
 RESULTS, MARKDOWN = "results.json", "results.md"
-UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte"}
+UNITS = {"loss": "nats per token", "bits_per_byte": "bits per byte",
+         "masked_loss": "nats per [MASK]ed token, every chosen position replaced by [MASK]"}
 
 
 RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seeds (lower is better) and its "
@@ -39,6 +44,40 @@ RULE = ("Each verdict line gives the mean paired difference Δ = A - B over seed
         "holds when A trained and B did not in every seed, does not hold when B trained in every seed, and is "
         "mixed otherwise; where A did not train it is not tested (reversed when A failed and B trained in every "
         "seed). A claim the spec marks untested (one this lab cannot test, e.g. at this scale) says why instead.")
+
+
+NOTES = ("After the word, a line says what a reader needs before quoting it: an inconclusive line the seeds that "
+         "would decide it at the spread it measured (or that none would at its mean) and the smallest effect its "
+         "seeds detect; the reason for its margin; whether Holm's rule keeps its word once the lab's other tests "
+         "are counted; whether its expectation was fixed before the data (hashed into registration.json before "
+         "the first training) or written after; what earlier looks at fewer seeds read; and whether it agrees in "
+         "direction with the paper it quotes.")
+
+
+def registration_line(registration: dict | None) -> str:
+    if not registration:
+        return "No registration: this lab ran before expectations were registered, so no verdict says whether its " \
+               "expectation was fixed before the data."
+    when = "before its first training" if registration.get("before_data") else "after some of its trainings had run"
+    looks = "; ".join(f"an earlier look at {look['seeds']} seeds ({look['at']})" for look in registration["looks"])
+    return (f"Expectations registered {registration['registered_at']}, {when} (expect block sha256 "
+            f"{registration['expect_sha256']}, seeds {', '.join(map(str, registration['seeds']))})"
+            + (f"; {looks}" if looks else "") + ".")
+
+
+def paper_lines(results: dict) -> list[str]:
+    """Each verdict beside the paper it quotes: the paper's regime and reported effect, the agreement word, and
+    how many times our parameters and tokens the paper's regime is."""
+    rows = [v for v in results["verdicts"] if v.get("paper")]
+    if not rows:
+        return []
+    out = ["| claim | ours | paper | its regime | it reported | agreement | paper / ours: parameters, tokens |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for v in rows:
+        p = v["paper"]
+        out.append(f"| {v['claim']} | {v['status']} | {p['cite']} | {p['regime']} | {p['reported'] or '-'} | "
+                   f"{p['agreement']} | {p['params_ratio']}, {p['tokens_ratio']} |")
+    return out
 
 
 def _cell(stats: dict | None) -> str:
@@ -71,7 +110,9 @@ def gate_lines(results: dict) -> list[str]:
     g, tuned = results.get("gates"), bool(results.get("downstream"))
     if not g:
         return []
-    out = [f"Loss on {g['label']} of every training against the unigram model of its training text and the "
+    what = {"masked_loss": "Loss on the [MASK]ed positions only (every chosen position replaced by [MASK]: nothing to "
+                           "copy from the input)"}.get(g.get("metric", "loss"), "Loss")
+    out = [f"{what} on {g['label']} of every training against the unigram model of its training text and the "
            f"weights it started from (step 0), means over seeds. A run learned when its loss is at least "
            f"{g['min_gain']:g} nats below the unigram figure; it diverged when its loss is not finite or, trained "
            f"from scratch, more than {g['min_gain']:g} above step 0. A comparison involving a run that did not "
@@ -126,6 +167,15 @@ def probe_lines(results: dict) -> list[str]:
                    f"{m['ratio']:.1f}x at T={m['seq_lens'][-1]}")
         out += ["", "| T | flash MiB | naive MiB |", "| --- | --- | --- |"]
         out += [f"| {t} | {f:.1f} | {n:.1f} |" for t, f, n in zip(m["seq_lens"], m["flash"], m["naive"])]
+    if "train_speed" in probes:
+        t = probes["train_speed"]
+        if t.get("why"):
+            out.append(f"- training speed, flash against naive: not measured ({t['why']})")
+        else:
+            out.append(f"- training speed of one step (fresh weights, bf16) on {t['device']}, {t['run']}: flash / naive = "
+                       f"{t['speedup']:.2f}x at T={t['seq_lens'][-1]}")
+            out += ["", "| T | flash tokens/s | naive tokens/s |", "| --- | --- | --- |"]
+            out += [f"| {n} | {f:,.0f} | {v:,.0f} |" for n, f, v in zip(t["seq_lens"], t["flash"], t["naive"])]
     if "decode_speed" in probes:
         values = probes["decode_speed"]["values"]
         sizes = list(dict.fromkeys(b for v in values.values() for b in v["tokens_per_sec"]))
@@ -157,15 +207,21 @@ def render(results: dict) -> str:
     if r.get("sweep"):
         sw = r["sweep"]
         lines += [f"Sweep: {sw['key']} in {{{', '.join(map(str, sw['values']))}}}; each variant's row (kind best) is "
-                  f"its run with the lowest mean {r['metric']} on {next(iter(r['evals']))}, and verdicts compare "
-                  "those: " + ", ".join(f"{v} = {run}" for v, run in sw["best"].items()) + ".", ""]
+                  f"its run with the lowest mean {r['metric']} on {sw.get('on') or next(iter(r['evals']))} (the "
+                  "selection text), and verdicts compare those: "
+                  + ", ".join(f"{v} = {run}" for v, run in sw["best"].items()) + ".", ""]
     scale = scale_lines(r)
     if scale:
         lines += ["What the results rest on (the first seed's runs; an uptraining's tokens are its own, seen after "
                   "those of the run it continues):", ""] + scale + [""]
-    lines += [RULE, ""]
-    lines += table(r, r["summary"]) + ["", "## Verdicts", ""]
+    lines += [RULE + " " + NOTES, ""]
+    about = " ".join(x for x in (provenance_line(r.get("provenance")), registration_line(r.get("registration"))) if x)
+    lines += ([about, ""] if about else []) + table(r, r["summary"])
+    lines += ["", "## Verdicts", ""]
     lines += [f"- {v['line']}" for v in r["verdicts"]] or ["- (the spec states no expectation)"]
+    for title, section in (("Family-wise view (Holm)", family_lines(r)), ("Against the papers", paper_lines(r))):
+        if section:
+            lines += ["", f"## {title}", ""] + section
     if r["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in r["warnings"]]
     for title, section in (("Documents in packed rows", document_lines(r)), ("Did every run train?", gate_lines(r)),
@@ -186,17 +242,19 @@ def complete(results: dict, spec: LabSpec) -> dict:
     """results + summary, verdicts and warnings computed from the spec's expectations."""
     results = dict(results)
     results["summary"] = summary(results)
-    verdicts = [judge(exp, results) for exp in spec.expect]
+    verdicts = [annotate(judge(exp, results), exp, results, spec.paper) for exp in spec.expect]
+    results["family"] = apply_holm(verdicts)
     results["verdicts"] = [v.to_dict() for v in verdicts]
     warnings = [reliance_warning(results, label) for label in results["evals"]]
-    warnings += [coverage_warning(results, label) for label in results["evals"]]
+    warnings += [coverage_warning(results, label) for label in results["evals"]] + sweep_warnings(results)
     results["warnings"] = [w for w in warnings if w]
     return results
 
 
 def write_report(folder: Path, results: dict, spec: LabSpec) -> dict:
-    """results.json and results.md (atomically) and the plots when matplotlib is installed."""
-    results = complete(results, spec)
+    """results.json and results.md (atomically) and the plots when matplotlib is installed. The registration of
+    the folder's expectations (registration.py) is read again each time: a later look adds to it."""
+    results = complete({**results, "registration": read_registration(folder)}, spec)
     write_atomic(folder / RESULTS, json.dumps(results, indent=2) + "\n")
     write_atomic(folder / MARKDOWN, render(results))
     from .plots import write_plots

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..layout import CONFIG
+from .paper import short_count
 from .plan import LM_KINDS
 
 if TYPE_CHECKING:
@@ -48,13 +49,6 @@ def run_scale(lab: Lab, rows: dict) -> dict:
                          "train_tokens": train.num_tokens, "steps": recipe.train.max_steps,
                          "precision": CheckpointRecord.read(checkpoint).precision if has_checkpoint else None}
     return out
-
-
-def short_count(n: float) -> str:
-    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:g}"
 
 
 def scale_lines(results: dict) -> list[str]:

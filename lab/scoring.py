@@ -111,7 +111,32 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
         request = EvalRequest(batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
                               cache_dir=cache_dir, show_progress=False, masking=own_masking(recipe) if own else None)
     result = evaluate(checkpoint, text, request)
-    return {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
+    out = {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
+    if recipe.objective.name == "mlm" and not (whole or own):
+        out.update(masked_scores(checkpoint, text, request))
+    return out
+
+
+# The positions an MLM model cannot solve by copying its input: every chosen position (the common 15%) replaced by
+# [MASK]. Under 80/10/10 a tenth of the targets are visible in the input, and a model that copies them scores a
+# loss the unigram gate accepts while it predicts masked tokens no better than token frequencies (docs/lab.md).
+MASKED = {"mask_prob": 0.15, "mask_replace": [1.0, 0.0, 0.0], "whole_word": False}
+
+
+def masked_scores(checkpoint: Path, text: str, request) -> dict:
+    """{masked_loss, masked_tokens}: the loss on [MASK]ed positions only (MASKED), the same batches otherwise."""
+    from dataclasses import replace
+
+    from ..evaluation.evaluate import evaluate
+
+    result = evaluate(checkpoint, text, replace(request, masking=MASKED))
+    return {"masked_loss": result["loss"], "masked_tokens": result["tokens"]}
+
+
+def has_masked(recipe: Recipe, column: Column, scores: dict) -> bool:
+    """Whether a cached score has what this column needs: an MLM model's plain column its masked-position loss."""
+    plain = column.factor == 1 and not (column.whole or column.own)
+    return not (recipe.objective.name == "mlm" and plain) or "masked_loss" in scores
 
 
 def _read_scores(path: Path) -> dict:
@@ -128,7 +153,8 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
     path = scores_file(lab, job)
     have = _read_scores(path) if path.is_file() else {}
     # a degradation column written before it split rows at the training length held an overall loss: redone
-    missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])}
+    missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])
+               or not has_masked(recipe, v, have[k])}  # a score written before masked_loss existed: redone
     for label, column in missing.items():
         have[label] = score_checkpoint(checkpoint, column.text, recipe, column.factor, lab.folder / "data",
                                        column.whole, column.own)
@@ -150,25 +176,54 @@ def read_curves(lab: Lab) -> dict:
     return out
 
 
+def sweep_label(lab: Lab) -> str:
+    """The eval text a sweep picks on: the spec's `sweep_on`, else the second eval text (the first, the lab's own
+    held-out text, is the one verdicts are read on by default), else the only one (and the report says so)."""
+    labels = list(lab.evals)
+    return lab.spec.sweep_on or (labels[1] if len(labels) > 1 else labels[0])
+
+
 def pick_best(lab: Lab, rows: dict) -> dict:
-    """Under `sweep`: add each variant's row as a copy of its best run's (lowest mean of the lab's metric
-    over seeds on the first eval text), so verdicts compare each variant at its best setting; returns
-    {"key", "values", "best": {variant: run}} ({} without a sweep). Every variant is chosen on the same
-    text the same way, so the choice favours none of them."""
+    """Under `sweep`: add each variant's row as a copy of its best run's (lowest mean of the lab's metric over
+    seeds on the selection text, `sweep_label`), so verdicts compare each variant at its best setting; returns
+    {"key", "values", "best": {variant: run}, "on": the selection text, "edges": {variant: where}} ({} without a
+    sweep). Every variant is chosen the same way on a text the verdicts are not read on (unless the lab has only
+    one), so the choice favours none of them and the verdict is not read on the noise it was picked on; a best
+    value at the end of a numeric grid is named in `edges` (a better one may lie beyond it)."""
     if not lab.spec.sweep:
         return {}
-    label, metric = next(iter(lab.evals)), lab.spec.metric
+    label, metric = sweep_label(lab), lab.spec.metric
+    ((key, values),) = lab.spec.sweep.items()
 
     def mean_score(run: str) -> float:
         values = [s[metric] for s in rows[run]["scores"][label].values()]
         mean = sum(values) / len(values)
         return mean if math.isfinite(mean) else math.inf  # a run that diverged is nobody's best
 
-    best = {variant: min(runs, key=mean_score) for variant, runs in sweep_runs(lab.spec).items()}
+    best, edges = {}, {}
+    for variant, runs in sweep_runs(lab.spec).items():
+        names = list(runs)  # in the order of `values`
+        best[variant] = min(names, key=mean_score)
+        value = values[names.index(best[variant])]
+        if all(isinstance(v, (int, float)) for v in values) and value in (min(values), max(values)):
+            edges[variant] = "smallest" if value == min(values) else "largest"
     for variant, run in best.items():
         rows[variant] = {"kind": "best", "best_of": run, "scores": rows[run]["scores"]}
-    ((key, values),) = lab.spec.sweep.items()
-    return {"key": key, "values": values, "best": best}
+    return {"key": key, "values": values, "best": best, "on": label, "edges": edges}
+
+
+def sweep_warnings(results: dict) -> list[str]:
+    """What a reader must know about a sweep's choice: a best value at the edge of its grid, and a selection text
+    that is also the text a verdict is read on."""
+    sweep = results.get("sweep") or {}
+    if not sweep:
+        return []
+    out = [f"{variant}'s best {sweep['key']} is the grid's {where} value ({sweep['best'][variant]}): a better value "
+           "may lie beyond the grid, so its verdicts are for this grid" for variant, where in sweep.get("edges", {}).items()]
+    if "on" in sweep and len(results["evals"]) == 1:
+        out.append(f"the sweep picked each variant's best {sweep['key']} on {sweep['on']}, the only eval text, which its "
+                   "verdicts are read on too: the choice and the verdict share that text's noise")
+    return out
 
 
 def first_batch(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path) -> dict:

@@ -20,28 +20,18 @@ import yaml
 from ..errors import ConfigError
 from ..trainer.recipe import parse_override
 from ..yamlfile import AliasBomb, safe_load
-from .expect import PROBE_NAMES, PROBE_SOURCE, Expectation, mapping, parse_expectation, suggest  # noqa: F401
+from .expect import PROBE_NAMES, PROBE_SOURCE, Expectation, item_hash, mapping, parse_expectation, suggest  # noqa: F401
+from .paper import parse_paper
+from .spec_probes import PROBES, check_probed, check_probes, probed_runs
 
 TOP_KEYS = ("claim", "title", "source", "base", "set", "reference", "metric", "eval", "whole_documents", "own_masking",
-            "variants", "convert", "uptrain", "downstream", "probes", "expect", "cost", "quick", "sweep")
-METRICS = ("loss", "bits_per_byte")
+            "variants", "convert", "uptrain", "downstream", "probes", "expect", "cost", "quick", "sweep", "sweep_on",
+            "paper", "seeds", "sizes")
+# masked_loss: an MLM model's loss on [MASK]ed positions only (every chosen position replaced by [MASK]), the
+# task it cannot solve by copying its input (scoring.py)
+METRICS = ("loss", "bits_per_byte", "masked_loss")
 METHODS = ("mean", "first", "random")
-PROBES = ("attention_reliance", "lengths", "flash_equality", "mask_leak", "memory", "decode_speed", "attention_logits",
-          "attention", "residual_update")
-# The settings of each probe (`lengths` is a bare list): what the engine reads, checked before any training.
-RUN, RUNS, COUNT, COUNTS, NUMBER = "a variant name", "a list of variant names", "a positive integer", \
-    "a non-empty list of positive integers", "a number"
-PROBE_SETTINGS = {
-    "attention_reliance": {"run": RUN, "threshold": NUMBER},
-    "flash_equality": {"runs": RUNS},
-    "mask_leak": {"runs": RUNS},
-    "memory": {"run": RUN, "seq_lens": COUNTS},
-    "decode_speed": {"runs": RUNS, "batch_sizes": COUNTS, "context": COUNT, "new_tokens": COUNT},
-    "attention_logits": {"runs": RUNS},
-    "attention": {"runs": RUNS},  # default: every variant
-    "residual_update": {"runs": RUNS},  # default: every variant
-}
-PER_VARIANT = ("attention", "residual_update")  # probes that measure every variant unless `runs` says otherwise
+SIZE_KEYS = ("d_model", "n_layers")  # the model key a `sizes:` ladder sets at each rung
 
 
 @dataclass
@@ -66,14 +56,15 @@ class LabSpec:
     cost: dict[str, Any] = field(default_factory=dict)
     quick: list[str] = field(default_factory=list)  # --quick only: after QUICK, and again after each variant's own
     sweep: dict[str, list] = field(default_factory=dict)  # {SECTION.KEY: [values]}: each variant at its best value
+    sweep_on: str | None = None  # the eval label a sweep picks each variant's best value on (scoring.pick_best)
+    paper: dict | None = None  # the source's regime: {cite, params, tokens, data, note} (paper.py)
+    seeds: int | None = None  # the seeds its claims need by default (its equality margins at the measured spread)
+    sizes: dict | None = None  # {KEY: [values], tokens_per_param, set: {value: [..]}}: a ladder of model sizes
+    expect_hash: str = ""  # of the whole `expect:` block as written (registration.py)
 
     def probed_runs(self, key: str) -> list[str]:
-        """The runs probe `key` measures: its `run` / `runs`, else every variant (PER_VARIANT probes, made
-        for comparing runs) or the reference."""
-        settings = self.probes.get(key) or {}
-        if "run" in settings:
-            return [settings["run"]]
-        return list(settings.get("runs") or (self.variants if key in PER_VARIANT else [self.reference]))
+        """The runs probe `key` measures (spec_probes.probed_runs)."""
+        return probed_runs(self.probes, self.variants, self.reference, key)
 
     def base_path(self) -> str:
         """The base recipe: a bundled name, or a path relative to the spec file."""
@@ -256,16 +247,24 @@ def _build(raw: dict, path: Path, problems: list[str]) -> LabSpec:
     names |= set(derived_names(spec))  # the names conversions, uptraining and controls add
     if spec.reference not in names:
         problems.append(f"reference: got {spec.reference!r}, expected one of {', '.join(sorted(names))}")
-    _check_probes(spec.probes, names, problems)
+    check_probes(spec.probes, names, problems)
+    spec.paper = parse_paper(raw.get("paper"), "paper", problems)
+    spec.seeds = _count(raw.get("seeds"), "seeds", problems, least=2)
+    spec.sizes = _sizes(raw.get("sizes"), problems)
+    spec.sweep_on = _sweep_on(raw.get("sweep_on"), spec, problems)
     expect = raw.get("expect") or []
     if not isinstance(expect, list):
         problems.append("expect: expected a list of expectations")
         expect = []
+    spec.expect_hash = item_hash(expect if spec.metric == "loss" else {"expect": expect, "metric": spec.metric})
     for i, item in enumerate(expect):
         for exp in parse_expectation(item, f"expect[{i}]", names, problems):
+            exp.paper = parse_paper(item.get("paper"), f"expect[{i}].paper", problems)
+            if spec.metric != "loss":  # the metric decides what the expectation reads: part of what is registered
+                exp.hash = item_hash({"expect": item, "metric": spec.metric})
             spec.expect.append(exp)
             if exp.probe in PROBE_SOURCE:
-                _check_probed(spec, exp, f"expect[{i}]", problems)
+                check_probed(spec.probes, spec.variants, spec.reference, exp, f"expect[{i}]", problems)
     return spec
 
 
@@ -296,24 +295,6 @@ def _uptrain(value: Any, converts: bool, problems: list[str]) -> dict[str, Any] 
     return {"fractions": fractions, "set": _strings(up.get("set"), "uptrain.set", problems)}
 
 
-def _check_probes(probes: dict[str, Any], names: set[str], problems: list[str]) -> None:
-    """Each probe's settings, and the runs it names among the spec's variants and derived runs."""
-    for key, probe in probes.items():
-        if key == "lengths":
-            if any(f < 2 for f in _numbers(probe, "probes.lengths", problems, int)):
-                problems.append(f"probes.lengths: got {probe!r}, expected factors of 2 or more (x the training length)")
-            continue
-        if probe is not None and not isinstance(probe, dict):
-            problems.append(f"probes.{key}: expected a mapping of settings, got {probe!r}")
-            continue
-        if not _probe_settings(key, probe or {}, problems):
-            continue
-        runs = [(probe or {}).get("run")] + list((probe or {}).get("runs") or [])
-        for run in runs:
-            if run is not None and run not in names:
-                problems.append(f"probes.{key}: run {run!r} is none of {', '.join(sorted(names))}")
-
-
 def _downstream(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any] | None:
     """`downstream: {recipe, set, heads}`: after its training, every variant of every seed is fine-tuned by
     `recipe` (a bundled fine-tuning recipe or a path relative to the spec: classify) once per head, with
@@ -336,48 +317,6 @@ def _downstream(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, Any
             "set": _strings(raw.get("set"), "downstream.set", problems), "heads": heads}
 
 
-def _check_probed(spec: LabSpec, exp: Expectation, key: str, problems: list[str]) -> None:
-    """A probe expectation names a probe the spec runs, on the runs it compares (else it could only ever
-    read "no scores to compare", after all the training)."""
-    source = PROBE_SOURCE[exp.probe]
-    if source not in spec.probes:
-        problems.append(f"{key}.probe: {exp.probe} is measured by probes.{source}, which the spec does not run")
-        return
-    if source == "memory":  # one figure of the run's architecture, not a value per run
-        return
-    probed = spec.probed_runs(source)
-    for run in (exp.run, exp.versus):
-        if run is not None and run not in probed:
-            problems.append(f"{key}: probes.{source} does not measure {run!r} (it measures {', '.join(probed)})")
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-SETTING_CHECKS = {
-    RUN: lambda v: isinstance(v, str),
-    RUNS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    COUNT: _is_count,
-    COUNTS: lambda v: isinstance(v, list) and bool(v) and all(_is_count(x) for x in v),
-    NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-}
-
-
-def _probe_settings(key: str, probe: dict, problems: list[str]) -> bool:
-    """Whether every setting of probe `key` is known and of its type (each problem added), so that a value
-    the engine reads after every training (`threshold: abc`) fails now."""
-    allowed = PROBE_SETTINGS[key]
-    found = len(problems)
-    for name, value in probe.items():
-        if name not in allowed:
-            problems.append(f"probes.{key}.{name}: unknown setting{suggest(name, allowed)} "
-                            f"(expected {', '.join(allowed)})")
-        elif not SETTING_CHECKS[allowed[name]](value):
-            problems.append(f"probes.{key}.{name}: got {value!r}, expected {allowed[name]}")
-    return len(problems) == found
-
-
 def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
     """`sweep: {SECTION.KEY: [values]}`: one recipe key, each variant trained at every value and compared
     at its best. Rows then stand for a choice among runs, so nothing may name one run: no conversion and
@@ -398,3 +337,52 @@ def _sweep(value: Any, spec: LabSpec, problems: list[str]) -> dict[str, list]:
     return {key: list(values)}
 
 
+
+
+def _count(value: Any, key: str, problems: list[str], least: int = 1) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        problems.append(f"{key}: got {value!r}, expected an integer >= {least}")
+        return None
+    return value
+
+
+def _sizes(value: Any, problems: list[str]) -> dict | None:
+    """`sizes: {d_model | n_layers: [values], tokens_per_param: X, set: {value: [overrides]}}`: the lab at each
+    model size (sizes.py), every rung at the same tokens per parameter (default: the base recipe's own)."""
+    if value is None:
+        return None
+    raw = mapping(value, "sizes", (*SIZE_KEYS, "tokens_per_param", "set"), problems)
+    keys = [k for k in SIZE_KEYS if k in raw]
+    if len(keys) != 1:
+        problems.append(f"sizes: expected exactly one of {', '.join(SIZE_KEYS)} (the model key each rung sets), "
+                        f"got {keys or 'none'}")
+        return None
+    values = raw[keys[0]]
+    if not (isinstance(values, list) and len(values) >= 2 and len(set(map(str, values))) == len(values)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
+        problems.append(f"sizes.{keys[0]}: expected two or more distinct positive integers, got {values!r}")
+        return None
+    per = raw.get("tokens_per_param")
+    if per is not None and (isinstance(per, bool) or not isinstance(per, (int, float)) or per <= 0):
+        problems.append(f"sizes.tokens_per_param: got {per!r}, expected a positive number")
+    extra = raw.get("set") or {}
+    if not isinstance(extra, dict) or any(k not in values or not isinstance(v, list) for k, v in extra.items()):
+        problems.append(f"sizes.set: expected a mapping of a rung's {keys[0]} (one of {values}) to a list of "
+                        f"overrides, got {extra!r}")
+        extra = {}
+    return {"key": keys[0], "values": sorted(values), "tokens_per_param": per,
+            "set": {k: _strings(v, f"sizes.set.{k}", problems) for k, v in extra.items()}}
+
+
+def _sweep_on(value: Any, spec: LabSpec, problems: list[str]) -> str | None:
+    """The eval label a sweep picks on (checked against the eval texts when the lab is prepared)."""
+    if value is None:
+        return None
+    if not spec.sweep:
+        problems.append("sweep_on: names the text a sweep picks its best value on, but the spec has no sweep")
+    if not isinstance(value, str) or not value:
+        problems.append(f"sweep_on: got {value!r}, expected an eval label (e.g. code-valid)")
+        return None
+    return value

@@ -95,3 +95,92 @@ def paired_interval(deltas: list[float], level: float = LEVEL) -> Interval:
         return Interval(mean, sd, n, None, None)
     half = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
     return Interval(mean, sd, n, mean - half, mean + half)
+
+
+def standard_error(iv: Interval) -> float:
+    return iv.sd / math.sqrt(iv.n)
+
+
+def below_p(iv: Interval, bound: float) -> float:
+    """The one-sided p-value of "the mean lies below `bound`" (H0: mean >= bound), from the paired t statistic:
+    p < (1 - LEVEL) / 2 exactly when the interval's upper end lies below `bound`. Zero spread: 0 or 1."""
+    se = standard_error(iv)
+    if se == 0.0:
+        return 0.0 if iv.mean < bound else 1.0
+    return t_cdf((iv.mean - bound) / se, iv.n - 1)
+
+
+def above_p(iv: Interval, bound: float) -> float:
+    """The one-sided p-value of "the mean lies above `bound`" (H0: mean <= bound); `below_p` mirrored."""
+    se = standard_error(iv)
+    if se == 0.0:
+        return 0.0 if iv.mean > bound else 1.0
+    return 1.0 - t_cdf((iv.mean - bound) / se, iv.n - 1)
+
+
+def half_width(sd: float, n: int, level: float = LEVEL) -> float:
+    """t((1 + level) / 2, n - 1) · sd / √n: how far the interval of n paired differences of spread `sd`
+    reaches either side of their mean."""
+    return t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
+
+
+MAX_SEEDS = 1000  # past this "seeds needed" is said as "more than 1000"
+
+
+def seeds_needed(sd: float, gap: float) -> int | None:
+    """The fewest seeds (n >= 2) whose interval half-width at spread `sd` is below `gap` (the distance from the
+    observed mean to the bound a verdict needs); None when no number of seeds gets there (gap <= 0) or it
+    takes more than MAX_SEEDS."""
+    if gap <= 0.0:
+        return None
+    if sd == 0.0:
+        return 2
+    if half_width(sd, MAX_SEEDS) >= gap:
+        return None
+    lo, hi = 1, MAX_SEEDS  # half_width falls as n grows: the first n in (lo, hi] below the gap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if half_width(sd, mid) >= gap else (lo, mid)
+    return max(hi, 2)
+
+
+@dataclass(frozen=True)
+class Slope:
+    """An ordinary least-squares line y = a + slope · x and the `LEVEL` t interval of its slope (n - 2
+    degrees of freedom; None below 3 points)."""
+    slope: float
+    intercept: float
+    n: int
+    lo: float | None
+    hi: float | None
+
+
+def slope_interval(xs: list[float], ys: list[float], level: float = LEVEL) -> Slope:
+    """The least-squares slope of ys on xs with its t interval: the trend of a paired difference along a
+    ladder (x = log2 of the parameters or steps of each rung, one point per rung and seed)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0.0:
+        return Slope(0.0, my, n, None, None)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    intercept = my - slope * mx
+    if n < 3:
+        return Slope(slope, intercept, n, None, None)
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys))
+    half = t_quantile((1.0 + level) / 2.0, n - 2) * math.sqrt(residual / (n - 2) / sxx)
+    return Slope(slope, intercept, n, slope - half, slope + half)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest p times (m - i + 1), made
+    non-decreasing, capped at 1. A claim keeps its word family-wise where its adjusted p stays below the level
+    its own test used (Holm, 1979: the family-wise error rate is then at most that level, whatever the tests'
+    dependence)."""
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted

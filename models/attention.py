@@ -33,7 +33,7 @@ tensor.
 `attn_scale` replaces the 1/sqrt(d) on the scores in both paths (SDPA's `scale=`, a multiply in the naive
 one); the default passes no scale, so SDPA and the naive division compute exactly what they always did.
 
-Three options change what is computed, each on every path that can compute it and refused where none can
+Four options change what is computed, each on every path that can compute it and refused where none can
 (models/config.py):
 - `attn_score: additive` scores a query and a key by w_h·tanh(q + k), a one-hidden-layer network per head
   (Bahdanau et al., 2015), instead of their dot product; no fused kernel computes it, so it needs
@@ -41,6 +41,8 @@ Three options change what is computed, each on every path that can compute it an
 - `shared_qk` (Reformer): the keys come from the query projection, normalised to unit length, and a token
   attends to itself only when no other key is visible (`position_mask(exclude_self=True)`: its own score
   would otherwise be the largest). The mask is then always a tensor, so no is_causal or flex fast path.
+- `shared_kv` (K = V): the key projection also makes the values, which are the keys before QK-norm and RoPE;
+  no v_proj. Every path computes it (only the projections change).
 - `pad_fill`: a padding key's score gets `pad_fill` added instead of being hidden (-inf, the default): a
   float mask, which SDPA and the naive path both add to the scores. Only padding: causal, document and
   window masks stay exact.
@@ -279,7 +281,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.bias)
         self.k_proj = None if cfg.shared_qk else nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
+        self.v_proj = None if cfg.shared_kv else nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
         self.impl = cfg.attention
         self.attn_dropout = cfg.attn_dropout
@@ -303,7 +305,12 @@ class Attention(nn.Module):
 
     def keys_values(self, source: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """(B, H_kv, S, D) keys (projected, QK-normed, rotated) and values of source (B, S, C). Shared-QK: the
-        keys are the queries of source before RoPE, each scaled to unit length (Reformer), then rotated."""
+        keys are the queries of source before RoPE, each scaled to unit length (Reformer), then rotated. Shared-KV
+        (no v_proj): the values are the keys' projection before QK-norm and RoPE."""
+        if self.v_proj is None:
+            v = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D): K = V, one projection
+            k = v if self.k_norm is None else self.k_norm(v)  # (B, H_kv, S, D)
+            return (k if rope is None else apply_rope(k, *rope)), v
         v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
         if self.k_proj is None:
             k = self.queries(source)  # (B, H, S, D): the query projection (and QK-norm), H_kv = H

@@ -26,7 +26,7 @@ ATTN_SCORES = ("dot", "additive")
 PAD_FILLS = ("-inf",)  # or a number <= 0
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
-INITS = ("normal", "xavier")
+INITS = ("normal", "xavier", "t5")
 ROPE_SCALINGS = (None, "linear", "yarn")
 
 
@@ -51,6 +51,9 @@ class ModelConfig:
     # the query projection also makes the keys (Reformer's shared-QK attention): each key is its token's query
     # normalised to unit length, and a token attends to itself only when no other key is visible; no k_proj
     shared_qk: bool = False
+    # the key projection also makes the values (K = V): each value is its token's key before QK-norm and RoPE; no
+    # v_proj, half the key/value parameters of an attention block (the KV cache stays the same size)
+    shared_kv: bool = False
     positions: str = "learned"  # learned | sinusoidal | rope | alibi | none (no position information at all)
     rope_theta: float = 10000.0  # RoPE base frequency
     # RoPE context extension (models/rope_scaling.py): null | linear (position interpolation) | yarn (YaRN);
@@ -77,7 +80,9 @@ class ModelConfig:
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model), as the original paper
     dropout: float = 0.0  # on embeddings and residual branches
     attn_dropout: float = 0.0  # on attention probabilities
-    init: str = "normal"  # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier
+    # normal (std init_std, residual projections scaled by 1/sqrt(2*n_layers)) | xavier | t5 (xavier, the query
+    # projection divided by sqrt(head_dim): T5's unscaled attention folds the 1/sqrt(d) into W_q's init instead)
+    init: str = "normal"
     init_std: float = 0.02  # standard deviation of the normal init
     type_vocab_size: int = 2  # BERT segment (token type) embeddings; 0 disables them
     pad_token_id: int | None = None  # the tokenizer's padding id (HF export); masks come from attention_mask
@@ -203,6 +208,9 @@ class ModelConfig:
         if self.shared_qk and self.n_kv_heads is not None and self.n_kv_heads != self.n_heads:
             out.append(f"{prefix}.shared_qk: the keys are the queries' projection, one per query head, so "
                        f"{prefix}.n_kv_heads must be null or {self.n_heads} (got {self.n_kv_heads})")
+        if self.shared_qk and self.shared_kv:
+            out.append(f"{prefix}.shared_kv: with {prefix}.shared_qk the keys are the normalised queries, so K = V would make "
+                       "every projection one (expected one of shared_qk or shared_kv, not both)")
         if self.shared_qk and self.arch == "transformer":
             out.append(f"{prefix}.shared_qk: shares a self-attention's query and key projection (Reformer), but arch "
                        "transformer's cross-attention takes its keys from the encoder (expected arch gpt or bert)")

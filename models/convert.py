@@ -46,6 +46,9 @@ def check_regrouping(cfg: ModelConfig, new_kv_heads: int, method: str = "mean") 
     """Raise ConfigError (naming new_kv_heads / method and the counts) unless the regrouping is possible."""
     if method not in METHODS:
         raise ConfigError(f"method: got {method!r}, expected one of {', '.join(METHODS)}", params=("method",))
+    if cfg.shared_kv:
+        raise ConfigError("model.shared_kv: this model's values are its keys' projection (it has no v_proj); regrouping "
+                          "its key heads is not implemented")
     if cfg.shared_qk:
         raise ConfigError("model.shared_qk: this model's keys are its queries' projection (it has no k_proj), so its "
                           "key heads are its query heads and cannot be regrouped")

@@ -161,19 +161,24 @@ class Embeddings(nn.Module):
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     """`normal`: N(0, init_std), residual output projections N(0, init_std/sqrt(2*n_layers)) (GPT-2/BERT).
-    `xavier`: Glorot-uniform linears, embeddings N(0, d_model^-0.5) (original Transformer). Biases 0."""
+    `xavier`: Glorot-uniform linears, embeddings N(0, d_model^-0.5) (original Transformer). `t5`: xavier with
+    every query projection divided by sqrt(head_dim), the scale T5's unscaled attention (attn_scale: none) moves
+    from the scores into W_q's initialisation (Mesh TensorFlow's T5: q ~ (d_model * d_kv)^-0.5). Biases 0."""
     residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            if cfg.init == "xavier":
+            if cfg.init in ("xavier", "t5"):
                 nn.init.xavier_uniform_(module.weight)
+                if cfg.init == "t5" and name.rsplit(".", 1)[-1] == "q_proj":
+                    with torch.no_grad():
+                        module.weight.mul_(cfg.head_dim ** -0.5)
             else:
                 is_residual = name.rsplit(".", 1)[-1] in RESIDUAL_OUT
                 nn.init.normal_(module.weight, 0.0, residual_std if is_residual else cfg.init_std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            std = cfg.d_model ** -0.5 if cfg.init == "xavier" else cfg.init_std
+            std = cfg.d_model ** -0.5 if cfg.init in ("xavier", "t5") else cfg.init_std
             nn.init.normal_(module.weight, 0.0, std)
         elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, BatchNorm)):
             module.reset_parameters()

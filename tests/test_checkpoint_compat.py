@@ -1,7 +1,7 @@
 """Checkpoints an earlier tfkit wrote still load, resume, score and export: tests/data/checkpoints-cd30549 holds a
 training run (with best/), its MQA conversion and a classifier fine-tuned from it, all made by tfkit at commit
 cd30549 (make.sh there says how), before config.json had a type. Every one of their config.json files reads into
-a CheckpointRecord and writes back the same JSON."""
+a CheckpointRecord and writes back the same JSON (model keys added since then, e.g. shared_kv, at their defaults)."""
 
 import json
 import shutil
@@ -17,6 +17,7 @@ from tfkit.checkpoints.trainer_state import load_trainer_state
 from tfkit.checkpoints.weights import load_classifier, load_model
 from tfkit.cli.main import app
 from tfkit.errors import CheckpointError
+from tfkit.models import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = ROOT / "tests" / "data" / "checkpoints-cd30549"
@@ -27,8 +28,10 @@ def test_every_config_json_reads_as_a_record_and_writes_back_the_same_json():
     files = sorted(OLD.rglob("config.json"))
     assert len(files) == 6, files  # gpt-run: step-2, step-4, best/; gpt-mqa; classifier-run: step-2, best/
     for file in files:
-        written = json.loads(CheckpointRecord.read(file.parent).to_json())
-        assert written == json.loads(file.read_text()), file
+        written, old = json.loads(CheckpointRecord.read(file.parent).to_json()), json.loads(file.read_text())
+        added = set(written["model"]) - set(old["model"])  # model keys added since cd30549: at their defaults
+        assert all(written["model"].pop(k) == ModelConfig.__dataclass_fields__[k].default for k in added), added
+        assert written == old, file
 
 
 def test_the_records_say_what_each_checkpoint_is():

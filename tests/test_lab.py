@@ -197,8 +197,7 @@ def test_a_continued_lab_redoes_only_what_is_missing(tiny_lab, monkeypatch):
 
 def test_a_lab_folder_is_never_mixed(tiny_lab, tmp_path):
     out, args = tiny_lab
-    other = [*args[:-1], str(out)]
-    other[other.index("--seeds") + 1] = "2"
+    other = [*args[:-1], str(out), "--steps", "3"]  # other options: refused (more seeds are a second look)
     assert "holds a lab of" in one_error_line(lab(*other))
     (tmp_path / "mine.txt").write_text("a user's file")
     foreign = [*args[:-1], str(tmp_path)]

@@ -68,7 +68,7 @@ def test_an_untested_claim_says_why_and_gives_no_verdict_word():
     ("{untested: some claim, source: s}", "expect[0].why: expected the reason in words, got None"),
     ("{untested: '', why: w, source: s}", "expect[0].untested: expected the claim in words"),
     ("{better: a, than: b, why: w, source: s}", "expect[0].why: belongs to untested, not to better"),
-    ("{untested: c, why: w, better: a, than: b, source: s}", "expected exactly one of better or not_worse"),
+    ("{untested: c, why: w, better: a, than: b, source: s}", "expected exactly one of better, not_worse or faster"),
 ])
 def test_a_malformed_untested_claim_is_one_line(tmp_path, item, expected):
     spec = tmp_path / "bad.yaml"

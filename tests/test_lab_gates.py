@@ -150,3 +150,41 @@ def test_a_comparison_with_a_model_that_sees_later_tokens_is_invalid():
     results["probes"]["mask_leak"]["values"]["kv2-mean"]["1"] = 0.0
     assert judge(Expectation(source="s", better="mha", than="kv2-mean"), results).status == "no verdict"
     assert "batchnorm" in load_spec("norms").probes["mask_leak"]["runs"]
+
+
+MLM_SPEC = """\
+# two BERTs: the gate and the metric read the [MASK]ed positions only
+base: bert-tiny
+reference: a
+metric: masked_loss
+variants: {a: [], b: [objective.mask_prob=0.3]}
+expect:
+  - {better: a, than: b, source: test}
+"""
+
+
+def test_an_mlm_model_is_gated_and_judged_on_its_masked_positions(tmp_path, english_text):
+    """Under 80/10/10 a tenth of the targets stand in the input; the gate reads the loss where every chosen
+    position is [MASK] (nothing to copy), against the unigram figure of those positions."""
+    (tmp_path / "train.txt").write_text(english_text[:60_000])
+    (tmp_path / "valid.txt").write_text(english_text[60_000:70_000])
+    (tmp_path / "spec.yaml").write_text(MLM_SPEC)
+    result = CliRunner().invoke(app, ["lab", "run", str(tmp_path / "spec.yaml"), "--seeds", "1", "--data",
+                                      str(tmp_path / "train.txt"), "--eval", str(tmp_path / "valid.txt"),
+                                      "--out", str(tmp_path / "out"), *[x for s in TINY for x in ("--set", s)],
+                                      "--set", f"data.valid={tmp_path / 'valid.txt'}"])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    gates = results["gates"]
+    assert gates["metric"] == "masked_loss"
+    for name in ("a", "b"):
+        score = results["rows"][name]["scores"]["valid"]["1337"]
+        gate_entry = gates["runs"][name]["seeds"]["1337"]
+        assert gate_entry["loss"] == score["masked_loss"] != score["loss"]
+        assert 0 < score["masked_tokens"] <= score["tokens"] * 1.5
+    saved = json.loads((tmp_path / "out" / "gates" / "a-seed-1337.json").read_text())
+    assert set(saved) == {"unigram_masked", "step0_masked"}  # figures of the masked positions, not the mixed loss
+    assert "Loss on the [MASK]ed positions only" in (tmp_path / "out" / "results.md").read_text()
+    assert results["verdicts"][0]["mean"] == pytest.approx(
+        results["rows"]["a"]["scores"]["valid"]["1337"]["masked_loss"]
+        - results["rows"]["b"]["scores"]["valid"]["1337"]["masked_loss"])

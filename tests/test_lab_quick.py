@@ -38,9 +38,10 @@ def test_every_shipped_spec_runs_quick(claim, tmp_path):
             if is_degradation(label) and "diverged" not in seeds["1337"]:
                 s = seeds["1337"]
                 assert s["loss"] == pytest.approx(s["past_loss"] - s["within_loss"]) and s["tokens"] > 0, label
-    for key in ("attention", "residual_update"):  # one value per layer (--quick: one layer) of every probed run
+    layers = next((int(o.split("=")[1]) for o in reversed(spec.quick) if o.startswith("model.n_layers=")), 1)
+    for key in ("attention", "residual_update"):  # one value per layer (--quick: one, unless the spec's quick says)
         for run in spec.probed_runs(key) if key in spec.probes else []:
             value = results["probes"][key]["values"][run]["1337"]
-            assert all(len(v) == 1 for v in (value.values() if isinstance(value, dict) else [value])), (key, run)
+            assert all(len(v) == layers for v in (value.values() if isinstance(value, dict) else [value])), (key, run)
     markdown = (out / "results.md").read_text()
     assert f"# tfkit lab: {claim}" in markdown and "## Verdicts" in markdown

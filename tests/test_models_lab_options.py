@@ -1,4 +1,4 @@
-"""The model options the lab's claims need: additive scores, shared-QK, the padding fill, no residuals.
+"""The model options the lab's claims need: additive scores, shared-QK, shared-KV, the padding fill, no residuals.
 
 Each is checked against a reference written out here, independently of models/attention.py (the formula by
 hand on a few numbers), then flash = naive where both paths apply, the KV cache = a full recompute, and a
@@ -162,6 +162,49 @@ def test_shared_qk_drops_one_projection_and_is_refused_where_keys_are_not_querie
         check_regrouping(tiny_cfg("gpt", shared_qk=True), 2)
 
 
+# --- shared-KV (K = V) ------------------------------------------------------------------------------------
+
+def test_shared_kv_values_are_the_unrotated_keys_by_hand():
+    """By hand, one head, RoPE: v_j = W_k x_j (no v_proj), k_j = that rotated; a plain causal softmax."""
+    from tfkit.models.layers import apply_rope, rope_angles
+
+    torch.manual_seed(0)
+    cfg = tiny_cfg("gpt", shared_kv=True, n_heads=1, attention="naive", positions="rope")
+    layer = Attention(cfg).eval()
+    assert layer.v_proj is None
+    x = torch.randn(1, 4, 32)
+    rope = rope_angles(cfg, 4)  # (4, 32) each
+    got = layer(x, self_attention_mask(4, causal=True), rope=rope)  # (1, 4, 32)
+    q = (x[0] @ layer.q_proj.weight.T + layer.q_proj.bias)[None, None]  # (1, 1, 4, 32)
+    v = (x[0] @ layer.k_proj.weight.T + layer.k_proj.bias)[None, None]
+    q, k = apply_rope(q, *rope)[0, 0], apply_rope(v, *rope)[0, 0]
+    scores = (q @ k.T / math.sqrt(32)).masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), -math.inf)
+    want = torch.softmax(scores, dim=-1) @ v[0, 0] @ layer.o_proj.weight.T + layer.o_proj.bias
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "bert", "transformer"])
+def test_shared_kv_flash_equals_naive_and_decodes_through_the_cache(arch):
+    flash, naive = twins(tiny_cfg(arch, shared_kv=True, positions="rope" if arch == "gpt" else "learned"))
+    x = ids()
+    with torch.no_grad():
+        if arch == "transformer":
+            got, want = flash(x, x[:, :6]), naive(x, x[:, :6])
+        else:
+            got, want = (m(x) if arch == "gpt" else m.encode(x) for m in (flash, naive))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if arch == "gpt":
+        cached_equals_full(tiny_cfg("gpt", shared_kv=True, n_kv_heads=2, positions="rope"))
+
+
+def test_shared_kv_drops_the_value_projection_and_is_refused_where_it_cannot_be_honoured():
+    plain, shared = (build_model(tiny_cfg("gpt", shared_kv=s)) for s in (False, True))
+    assert plain.num_params() - shared.num_params() == 2 * (32 * 32 + 32)  # v_proj of each of 2 layers
+    assert "not both" in one_line_problem(tiny_cfg("gpt", shared_kv=True, shared_qk=True), "shared_kv")
+    with pytest.raises(ConfigError, match="model.shared_kv: .*no v_proj"):
+        check_regrouping(tiny_cfg("gpt", shared_kv=True), 2)
+
+
 # --- the padding fill --------------------------------------------------------------------------------------
 
 def padded_bert(fill) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -260,7 +303,8 @@ def test_without_residuals_flash_equals_naive(arch):
 EXPORTABLE = dict(arch="gpt", vocab_size=61, d_model=32, n_layers=1, n_heads=4, positions="learned")
 
 
-@pytest.mark.parametrize("field, value", [("attn_score", "additive"), ("shared_qk", True), ("pad_fill", -10000.0),
+@pytest.mark.parametrize("field, value", [("attn_score", "additive"), ("shared_qk", True), ("shared_kv", True),
+                                          ("pad_fill", -10000.0),
                                           ("pad_fill", 0.0), ("residual", False)])
 def test_hf_and_gguf_export_refuse_each_option_in_one_line(field, value):
     extra = {"attention": "naive"} if field == "attn_score" else {}
@@ -292,3 +336,19 @@ def test_the_additive_hidden_layer_matches_einsum_free_broadcasting():
     want = (w[None, :, None, None, :] * torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))).sum(-1)  # (2, 3, 4, 6)
     torch.testing.assert_close(additive_scores(q, k, w), want)
     assert F.softmax(additive_scores(q, k, w), -1).shape == (2, 3, 4, 6)
+
+
+def test_t5_init_folds_the_score_scale_into_the_query_projection():
+    """init t5 with attn_scale none gives the scores xavier with sqrt_d gives, at step 0: W_q is sqrt(head_dim)
+    smaller, every other weight is xavier's."""
+    xavier = tiny_cfg("gpt", init="xavier", attn_scale="sqrt_d")
+    t5 = tiny_cfg("gpt", init="t5", attn_scale="none")
+    torch.manual_seed(0)
+    a = build_model(xavier)
+    torch.manual_seed(0)
+    b = build_model(t5)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        factor = xavier.head_dim ** -0.5 if name.endswith("q_proj.weight") else 1.0
+        assert torch.allclose(pb, pa * factor), name
+    ids = torch.randint(0, xavier.vocab_size, (2, 16))
+    assert torch.allclose(a(ids), b(ids), atol=1e-5)  # the same function before any update
