@@ -185,3 +185,26 @@ def test_pretrain_with_size_auto_trains_the_planned_model(english_file, tmp_path
     assert saved["model"]["size"] is None and saved["train"]["max_steps"] == 12  # a resume repeats the plan
     config = json.loads(next((run / "checkpoints").iterdir()).joinpath("config.json").read_text())
     assert config["model"]["d_model"] == saved["model"]["d_model"]
+
+
+def test_a_recipe_given_by_hand_that_would_not_fit_is_refused_with_what_would(monkeypatch, tmp_path):
+    from tfkit.trainer import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("150MiB"))
+    result = CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run"),
+                                      "--set", "train.batch_size=64"])
+    line = one_error_line(result)
+    assert "model: this run's predicted peak memory is" in line and "at micro-batch 64, above the 150 MiB" in line
+    assert "train.grad_accum=" in line and "fits (micro-batch" in line
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("50MiB"))
+    line = one_error_line(CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run")]))
+    assert "no micro-batch of this model fits: `tfkit plan RECIPE --time T` chooses a model that does" in line
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "transformer-tiny", "llama-tiny"])
+def test_every_family_is_planned(name):
+    recipe = load_recipe(name, ["model.size=auto", "train.max_time=10m"])
+    plan = plan_recipe(recipe, measure=FakeMachine())
+    assert plan.recipe.model.arch == recipe.model.arch and plan.recipe.problems() == []
+    assert plan.chosen.memory.activations > 0 and plan.chosen.updates >= MIN_UPDATES

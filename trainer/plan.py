@@ -310,9 +310,12 @@ def parse_memory(value: str, key: str = "memory") -> int:
 
 
 def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[str], None]) -> Recipe:
-    """The recipe a run trains: with model.size: auto, the plan's (shown with `show` first); else as given.
-    A plan is made on one process: ranks that each measured would choose apart."""
+    """The recipe a run trains: with model.size: auto, the plan's (shown with `show` first); else as given,
+    once its predicted peak memory fits the device (`check_fits`). A plan is made on one process: ranks that
+    each measured would choose apart."""
     if recipe.model.size != AUTO_SIZE:
+        if recipe.head_task is None:  # a fine-tuning run's model is its checkpoint's, known later
+            check_fits(recipe, device, processes)
         return recipe
     if processes > 1:
         raise ConfigError("model.size: auto is planned on one process; run `tfkit plan RECIPE --out FILE` and "
@@ -320,3 +323,22 @@ def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[st
     plan = plan_recipe(recipe, device=device)
     show(plan.text())
     return plan.recipe
+
+
+def check_fits(recipe: Recipe, device: str, processes: int = 1, limit: int | None = None) -> None:
+    """A recipe given by hand whose predicted peak memory exceeds the device's is refused before training,
+    with the accumulation that fits at its batch (or the plan, where none does)."""
+    kind = device.split(":")[0]
+    limit = default_memory_limit(device) if limit is None else limit
+    cfg = recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
+    t = recipe.train
+    need = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, processes, kind))
+    if need.peak <= limit:
+        return
+    accum, fits = fitting_accum(recipe, cfg, t.batch_size, limit, processes, kind)
+    instead = (f"train.grad_accum={accum} fits (micro-batch {t.batch_size // accum // processes}, {gib(fits.peak)})"
+               if fits.peak <= limit else "no micro-batch of this model fits: `tfkit plan RECIPE --time T` "
+               "chooses a model that does")
+    raise ConfigError(f"model: this run's predicted peak memory is {need.line()} per device at micro-batch "
+                      f"{t.batch_size // t.grad_accum // processes}, above the {gib(limit)} this {kind} may use; "
+                      f"{instead}")
