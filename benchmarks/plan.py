@@ -10,8 +10,8 @@ one thread:
 - the run: `pretrain` of the same recipe for `--updates` updates after one to warm up (tokenizer and token
   cache shared by the runs of a recipe, two validation batches), its tokens/s in CPU time of the process from
   the start of each update to the start of the next (data loading and logging included; on a loaded 2-core
-  host wall time measures the neighbours), and its peak memory: the process's peak resident set (VmHWM) less its resident set just before
-  `pretrain` (the interpreter, torch and tfkit, which are not the run's).
+  host wall time measures the neighbours), and its peak memory: the process's peak resident set (VmHWM)
+  less its resident set just before `pretrain` (the interpreter, torch and tfkit, which are not the run's).
 The rows go to stdout as a Markdown table (benchmarks/RESULTS.md, "Planning a run").
 """
 

@@ -100,12 +100,12 @@ def test_the_micro_batch_is_the_largest_that_fits_memory():
 
 def test_a_budget_too_small_for_any_shape_says_what_the_smallest_needs():
     with pytest.raises(ConfigError, match=rf"train.max_time: 1 s trains fewer than {MIN_UPDATES} updates of the "
-                                          r"smallest model \(d_model 64, 1 layer.*it needs at least"):
+                                          r"smallest model \(d_model 32, 2 layers.*it needs at least"):
         plan_recipe(quickstart(), budget=1, measure=FakeMachine(flops=1e9))
 
 
 def test_a_memory_limit_below_the_smallest_model_is_refused():
-    with pytest.raises(ConfigError, match=r"memory: the smallest model the plan may choose, d_model 64, 1 layer.* "
+    with pytest.raises(ConfigError, match=r"memory: the smallest model the plan may choose, d_model 32, 2 layers.* "
                                           r"at micro-batch 1, needs .* above the limit of 10 MiB"):
         plan_recipe(quickstart(), budget=600, memory_limit=parse_memory("10MiB"), measure=FakeMachine())
 
@@ -131,7 +131,7 @@ def test_memory_sizes(text, n):
 
 
 def test_the_rules():
-    assert [s.n_layers for s in ladder({})][:4] == [1, 2, 2, 2] and ladder({})[-1] == Shape(2048, 32, 32)
+    assert [s.n_layers for s in ladder({})][:6] == [2] * 6 and ladder({})[-1] == Shape(2048, 32, 32)
     assert scaled_lr(1e-3, 4 * LR_WIDTH) == pytest.approx(5e-4)
     # the law: more tokens or more parameters lower the loss; repeated data is worth less than fresh
     assert predicted_loss(1e6, 2e7) < predicted_loss(1e6, 1e7) and predicted_loss(2e6, 1e7) < predicted_loss(1e6, 1e7)

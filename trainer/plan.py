@@ -120,7 +120,7 @@ def fmt_seconds(seconds: float) -> str:
 def layout_of(recipe: Recipe, grad_accum: int, batch_size: int, processes: int, device: str) -> Layout:
     """How `recipe` lays its updates out (memory.Layout) at a given batch and accumulation."""
     t, fused = recipe.train, recipe.objective.fused_loss
-    precision = "fp32" if t.precision == "auto" and device == "cpu" else ("bf16" if t.precision == "auto" else t.precision)
+    precision = t.precision if t.precision != "auto" else "fp32" if device == "cpu" else "bf16"  # optim's auto
     return Layout(micro_batch=max(1, batch_size // grad_accum // processes), seq_len=recipe.data.seq_len,
                   objective=recipe.objective.name, optimizer=recipe.optim.name, precision=precision,
                   grad_accum=grad_accum, activation_checkpointing=t.activation_checkpointing, processes=processes,

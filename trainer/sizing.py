@@ -6,7 +6,7 @@ milliseconds, and the tests check each rule's numbers exactly.
 
 **Shapes: one dial.** nanochat's `--depth` sets everything from one number; here the dial is the width,
 in steps that suit a CPU's small models as well as a GPU's (`WIDTHS`): depth = width / 64 (nanochat's aspect
-ratio, at least 1 layer) and heads of 32 (below 256) or 64 dimensions. Each rung has 1.3-2x the parameters of
+ratio, at least MIN_LAYERS) and heads of 32 (below 256) or 64 dimensions. Each rung has 1.3-2x the parameters of
 the one below, fine enough that half and twice the planned size lie a rung or two away.
 
 **Which size: the predicted loss at the tokens that fit.** For each candidate the plan measures how many
@@ -30,8 +30,10 @@ LAW_E, LAW_A, LAW_B, LAW_ALPHA, LAW_BETA = 1.82, 482.01, 2085.43, 0.3478, 0.3658
 REPEAT_DECAY = 15.4  # Muennighoff et al. (2023), R*_D: epochs over which repeated data loses its worth
 
 # The dial: d_model in steps that grow by 1.2-1.33x, from a CPU's smallest useful model to GPT-2 XL's width.
-WIDTHS = (64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 2048)
+WIDTHS = (32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 2048)
 ASPECT = 64  # d_model per layer (nanochat: model_dim = depth * 64)
+MIN_LAYERS = 2  # a 1-layer model cannot compose heads into induction heads (Olsson et al. 2022); d64 x 1
+# trained worse than both d32 x 1 and d96 x 2 in the same CPU time (benchmarks/RESULTS.md, "Planning a run")
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Shape:
     def of(cls, d_model: int, n_layers: int | None = None, n_heads: int | None = None,
            n_kv_heads: int | None = None) -> Shape:
         """The dial's shape at width `d_model`, with any key given by hand kept."""
-        layers = n_layers if n_layers is not None else max(1, round(d_model / ASPECT))
+        layers = n_layers if n_layers is not None else max(MIN_LAYERS, round(d_model / ASPECT))
         heads = n_heads if n_heads is not None else max(1, d_model // (32 if d_model < 256 else 64))
         return cls(d_model, layers, heads, n_kv_heads)
 
