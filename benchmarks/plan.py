@@ -8,7 +8,7 @@ one thread:
 - the prediction: `estimate_memory` of the recipe (trainer/memory.py) and tokens/s from the plan's own
   measurement of a few updates (`measure_pace`, CPU time of the process), what `tfkit plan` prints;
 - the run: `pretrain` of the same recipe for `--updates` updates after one to warm up (tokenizer and token
-  cache shared by the runs of a recipe, two validation batches), its tokens/s in CPU time of the process from
+  cache made once per recipe by a run not recorded, then shared by its runs, two validation batches), its tokens/s in CPU time of the process from
   the start of each update to the start of the next (data loading and logging included; on a loaded 2-core
   host wall time measures the neighbours), and its peak memory: the process's peak resident set (VmHWM)
   less its resident set just before `pretrain` (the interpreter, torch and tfkit, which are not the run's).
@@ -55,7 +55,7 @@ def predict(recipe_name: str, sets: list[str]) -> dict:
 
     from tfkit.trainer.memory import estimate_memory
     from tfkit.trainer.pace import measure_pace
-    from tfkit.trainer.plan import layout_of
+    from tfkit.trainer.plan import RUN_SPEED, layout_of
     from tfkit.trainer.recipe import load_recipe
 
     torch.set_num_threads(1)
@@ -64,7 +64,7 @@ def predict(recipe_name: str, sets: list[str]) -> dict:
     t = recipe.train
     memory = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, 1, "cpu"))
     pace = measure_pace(recipe, cfg, torch.device("cpu"), updates=3)
-    return {"memory": memory.peak, "tokens_per_s": pace.tokens / pace.seconds}
+    return {"memory": memory.peak, "tokens_per_s": pace.tokens / pace.seconds * RUN_SPEED}  # as the plan does
 
 
 def measure(recipe_name: str, sets: list[str], updates: int, out: str) -> dict:
@@ -134,12 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         recipe_name, extra = CONFIGS[name]
         work = args.work / name.replace(" ", "-").replace("/", "-")
         sets = BASE + extra + [f"data.cache_dir={args.work / ('cache-' + recipe_name)}"]
-        tok = args.work / f"tokenizer-{recipe_name}"
-        if tok.exists():
-            sets.append(f"tokenizer.path={tok}")
+        warmup = args.work / f"warmup-{recipe_name}"
+        if not warmup.exists():  # a first run trains the tokenizer and fills the cache: its peak is theirs
+            run_child(recipe_name, sets, 1, warmup)
+        sets.append(f"tokenizer.path={next((warmup / 'checkpoints').iterdir())}")  # its tokenizer files
         measured = run_child(recipe_name, sets, updates, work)
-        if not tok.exists():
-            (work / "tokenizer").rename(tok)
         predicted = run_child(recipe_name, sets, updates, None)
         row = {"name": name, "predicted": predicted, "measured": measured}
         rows.append(row)

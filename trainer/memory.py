@@ -19,21 +19,24 @@ is a stated formula, in bytes per device:
   2 d with dropout, 2 H T on the naive attention path, 3 H T with attention dropout; the cross-attention of a
   decoder layer 6 d + 2 d_kv more; then 2 d per token after the last layer (final norm) and, for the head,
   the fused loss's V x d weight gradient (or, with objective.fused_loss off, V values per predicted token).
-  These counts were read from `torch.autograd.graph.saved_tensors_hooks` on every family in fp32, and a test
-  checks them (tests/test_plan_memory.py); under bf16 / fp16 autocast a layer's saved values take 0.68 of
-  their fp32 bytes (the same count). With `train.activation_checkpointing` a layer keeps only its input (d per
+  These counts are what `torch.autograd.graph.saved_tensors_hooks` reads in fp32, and a test checks them
+  against it for every family (tests/test_plan_memory.py); under bf16 / fp16 autocast a layer's saved values
+  are taken as 0.68 of their fp32 bytes (AUTOCAST_ACTIVATIONS: a reading of the saved tensors' dtypes, not
+  yet checked against a bf16 run's peak). With `train.activation_checkpointing` a layer keeps only its input (d per
   token) and one layer's activations exist at a time, while it is recomputed. The compiled path is estimated
   as the eager one: inductor's partitioner saves at most what eager autograd does, so this is an upper bound;
 - transient: what exists only for a moment at the peak: the head's logits (one chunk of rows with the fused
   loss, at most CHUNK_ELEMENTS values; all of them without it) and a layer's feed-forward gradient in the
   backward pass;
-- runtime and slack, measured: on a CPU the peak is the process's resident memory above what it held before
-  the run (the interpreter and libraries are not the run's), and that holds the runtime's own buffers (the
-  autograd engine, thread pools, kernels' scratch: 90 MiB for a minimal model) and what the allocator keeps
-  beside the activations it was asked for (18% more, the best fit over twelve configurations of every family,
-  1-1,700 MiB, read with `measure_pace`: within 10% of each but one at 18%). On a GPU the allocator's peak is
-  counted (`torch.cuda.max_memory_allocated`, no runtime, no slack); the CUDA context (CUDA_CONTEXT) is
-  reserved beside it when a run is checked against the device's memory.
+- runtime and slack: on a CPU the peak is the process's resident memory above what it held before the run
+  (the interpreter and libraries are not the run's): the runtime's own buffers (the autograd engine, thread
+  pools, kernels' scratch) and a whole `pretrain`'s data pipeline, tokenizer, checkpoint writer and the
+  modules they import (RUNTIME_BYTES), and what the allocator keeps beside the activations it was asked for
+  (SLACK, 1.18: set from single `measure_pace` readings before benchmarks/plan.py existed). RUNTIME_BYTES is
+  fitted: the GPT rows of benchmarks/plan.py's first pass (their peaks were
+  50-75 MiB above the formula with 90 MiB), whose BERT and encoder-decoder rows are the check. On a GPU the
+  allocator's peak is counted (`torch.cuda.max_memory_allocated`, no runtime, no slack); the CUDA context
+  (CUDA_CONTEXT) is kept free beside it when a run is checked against the device's memory.
 
 benchmarks/plan.py compares this estimate with real runs (`tfkit pretrain`), in benchmarks/RESULTS.md.
 """
@@ -48,8 +51,8 @@ from .resources import count_parameters
 FP32 = 4
 AUTOCAST_ACTIVATIONS = 0.68  # saved bytes of a layer under bf16 / fp16 autocast, over fp32 (saved-tensor count)
 CHUNK_ELEMENTS = {"cpu": 2**22, "cuda": 2**24}  # the fused head's logits per chunk (fused_loss.CHUNK_ELEMENTS)
-RUNTIME_BYTES = {"cpu": 90 * 2**20, "cuda": 0}  # measured (module doc)
-SLACK = {"cpu": 1.18, "cuda": 1.0}  # the allocator's bytes per activation byte, measured (module doc)
+RUNTIME_BYTES = {"cpu": 140 * 2**20, "cuda": 0}  # fitted (module doc)
+SLACK = {"cpu": 1.18, "cuda": 1.0}  # the allocator's bytes per activation byte (module doc)
 CUDA_CONTEXT = 2**29  # the CUDA context and kernels, outside the allocator: kept free on a GPU
 FFN_SAVED = {"gelu": 2, "gelu_tanh": 2, "relu": 1, "swiglu": 4}  # saved d_ff-wide values per token
 MLM_HEAD_VALUES = 9  # per masked row, in units of d_model: the MLM head's transform before the vocabulary

@@ -37,6 +37,9 @@ from .sizing import MIN_UPDATES, Shape, ladder, predicted_loss, scaled_lr
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
 EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a training micro-batch
+# a run's updates over measure_pace's on one fixed batch (the data pipeline's batches, the loop's windows): fitted
+# on the GPT rows of benchmarks/plan.py's first pass (0.73-0.86), its BERT and encoder-decoder rows the check
+RUN_SPEED = 0.8
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
 BYTES_PER_TOKEN = 4.0  # of UTF-8 text per token, to count a corpus's unique tokens from its size
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
@@ -219,7 +222,7 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
 
 
 def _scored(c: Candidate, pace, share: float, budget: float, validation: float, unique: float | None) -> Candidate:
-    seconds = pace.seconds / share
+    seconds = pace.seconds / share / RUN_SPEED
     updates = int(budget / seconds - validation / c.batch_size)
     tokens = updates * pace.tokens
     return dataclasses.replace(c, seconds=seconds, updates=updates, tokens=tokens,
