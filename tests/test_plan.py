@@ -93,8 +93,8 @@ def test_keys_given_by_hand_win():
 def test_the_micro_batch_is_the_largest_that_fits_memory():
     roomy = plan_recipe(quickstart(), budget=600, memory_limit=parse_memory("8GiB"), measure=FakeMachine())
     assert roomy.chosen.grad_accum == 1
-    tight = plan_recipe(quickstart(), budget=600, memory_limit=parse_memory("110MiB"), measure=FakeMachine())
-    assert tight.chosen.grad_accum > 1 and tight.chosen.memory.peak <= parse_memory("110MiB")
+    tight = plan_recipe(quickstart(), budget=600, memory_limit=parse_memory("170MiB"), measure=FakeMachine())
+    assert tight.chosen.grad_accum > 1 and tight.chosen.memory.peak <= parse_memory("170MiB")
     assert tight.recipe.train.grad_accum == tight.chosen.grad_accum
 
 
@@ -190,14 +190,14 @@ def test_pretrain_with_size_auto_trains_the_planned_model(english_file, tmp_path
 def test_a_recipe_given_by_hand_that_would_not_fit_is_refused_with_what_would(monkeypatch, tmp_path):
     from tfkit.trainer import plan as plan_module
 
-    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("150MiB"))
+    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("250MiB"))
     result = CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run"),
                                       "--set", "train.batch_size=64"])
     line = one_error_line(result)
-    assert "model: this run's predicted peak memory is" in line and "at micro-batch 64, above the 150 MiB" in line
+    assert "model: this run's predicted peak memory is" in line and "at micro-batch 64, above the 250 MiB" in line
     assert "train.grad_accum=" in line and "fits (micro-batch" in line
     assert not (tmp_path / "run").exists()  # refused before anything was written
-    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("50MiB"))
+    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("150MiB"))
     line = one_error_line(CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run")]))
     assert "no micro-batch of this model fits: `tfkit plan RECIPE --time T` chooses a model that does" in line
 
