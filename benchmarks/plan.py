@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -88,7 +89,8 @@ def measure(recipe_name: str, sets: list[str], updates: int, out: str) -> dict:
     result = run_module.pretrain(recipe, run_dir=out)
     gaps = [b - a for a, b in zip(entries[1:], entries[2:])]  # the first update warms up, as in measure_pace
     per_update = result.state.tokens / result.state.step
-    return {"memory": rss("VmHWM") - before, "tokens_per_s": per_update * len(gaps) / sum(gaps)}
+    speed = per_update * len(gaps) / sum(gaps) if gaps else math.nan  # the warm-up run times none
+    return {"memory": rss("VmHWM") - before, "tokens_per_s": speed}
 
 
 def child(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ what `plan_recipe` chooses for that budget on this machine (its own measurement,
 ladder is that shape at half and twice its parameters (`scaled_shape`: whole parameters, embeddings included;
 the depth following the plan's own dial). Each run is scored by its final validation loss (the same batches
 for every size) and bits per byte (the validation tokens' bytes, from the tokenizer). Runs go one at a time.
-The latest results are in benchmarks/RESULTS.md ("Planning a run").
+The latest results are in benchmarks/RESULTS.md ("Planning a run"), beside the memory and speed predictions.
 """
 
 from __future__ import annotations

@@ -168,8 +168,7 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
     `cpu_budget`: the budget counts CPU time of this process, as the measurement does (experiments)."""
     if budget is None:
         if recipe.train.max_time is None:
-            raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m), or "
-                              "tfkit plan --time")
+            raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
         budget = parse_duration(recipe.train.max_time)
     if memory_limit is None:
         memory_limit = default_memory_limit(device)
