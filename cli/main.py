@@ -29,7 +29,7 @@ from typer.exceptions import TyperException
 from .. import __version__
 from ..errors import TfkitError, disk_full, shorten
 from ..files import is_disk_full
-from . import convert, evaluate, finetune, generate, hf, lab, predict, pretrain, recipes, tokenizer
+from . import convert, evaluate, finetune, generate, hf, lab, plan, predict, pretrain, recipes, tokenizer
 from .flags import with_flags
 
 err_console = Console(stderr=True, soft_wrap=True)
@@ -189,6 +189,7 @@ def _global(
 
 app.command("train-tokenizer")(tokenizer.train_tokenizer)
 app.command("pretrain")(pretrain.pretrain)
+app.command("plan")(plan.plan)
 app.command("finetune")(finetune.finetune)
 app.command("eval")(evaluate.evaluate)
 app.command("generate")(generate.generate)

@@ -28,10 +28,10 @@ from ..ranges import hints as _hints
 from ..tokenization.sources import is_mixture, weights_note
 from ..yamlfile import AliasBomb, check_expansion, safe_load
 from .resources import recipe_resource_problems
-from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
+from .sections import (AUTO_SIZE, OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
                        DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
                        OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection,
-                       downstream_recipe_problems, packing_problems)
+                       auto_size_problems, downstream_recipe_problems, packing_problems)
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Recipe:
             out.append(f"objective.name: {self.objective.name!r} does not train model.arch={self.model.arch!r} "
                        f"(expected {expected!r})")
         out += packing_problems(self.data, self.objective)
+        out += auto_size_problems(self.model, self.train, self.head_task is not None)
         out += downstream_recipe_problems(self.eval, self.train, self.model.arch, self.head_task is not None)
         task = TASK_OBJECTIVES.get(self.objective.name)
         if task and not self.data.train:
@@ -240,8 +241,8 @@ def recipe_from_dict(raw: dict, default_name: str = "recipe", problems: list[str
     model_raw = _section_mapping(raw, "model", collect)
     size = model_raw.get("size")
     if size is not None:
-        try:
-            base = sized_config(model_raw.get("arch", "gpt"), size).to_dict()
+        try:  # auto: the plan's shape (trainer/plan.py) replaces the tiny size's at the start of the run
+            base = sized_config(model_raw.get("arch", "gpt"), "tiny" if size == AUTO_SIZE else size).to_dict()
             base["vocab_size"] = None
             model_raw = {**base, **model_raw}
         except ConfigError as exc:

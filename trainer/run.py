@@ -43,6 +43,7 @@ from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import run_folder, task, validation
 from .budget import TimeBudget, parse_duration
+from .plan import plan_for_run
 from .checkpointer import Checkpointer
 from .data import build_run_data, fit_to_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
@@ -73,6 +74,7 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
     check_downstream(recipe, downstream)
     info = init_distributed(recipe.train.device)
     set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
+    recipe = plan_for_run(recipe, str(info.device), info.world_size, console.print)  # model.size: auto
     with Trainer(recipe, info, scorer, downstream) as trainer:
         trainer.build(run_dir, resume)
         trainer.train()

@@ -30,11 +30,14 @@ TASK_OBJECTIVES = {"classify": "classification", "regress": "regression"}  # obj
 TASK_METRICS = {"classification": ("accuracy", "macro_f1", "matthews"), "regression": ("pearson", "spearman")}
 TRUNCATIONS = ("head", "tail", "head+tail")
 POOLING_NAMES = tuple(sorted({p for ps in POOLINGS.values() for p in ps}))  # cls, last, mean
+AUTO_SIZE = "auto"  # model.size: the shape `tfkit plan` chooses for train.max_time on this machine
 
 
 @dataclass
 class ModelSection(ModelConfig):
-    size: str | None = None  # named size (tiny, small) whose values fill every key not given here
+    # named size (tiny, small) whose values fill every key not given here; auto = planned for train.max_time on
+    # this machine at the start of the run (`tfkit plan`, trainer/plan.py), the keys given here kept
+    size: str | None = None
     vocab_size: int | None = None  # null = the tokenizer's vocabulary size
 
     def problems(self, prefix: str = "model") -> list[str]:
@@ -105,6 +108,18 @@ class DataSection:
             out.append(f"{prefix}.reset_positions: needs {prefix}.document_mask: true (positions restart at the "
                        "documents the mask keeps apart)")
         return out
+
+
+def auto_size_problems(model: ModelSection, train: TrainSection, fine_tuning: bool) -> list[str]:
+    """model.size: auto plans for a time budget, from random weights, on one process."""
+    if model.size != AUTO_SIZE:
+        return []
+    if fine_tuning or train.init_from:
+        return ["model.size: auto plans a model to pretrain; a run from train.init_from takes the checkpoint's "
+                "shape (expected null)"]
+    if train.max_time is None:
+        return ["model.size: auto plans the model for a time budget: give train.max_time (e.g. 10m)"]
+    return []
 
 
 def packing_problems(data: DataSection, objective: ObjectiveSection) -> list[str]:

@@ -1,0 +1,124 @@
+"""How fast this machine trains a candidate shape: a few real updates, timed (what `tfkit plan` measures).
+
+A plan cannot be read off a spec sheet: a CPU's speed on a tiny model depends on its caches, its vector units
+and on who else is running; a GPU's on its kernels at that shape. So each candidate is built as the run would
+build it (the recipe's objective, optimizer, precision, fused head) and stepped by the trainer's own
+`train_step` on one fixed batch of random tokens (the data pipeline is the run's business, not the shape's):
+one update to warm up (the optimizer's state is allocated there), then `updates` timed ones.
+
+The clock. On a CPU the updates are timed in CPU time of this process (`time.process_time`), not wall time:
+on a machine shared with other jobs the wall time of a few updates swings with their load, and the
+comparison between candidates would measure the neighbours. The wall time is recorded beside it, and the
+plan turns CPU time into the wall time a run will see by the share of a CPU this process got over *all*
+the measured updates (trainer/plan.py `_share`), an average that smooths the neighbours out. On a GPU the
+work is off the CPU, so the wall clock (after a synchronize) is the one measured, and its peak memory is read from the
+allocator. Tests give the plan a fake `measure` instead (trainer/plan.py), so nothing there depends on how
+fast the machine is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..models import build_model
+from ..models.config import ModelConfig
+from .distributed import DistInfo
+from .loop import Loop, StopFlag, replay, run_window
+from .objectives import IGNORE, LossModule, freeze_unreached
+from .optim import build_optimizer, grad_scaler
+from .parallel import apply_activation_checkpointing
+from .recipe import Recipe
+from .step import Update
+
+MASK_ID = 4  # mlm: any id stands for [MASK] in random tokens
+MASK_PROB = 0.15
+
+
+@dataclass(frozen=True)
+class Pace:
+    """One candidate's measured update: seconds per update on the measured clock and on the wall."""
+
+    seconds: float  # per update: CPU time of this process (CPU), wall time (GPU); median of the timed updates
+    wall: float  # per update, wall time, median
+    tokens: int  # input tokens per update (source + target for seq2seq)
+    peak_bytes: int | None = None  # GPU: the allocator's peak during the updates; None on a CPU
+
+
+def synthetic_batch(cfg: ModelConfig, objective: str, batch: int, seq_len: int, seed: int = 0) -> dict[str, Tensor]:
+    """A batch of random tokens in the objective's layout (ARCHITECTURE.md, "Batches"): what a real batch
+    costs, whatever its text."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, cfg.vocab_size, (batch, seq_len + 1), generator=g)  # (B, T+1)
+    if objective == "clm":
+        return {"input_ids": ids[:, :-1].contiguous(), "labels": ids[:, 1:].contiguous()}
+    if objective == "seq2seq":
+        src, tgt = ids[:, 1:].contiguous(), ids[:, :-1].contiguous()  # (B, T) each
+        ones = torch.ones(batch, seq_len, dtype=torch.bool)
+        return {"src_ids": src, "src_mask": ones, "tgt_ids": tgt, "tgt_mask": ones, "labels": ids[:, 1:].contiguous()}
+    x = ids[:, :seq_len]  # (B, T) mlm: a fixed number of masked positions per row
+    k = max(1, round(MASK_PROB * seq_len))
+    positions = torch.rand(batch, seq_len, generator=g).argsort(dim=1)[:, :k].sort(dim=1).values  # (B, K)
+    masked = torch.zeros(batch, seq_len, dtype=torch.bool).scatter_(1, positions, True)
+    return {"input_ids": x.masked_fill(masked, MASK_ID), "token_type_ids": torch.zeros_like(x),
+            "labels": x.masked_fill(~masked, IGNORE), "mlm_positions": positions, "mlm_labels": x.gather(1, positions)}
+
+
+class _FixedBatch:
+    """A dataset whose every batch is the same tensors: the update without the data pipeline."""
+
+    def __init__(self, batch: dict[str, Tensor]) -> None:
+        self._batch = batch
+
+    def batch(self, i: int, batch_size: int, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        return self._batch
+
+
+def measure_pace(recipe: Recipe, cfg: ModelConfig, device: torch.device, updates: int = 2) -> Pace:
+    """Seconds per update of `cfg` trained as `recipe` says (its micro-batch, accumulation, objective,
+    optimizer and precision; eager: a compiled run is faster than measured), on `device` (module doc)."""
+    t = recipe.train
+    micro = t.batch_size // t.grad_accum
+    train = dataclasses.replace(t, max_steps=updates + 1, log_every=1 << 30, eval_every=1 << 30, save_every=1 << 30)
+    recipe = dataclasses.replace(recipe, train=train)
+    torch.manual_seed(t.seed)
+    model = build_model(cfg).to(device)
+    freeze_unreached(model, recipe.objective.name)
+    if t.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    module = LossModule(model, recipe.objective)
+    update = Update.of(recipe, model, module, build_optimizer(model, recipe.optim, device),
+                       grad_scaler(t.precision, device), DistInfo(device=device))
+    data = _FixedBatch(synthetic_batch(cfg, recipe.objective.name, micro, recipe.data.seq_len))
+    loop = Loop(recipe, update, data, log=lambda row: None, save=lambda state: None, validate=lambda step: {})
+    stop = StopFlag()  # never entered: no signal handlers
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    seconds, walls = [], []
+    try:
+        for k in range(updates + 1):
+            if cuda:
+                torch.cuda.synchronize(device)
+                if k == 1:
+                    torch.cuda.reset_peak_memory_stats(device)
+            started, wall = clock(), time.perf_counter()
+            list(replay(loop, run_window(loop, stop, 1)))  # reads the update's record: it has ended
+            if k:  # the first update allocates the optimizer state: a warm-up
+                seconds.append(clock() - started)
+                walls.append(time.perf_counter() - wall)
+        peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    finally:
+        if loop.loader is not None:
+            loop.loader.close()
+        del loop, update, module, model
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    per_sequence = recipe.data.seq_len * (2 if recipe.objective.name == "seq2seq" else 1)
+    return Pace(statistics.median(seconds), statistics.median(walls), t.batch_size * per_sequence, peak)
