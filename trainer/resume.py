@@ -13,6 +13,7 @@ which takes RECIPE and its overrides as given (the recipe before is kept as reci
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -52,3 +53,18 @@ def data_changes(before: Recipe, after: Recipe) -> list[str]:
     """`data.KEY: old -> new` for every key of DATA_KEYS that differs."""
     return [f"data.{key}: {getattr(before.data, key)!r} -> {getattr(after.data, key)!r}" for key in DATA_KEYS
             if getattr(before.data, key) != getattr(after.data, key)]
+
+
+def restart_resume(resume: str | None) -> str | None:
+    """`--resume` as a run started again by torchrun means it: `auto` (its newest complete checkpoint) when
+    torchrun restarted the workers (`--max-restarts`, TORCHELASTIC_RESTART_COUNT > 0) and no resume was given,
+    so a restarted command continues its run instead of refusing the folder it wrote (`restarts` says so)."""
+    return "auto" if resume is None and restarts() > 0 else resume
+
+
+def restarts() -> int:
+    """How many times torchrun has restarted this run's workers (0 outside torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
