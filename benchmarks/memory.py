@@ -31,10 +31,11 @@ from pathlib import Path
 PHASES = ("setup", "build", "first forward", "backward", "optimizer step", "save", "load", "other")
 
 
-def _rss_peak_mib() -> float:
-    """This process's peak resident memory since the last reset (VmHWM), in MiB."""
+def _status_mib(key: str = "VmHWM") -> float:
+    """This process's peak resident memory since the last reset (VmHWM), or its resident memory now (VmRSS),
+    in MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -54,7 +55,8 @@ class Phases:
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
-        self.rows.append({"phase": self.current, "peak_mib": _rss_peak_mib(), "seconds": now - self.since})
+        self.rows.append({"phase": self.current, "peak_mib": _status_mib(), "end_mib": _status_mib("VmRSS"),
+                          "seconds": now - self.since})
         _reset_peak()
         self.current, self.since = name, now
 
@@ -124,7 +126,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _table(out: Path, procs: int) -> str:
-    lines = ["| phase | rank 0 peak | largest peak of any rank | seconds (rank 0) |", "|---|---:|---:|---:|"]
+    lines = ["| phase | rank 0 peak | largest peak of any rank | rank 0 at its end | seconds (rank 0) |",
+             "|---|---:|---:|---:|---:|"]
     for tag in ("fresh", "resume"):
         ranks = [json.loads((out / f"{tag}-rank{r}.json").read_text()) for r in range(procs)]
         for phase in PHASES:
@@ -133,7 +136,8 @@ def _table(out: Path, procs: int) -> str:
                 continue
             peaks = [max(row["peak_mib"] for row in rank) for rank in rows if rank]
             seconds = sum(row["seconds"] for row in rows[0])
-            lines.append(f"| {tag}: {phase} | {peaks[0]:,.0f} MiB | {max(peaks):,.0f} MiB | {seconds:.1f} |")
+            lines.append(f"| {tag}: {phase} | {peaks[0]:,.0f} MiB | {max(peaks):,.0f} MiB | "
+                         f"{rows[0][-1]['end_mib']:,.0f} MiB | {seconds:.1f} |")
     return "\n".join(lines)
 
 

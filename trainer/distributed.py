@@ -62,6 +62,7 @@ def init_distributed(device_preference: str) -> DistInfo:
                           "GPU; use cuda or auto (each process takes the GPU of its LOCAL_RANK)")
     device = pick_device(device_preference, local_rank)
     if world > 1 and not dist.is_initialized():
+        runtime.return_large_frees()  # several processes share the host's memory: freed blocks go back to it
         _join(rank, world, device)
     return DistInfo(rank, world, local_rank, device)
 
@@ -101,7 +102,7 @@ def same_everywhere(text: str, what: str, info: DistInfo) -> None:
     if differ:
         raise ConfigError(f"{what}: rank{'s' * (len(differ) > 1)} {', '.join(map(str, differ))} of {info.world_size} "
                           f"{'run' if len(differ) > 1 else 'runs'} another {what} than rank 0 (hash {hashes[differ[0]]} "
-                          f"against {hashes[0]}); every process of a run must be given the same recipe and --set "
+                          f"against {hashes[0]}); every process of a run must be given the same recipe and overrides "
                           "overrides")
 
 
