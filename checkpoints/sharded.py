@@ -66,7 +66,9 @@ def save(folder: Path, state: dict, async_group=None):
     writer = FileSystemWriter(str(folder / SHARDS), sync_files=True)
     if async_group is not None:
         return dcp.async_save(state, storage_writer=writer, process_group=async_group)
-    dcp.save(state, storage_writer=writer)
+    with warnings.catch_warnings():  # one process (tests, tools): "assuming the intent is to save in a single process"
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable")
+        dcp.save(state, storage_writer=writer)
     return None
 
 
@@ -182,13 +184,22 @@ def load(folder: Path, state: dict, *, no_dist: bool = False) -> None:
 
 def load_weights(model: nn.Module, folder: Path, device: str | torch.device = "cpu",
                  what: str = "this model") -> None:
-    """Make the shards' tensors the parameters of `model`, built with its parameters on the meta device (or
-    fill a built one): each tensor allocated once at its saved shape, in the default dtype, and filled in
-    place, in this one process (no process group needed). A mismatch is one CheckpointError line naming the
-    first differing tensor, as `assign_weights` says it."""
+    """Fill `model` from the shards, in this one process (no process group needed), with one copy of the
+    weights: a model built with its parameters on the meta device gets each tensor allocated once at its
+    saved shape (in the default dtype) and filled in place; a built model (a run's, before it is wrapped)
+    is filled in place. A mismatch is one CheckpointError line naming the first differing tensor."""
     saved = tensor_shapes(folder)
     if not saved:
         raise CheckpointError(f"{folder / SHARDS}: holds no weights (no '{MODEL}.' tensors)")
+    if not any(p.is_meta for p in model.parameters()):
+        state = model.state_dict()
+        missing, unexpected = sorted(set(state) - set(saved)), sorted(set(saved) - set(state))
+        if missing or unexpected:
+            first = f"missing key {missing[0]}" if missing else f"unexpected key {unexpected[0]}"
+            raise CheckpointError(f"{folder / SHARDS}: does not hold the weights of {what} ({first} and "
+                                  f"{len(missing) + len(unexpected) - 1} more)")
+        load(folder, {MODEL: state}, no_dist=True)
+        return
     dtype = torch.get_default_dtype()
     state = {name: torch.empty(shape, dtype=dtype if dtype_.is_floating_point else dtype_, device=device)
              for name, (shape, dtype_) in saved.items()}

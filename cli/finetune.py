@@ -27,9 +27,8 @@ def finetune(
     checkpoints keep the labels as id2label / label2id in config.json, and `tfkit eval` / `tfkit predict`
     read them. The run folder is a pretraining run's: recipe.yaml, start.log, metrics.jsonl, exact resume.
     """
-    from ..trainer.resume import recipe_for_run, restart_resume  # imports deferred: `--help` stays fast
+    from ..trainer.resume import recipe_for_run  # imports deferred: `--help` stays fast
 
-    resume = restart_resume(resume)  # restarted by torchrun (--max-restarts): continue the run
     chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)  # checked before torch is imported (seconds)
     if chosen.head_task is None:
         raise ConfigError(f"recipe {recipe}: objective.name is {chosen.objective.name!r}, which pretrains; "

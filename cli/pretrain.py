@@ -25,9 +25,8 @@ def pretrain(
     Multi-GPU, multi-process or multi-node: `torchrun --nproc_per_node N -m tfkit pretrain RECIPE` (a run that
     torchrun restarts resumes from its newest complete checkpoint by itself).
     """
-    from ..trainer.resume import recipe_for_run, restart_resume  # imports deferred: `--help` stays fast
+    from ..trainer.resume import recipe_for_run  # imports deferred: `--help` stays fast
 
-    resume = restart_resume(resume)  # restarted by torchrun (--max-restarts): continue the run
     chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)  # checked before torch is imported (seconds)
     from ..trainer.run import pretrain as run_pretrain
 

@@ -32,6 +32,7 @@ from .distributed import DistInfo, all_reduce_sum, async_group, barrier, broadca
 from .loop import TrainState
 from .parallel import Parallel
 from .recipe import Recipe
+from .resume import elastic_run
 
 console = output_console()
 
@@ -104,7 +105,8 @@ class Checkpointer:
         """Checkpoint `state`; a checkpoint with non-finite weights is never written nor named as good. A
         sharded checkpoint still being written (train.async_save) is published first."""
         self.wait()
-        payload = {"state": state.to_dict(), "rng": rng_state(), "scaler": self.scaler.state_dict()}
+        payload = {"state": state.to_dict(), "rng": rng_state(), "scaler": self.scaler.state_dict(),
+                   "elastic_run": elastic_run()}  # which torchrun run wrote it: a restart of that run resumes it
         if self.sharded:
             self._save_shards(state.step, payload)
         else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import socket
+import time
 from dataclasses import dataclass
 
 import torch
@@ -70,13 +72,21 @@ def init_distributed(device_preference: str) -> DistInfo:
 def _join(rank: int, world: int, device: torch.device) -> None:
     endpoint = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent holds the store
+    hosts = rank == 0 and not agent
+    if not hosts and "MASTER_ADDR" in os.environ and not _reachable(endpoint):
+        raise ConfigError(f"rank {rank} of {world} could not reach the process group's endpoint {endpoint} "
+                          f"(MASTER_ADDR:MASTER_PORT) within {JOIN_TIMEOUT.total_seconds():.0f} s; check that rank 0 "
+                          "runs there and that this node reaches it (firewall, the address of another network)")
     try:
         # as torch's env:// rendezvous makes it (a client of torchrun's agent store, or rank 0's), but joined
         # within JOIN_TIMEOUT rather than the collectives' half hour
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                              is_master=rank == 0 and not agent, timeout=JOIN_TIMEOUT, wait_for_workers=False,
+                              is_master=hosts, timeout=JOIN_TIMEOUT, wait_for_workers=False,
                               multi_tenant=not agent)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.PrefixStore("default_pg", store),
+        # torchrun's agent store outlives the workers: a restarted group must not read the keys of the last one
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        prefixed = dist.PrefixStore(f"tfkit-attempt-{attempt}/default_pg" if agent else "default_pg", store)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=prefixed,
                                 rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT,
                                 device_id=device if device.type == "cuda" else None)
         store.set_timeout(COLLECTIVE_TIMEOUT)
@@ -88,6 +98,21 @@ def _join(rank: int, world: int, device: torch.device) -> None:
         raise ConfigError(f"rank {rank} of {world} could not join the process group at {endpoint} "
                           f"(MASTER_ADDR:MASTER_PORT) within {JOIN_TIMEOUT.total_seconds():.0f} s: {first[:200]}; "
                           "check that every node reaches that endpoint and starts as many processes") from None
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether a TCP connection to HOST:PORT opens within JOIN_TIMEOUT (tried every half second): asked before
+    torch's store client, which logs a C++ stack for every refused attempt."""
+    host, _, port = endpoint.rpartition(":")
+    deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return True
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
 
 def same_everywhere(text: str, what: str, info: DistInfo) -> None:
@@ -102,8 +127,7 @@ def same_everywhere(text: str, what: str, info: DistInfo) -> None:
     if differ:
         raise ConfigError(f"{what}: rank{'s' * (len(differ) > 1)} {', '.join(map(str, differ))} of {info.world_size} "
                           f"{'run' if len(differ) > 1 else 'runs'} another {what} than rank 0 (hash {hashes[differ[0]]} "
-                          f"against {hashes[0]}); every process of a run must be given the same recipe and overrides "
-                          "overrides")
+                          f"against {hashes[0]}); every process of a run must be given the same recipe and overrides")
 
 
 def async_group(info: DistInfo):

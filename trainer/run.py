@@ -54,7 +54,7 @@ from .optim import build_optimizer, decay_line, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
 from .report import RunResult, describe, report, sample
-from .resume import restart_resume, restarts
+from .resume import restart_resume
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .step import Update
 from .trackers import open_tracker
@@ -68,7 +68,6 @@ def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | No
     """Run a recipe end to end; see the module docstring. Works alone or under torchrun. A fine-tuning
     recipe (objective classify / regress) needs the `scorer` of its validation scores (`tfkit finetune`)."""
     task.check_scorer(recipe, scorer)
-    resume = restart_resume(resume)  # a run torchrun restarted continues from its newest complete checkpoint
     info = init_distributed(recipe.train.device)
     set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
     with Trainer(recipe, info, scorer) as trainer:
@@ -114,6 +113,7 @@ class Trainer(contextlib.AbstractContextManager):
         self.checkpoints: Checkpointer | None = None  # save, keep_if_best, the last good checkpoint
         self.steps_before = self.tokens_before = 0  # the state's step and tokens when this start began training
         self.plan: BatchPlan | None = None  # which rows of each update this process computes (batch_plan.py)
+        self.restarted: str | None = None  # why a run torchrun started again resumes by itself (resume.restart_resume)
         self.train_time = 0.0  # seconds the loop ran in this start
 
     @property
@@ -184,17 +184,19 @@ class Trainer(contextlib.AbstractContextManager):
 
     def _say_layout(self) -> None:
         """The start block's lines on how the processes share the run: restarts, checkpoints' form."""
-        if restarts():
+        if self.restarted:
             found = (f"resuming {self.resume_from}, its newest complete checkpoint" if self.resume_from else
                      "no complete checkpoint yet: starting afresh")
-            self.start_block.print(f"torchrun restart {restarts()} (TORCHELASTIC_RESTART_COUNT): {found}",
-                                   highlight=False, markup=False)
+            self.start_block.print(f"{self.restarted}: {found}", highlight=False, markup=False)
         self.start_block.print(self.checkpoints.form, highlight=False, markup=False)
 
     def _prepare_run_folder(self, run_dir: str | Path | None, resume: str | None) -> None:
         """The run folder and the checkpoint the run starts from (checked on every rank, before rank 0
         writes anything), the tokenizer (rank 0 prepares it), the model config and the datasets."""
         recipe, info = self.recipe, self.info
+        if info.is_main:  # a run torchrun started again continues from its newest complete checkpoint
+            resume, self.restarted = restart_resume(resume, recipe, run_dir)
+        resume, self.restarted = broadcast_object((resume, self.restarted), info)
         chosen = str(run_folder.choose_run_dir(recipe, run_dir, resume)) if info.is_main else None
         self.run_dir = Path(broadcast_object(chosen, info))
         if info.is_main:  # before reading the folder: a second process on it is refused before either writes
