@@ -28,6 +28,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,8 @@ import yaml
 
 from . import finetune_hf as hf
 from .common import Context, Goal, Row, median, paired_ratio, time_interleaved
-from .finetune_setup import (Split, check_data, fetch_minilm, read_items, synthetic_items, tiny_encoder,
-                             write_csv, write_split)
+from .finetune_setup import (Split, check_data, fetch_minilm, read_items, synthetic_items, tiny_encoder, write_csv,
+                             write_split)
 
 PARITY_GOAL = Goal("within 0.5 points of HF (mean)", 0.0, max_gap=0.5)
 SPEED_GOAL = Goal(">= 1.3x HF", 1.3)
@@ -68,6 +69,17 @@ class Env:
     ctx: Context
     work: Path
     threads: int
+
+
+@contextlib.contextmanager
+def scratch_env(ctx: Context, prefix: str) -> Iterator[Env]:
+    """An Env over a temporary work folder, removed afterwards, with HF's libraries quietened."""
+    hf.quiet()
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield Env(ctx, work, torch.get_num_threads())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def tfkit(env: Env, command: str, *args: object) -> float:
@@ -225,10 +237,8 @@ def parity_row(env: Env, split: Split, hf_folder: Path, imported: Path, sizes: S
 def run(ctx: Context) -> list[Row]:
     """The comparisons of the module doc at FULL sizes, or QUICK ones on made-up data with a random encoder."""
     sizes = QUICK if ctx.quick else FULL
-    hf.quiet()
-    work = Path(tempfile.mkdtemp(prefix="tfkit-bench-finetune-"))
-    env = Env(ctx, work, torch.get_num_threads())
-    try:
+    with scratch_env(ctx, "tfkit-bench-finetune-") as env:
+        work = env.work
         if ctx.quick:
             items = synthetic_items(sizes.n_train + sizes.n_test)
         else:
@@ -250,5 +260,3 @@ def run(ctx: Context) -> list[Row]:
         encoder = "a random 2-layer BertModel" if ctx.quick else "all-MiniLM-L6-v2"
         return [*speed_rows(env, split, folder, imported, sizes, encoder),
                 parity_row(env, split, folder, imported, sizes, encoder)]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

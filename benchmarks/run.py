@@ -10,8 +10,11 @@ HuggingFace's masking), decode (GQA/MQA vs MHA, from benchmarks/decode.py), cli 
 `train-tokenizer` as whole processes, from benchmarks/cli.py), doc_mask (a training step with packed documents
 kept apart vs attending across them, benchmarks/doc_mask.py), tasks (multiple-choice scoring vs lm-eval's HF
 backend, from benchmarks/tasks.py), sft (a chat fine-tuning step vs a plain PyTorch loop over HF's GPT2LMHeadModel,
-benchmarks/sft.py), finetune (fine-tuning quality parity with HF and its speed, benchmarks/finetune.py: it
-downloads an encoder and takes most of an hour, so only when named in `--only`). Questions about quality
+benchmarks/sft.py), mixture (a weighted mixture's shares in the packed rows, its rows' throughput vs one
+source, its peak memory at 1 GB vs 10 MB, benchmarks/mixture.py), inloop (a gpt-tiny run scoring two tasks at every
+validation vs the same run without, benchmarks/inloop.py), finetune (fine-tuning quality parity with HF and its
+speed, benchmarks/finetune.py: it downloads an encoder and takes most of an hour, so only when named in `--only`).
+Questions about quality
 alone (does pretraining pay?) are experiments, in experiments/. `--quick` shrinks every shape so the
 whole suite runs in seconds (CI checks that it still runs); its numbers are not results. The GPU suite
 needs CUDA and is sized to finish in under 10 minutes on one H100; the CPU suite takes a few minutes
@@ -30,12 +33,14 @@ import torch
 
 from tfkit.models import build_model
 
-from . import attention, batches, cli, corpora, doc_mask, finetune, sft, tasks, tokenizer, train_throughput
+from . import (attention, batches, cli, corpora, doc_mask, finetune, inloop, mixture, sft, tasks, tokenizer,
+               train_throughput)
 from .common import Context, Goal, Row, machine, table, write_json
 
 SECTIONS = ("train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "doc_mask", "tasks", "sft",
-            "finetune")
-CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "finetune")  # no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+            "mixture", "inloop", "finetune")
+# no GPU work: measured by the cpu suite only (keeps the gpu suite under 10 minutes)
+CPU_ONLY = ("tokenizer", "corpora", "batches", "cli", "doc_mask", "tasks", "sft", "mixture", "inloop", "finetune")
 NAMED_ONLY = ("finetune",)  # full runs take most of an hour: run when --only names them (and by every --quick run)
 HERE = Path(__file__).resolve().parent
 
@@ -143,7 +148,8 @@ def bytes_bound_rows(ctx: Context, dtype: torch.dtype) -> list[Row]:
 
 RUNNERS = {"train": train_throughput.run, "attention": attention.run, "tokenizer": tokenizer.run,
            "corpora": corpora.run, "batches": batches.run, "decode": decode_rows, "cli": cli.run,
-           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run, "finetune": finetune.run}
+           "doc_mask": doc_mask.run, "tasks": tasks.run, "sft": sft.run, "mixture": mixture.run,
+           "inloop": inloop.run, "finetune": finetune.run}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

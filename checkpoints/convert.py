@@ -20,7 +20,8 @@ from .training import copy_tokenizer
 from .weights import check_tokenizer_fits, load_model, save_model
 
 
-def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str,
+                       seed: int = 0) -> tuple[nn.Module, nn.Module]:
     """Regroup the checkpoint `folder` into the new checkpoint folder `out`; returns (model, new_model).
 
     The caller has checked `out` (replacing.check_new_folder). `out` is written whole or not at all: weights,
@@ -37,8 +38,9 @@ def convert_checkpoint(folder: Path, out: Path, kv_heads: int, method: str, seed
     with parameters_on_meta():
         new_model = build_model(new_cfg)
     assign_weights(new_model, state_dict, folder, f"the regrouped {new_cfg.arch} model")
-    record = dataclasses.replace(source, step=None, val_loss=None, prior_steps=source.total_steps, converted_from=str(folder.resolve()),
-                                 method=method, kv_heads_before=cfg.kv_heads, seed=seed if method == "random" else None)
+    record = dataclasses.replace(source, step=None, val_loss=None, prior_steps=source.total_steps,
+                                 converted_from=str(folder.resolve()), method=method, kv_heads_before=cfg.kv_heads,
+                                 seed=seed if method == "random" else None)
     with staged_folder(out) as tmp:  # the caller ran check_new_folder: replacing `out` needed --force
         save_model(new_model, tmp, record)
         copy_tokenizer(folder, tmp)

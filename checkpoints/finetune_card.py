@@ -66,13 +66,15 @@ def finetune_card(folder: Path) -> str:
     regression = head is not None and head.task == "regression"
     name = run_dir.name if run_dir is not None else record.name  # the run, which the recipe may have made many of
     front = _front_matter(name, record, regression, data, scores)
-    what = "regressor (one float output)" if regression else f"text classifier ({head.num_labels if head else None} classes)"
+    classes = head.num_labels if head is not None else None
+    what = "regressor (one float output)" if regression else f"text classifier ({classes} classes)"
     control = "init_from" in train and train["init_from"] is None  # recipe.yaml says so, not a missing key
     start = (f"fine-tuned from the weights of `{init_from}`{_imported(source)}" if init_from
              else "trained from random weights (no pretrained body: the control)" if control else None)
     body = [f"# {name}", "", f"A {record.checkpoint.model.arch} {what} made by `tfkit finetune`"
             + (f", {start}." if start else "."), ""]
-    for title, lines in (("Task", _task_lines(head, task, regression)), ("Model", _model_lines(record.checkpoint.model)),
+    for title, lines in (("Task", _task_lines(head, task, regression)),
+                         ("Model", _model_lines(record.checkpoint.model)),
                          ("Starting checkpoint", _source_lines(init_from, source)),
                          ("Labelled data", _data_lines(data, block)),
                          ("Training", _training_lines(record, recipe)),

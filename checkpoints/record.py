@@ -33,15 +33,17 @@ from ..layout import CONFIG
 from ..models.config import ModelConfig, type_problem
 from ..models.head_config import HeadConfig
 from ..ranges import hints
+from ..tokenization.sources import source_problems
 
 
 @dataclass(frozen=True)
 class DataRecord:
     """What a training run read and the packed layout it trained under (`tfkit eval` scores it the same way;
-    `data.train: null` of a run started from the checkpoint reads the same data)."""
+    `data.train: null` of a run started from the checkpoint reads the same data). `train` / `valid` are a
+    corpus, or a list of named sources as the recipe wrote it (a weighted mixture: tokenization/sources.py)."""
 
-    train: str | None = None
-    valid: str | None = None
+    train: str | list[dict] | None = None
+    valid: str | list[dict] | None = None
     valid_fraction: float | None = None
     text_field: str = "text"
     document_mask: bool = False
@@ -126,8 +128,11 @@ class CheckpointRecord:
                 raise CheckpointError(f"{file}: '{name}' is {section!r}, expected a JSON object (the checkpoint is "
                                       "damaged)")
             values[name] = None if section is None else kind(**_scalars(kind, section, f"{name}.", file))
+        if values.get("data") is not None:
+            _check_sources(values["data"], file)
         pair = raw.get("pair_fields")
-        if pair is not None and (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair)):
+        two_names = isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, str) for v in pair)
+        if pair is not None and not two_names:
             raise CheckpointError(f"{file}: 'pair_fields' is {pair!r}, expected two field names")
         values["pair_fields"] = None if pair is None else tuple(pair)
         head = raw.get("head")
@@ -173,3 +178,9 @@ def _scalars(kind: type, raw: dict[str, Any], prefix: str, file: Path) -> dict[s
         values[f.name] = float(value) if hint in (float, float | None) and value is not None else value
     return values
 
+
+def _check_sources(data: DataRecord, file: Path) -> None:
+    """A list of sources under data.train / data.valid holds what a recipe's list holds (tokenization/sources.py)."""
+    problems = source_problems(data.train, "data.train") + source_problems(data.valid, "data.valid", valid=True)
+    if problems:
+        raise CheckpointError(f"{file}: {problems[0]} (the checkpoint is damaged)")

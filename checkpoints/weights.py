@@ -120,8 +120,8 @@ def load_classifier(path: str | Path, device: str | torch.device = "cpu") -> tup
     folder = resolve_checkpoint(path)
     record = CheckpointRecord.read(folder)
     if record.head is None:
-        raise CheckpointError(f"{folder}: a {record.model.arch} language model, not a classifier made by `tfkit finetune` "
-                              "(labelled rows are for classifiers; score language models on a corpus in a "
+        raise CheckpointError(f"{folder}: a {record.model.arch} language model, not a classifier made by `tfkit "
+                              "finetune` (labelled rows are for classifiers; score language models on a corpus in a "
                               "`tfkit eval` of their own)")
     return _load(folder, record, device)
 
@@ -159,7 +159,8 @@ def _load(folder: Path, record: CheckpointRecord, device: str | torch.device) ->
     return model.to(device).eval(), cfg
 
 
-def load_with_tokenizer(folder: Path, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig, "TfkitTokenizer"]:
+def load_with_tokenizer(folder: Path,
+                        device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig, TfkitTokenizer]:
     """(model, cfg, tokenizer) of one checkpoint folder, refused when they do not belong together."""
     from ..tokenization.tokenizer import load_tokenizer
 

@@ -23,7 +23,7 @@ from ..runtime import check_precision, pick_device
 from ..threads import set_threads
 from .json_rows import write_rows
 from .options import Device
-from .task_eval import evaluate_task, refuse_corpus_options
+from .task_eval import evaluate_probe, evaluate_task, refuse_corpus_options
 
 if TYPE_CHECKING:
     from ..checkpoints.record import CheckpointRecord
@@ -51,10 +51,43 @@ def results_table(rows: list[dict], names: list[str], data: str) -> Table:
                    "KV B/tok (bf16)", "tok/s"):
         table.add_column(column, justify="left" if column in ("checkpoint", "arch") else "right")
     for name, r in zip(names, rows):
-        table.add_row(name, r["arch"], steps_text(r.get("step"), r.get("prior_steps")), f"{r['params']:,}",
+        table.add_row(name, r["arch"], steps_text(r["step"], r["prior_steps"]), f"{r['params']:,}",
                       f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", _num(r["bits_per_byte"], ".4f"),
                       f"{100 * r['token_accuracy']:.2f}%",
                       f"{r['tokens']:,}", _num(r["kv_cache_bytes_per_token"], ","), _num(r["tokens_per_sec"], ",.0f"))
+    return table
+
+
+def named_corpora(items: list[str]) -> dict[str, str]:
+    """name -> corpus of the --data items: `NAME=CORPUS` names one (NAME a word, as a mixture's source names;
+    an item that is itself an existing path is a corpus, whatever it holds), anything else is named by itself."""
+    from ..tokenization.sources import NAME
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, spec = item.partition("=")
+        if not (sep and NAME.fullmatch(name) and spec) or Path(item).exists():
+            name, spec = item, item
+        if name in out:
+            raise ConfigError(f"data {item}: the name {name!r} is given twice, expected one corpus per name",
+                              params=("data",))
+        out[name] = spec
+    return out
+
+
+def side_by_side(by_corpus: list[dict[str, dict]], names: list[str], corpora: dict[str, str]) -> Table:
+    """One row per checkpoint, each corpus's loss and bits per byte in columns of its own (several --data)."""
+    table = Table(title="eval on " + ", ".join(f"{name} ({spec})" if name != spec else name
+                                               for name, spec in corpora.items()))
+    table.add_column("checkpoint")
+    table.add_column("steps", justify="right")
+    for name in corpora:
+        table.add_column(f"{name} loss", justify="right")
+        table.add_column(f"{name} bits/byte", justify="right")
+    for ckpt, scored in zip(names, by_corpus):
+        first = next(iter(scored.values()))
+        cells = [c for r in scored.values() for c in (f"{r['loss']:.4f}", _num(r["bits_per_byte"], ".4f"))]
+        table.add_row(ckpt, steps_text(first["step"], first["prior_steps"]), *cells)
     return table
 
 
@@ -87,8 +120,11 @@ def check_limits(max_tokens: int | None, max_batches: int | None) -> None:
 
 def evaluate(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint folders or run folders (latest checkpoint each).")],
-    data: Annotated[Optional[str], typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or stdlib:docs:valid.")] = None,
+    data: Annotated[Optional[list[str]], typer.Option("--data", help="Corpus to score: a file, folder, glob, JSONL, or "
+                                                      "stdlib:docs:valid; repeat it (NAME=CORPUS) to score several "
+                                                      "side by side, e.g. the sources of a mixture.")] = None,
     task: Annotated[Optional[Path], typer.Option("--task", help="Instead of --data: a JSONL task file scored by log-likelihood, multiple choice ({\"context\", \"choices\", \"gold\"}) or cloze ({\"text\"}), GPT checkpoints.")] = None,
+    probe: Annotated[Optional[str], typer.Option("--probe", help="Instead of --data: a linear probe's held-out accuracy on frozen mean-pooled features of labelled data (stdlib:topics, a file with text and label columns, or '{data: FILE, text: COL, label: COL}'), as eval.probe scores it during training.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as a JSON list to this file.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass (speed only: every example is scored, with the same masks).")] = 8,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Stop once this many tokens are scored: predicted tokens, so masked ones for BERT (default: all).")] = None,
@@ -118,15 +154,18 @@ def evaluate(
     from ..checkpoints.record import CheckpointRecord
     from ..tokenization.corpus import check_text_field
 
-    if (data is None) == (task is None):
-        raise ConfigError("give --data CORPUS (loss, perplexity) or --task FILE (downstream accuracy), one of them")
+    if sum(bool(given) for given in (data, task, probe)) != 1:
+        raise ConfigError("give --data CORPUS (loss, perplexity), --task FILE (downstream accuracy) or --probe DATA "
+                          "(a linear probe's accuracy), one of them")
+    corpora = named_corpora(data or [])
     if json_out is not None:  # the options first, then every argument resolved, then the work
-        check_json_out(json_out, [*checkpoints, data or task])
-    if task is not None:
+        check_json_out(json_out, [*checkpoints, *corpora.values(), *([task] if task else []), *([probe] if probe else [])])
+    if task is not None or probe is not None:
         refuse_corpus_options({"--seq-len": seq_len, "--stride": stride, "--max-tokens": max_tokens,
                                "--max-batches": max_batches, "--set": overrides or None})
     else:
-        check_text_field(data, text_field)
+        for spec in corpora.values():
+            check_text_field(spec, text_field)
         check_limits(max_tokens, max_batches)
     records = []
     for path in checkpoints:  # every argument resolved before any work (a run's best/ when it kept one)
@@ -135,32 +174,42 @@ def evaluate(
         if note := chosen_note(path, folder):
             err.print(note)
     if any(record.is_classifier for record in records):  # made by `tfkit finetune`: scored on labelled rows
-        if task is not None:
-            raise ConfigError("--task scores language models; a classifier made by `tfkit finetune` is scored on "
-                              "labelled rows: --data FILE")
+        if task is not None or probe is not None:
+            raise ConfigError("--task and --probe score language models; a classifier made by `tfkit finetune` is "
+                              "scored on labelled rows: --data FILE")
         from .evaluate_labelled import evaluate_labelled
 
-        return evaluate_labelled(checkpoints, data, json_out, batch_size, device)
-    from ..evaluation.evaluate import EvalRequest
-    from ..evaluation.evaluate import evaluate as evaluate_one
+        if len(corpora) > 1:
+            raise ConfigError("a classifier made by `tfkit finetune` is scored on one labelled file: give one --data")
+        return evaluate_labelled(checkpoints, next(iter(corpora.values())), json_out, batch_size, device)
+    from ..evaluation.evaluate import EvalRequest, evaluate_corpora
 
     torch_device, precision = pick_device(device), check_precision(dtype, allow_auto=True)
     set_threads()  # the cores the machine's load leaves free
     if task is not None:
         return evaluate_task(checkpoints, task, json_out=json_out, batch_size=batch_size, device=torch_device,
                              dtype=dtype)
+    if probe is not None:
+        return evaluate_probe(checkpoints, probe, json_out=json_out, device=torch_device, dtype=dtype)
     request = EvalRequest(batch_size=batch_size, max_batches=max_batches, max_tokens=max_tokens,
                           seq_len=choose_seq_len(records, seq_len, overrides), stride=stride, device=torch_device,
                           dtype=precision, seed=seed, text_field=text_field, overrides=tuple(overrides or ()),
                           best=True)
-    rows = []
+    rows, by_corpus = [], []
     for number, ckpt in enumerate(checkpoints, start=1):  # a plain line each: progress on a terminal or off one
         started = time.perf_counter()
-        rows.append(evaluate_one(ckpt, data, request))
-        err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {rows[-1]['loss']:.4f} on {rows[-1]['tokens']:,} tokens "
-                  f"({rows[-1]['dtype']}), {time.perf_counter() - started:.1f} s")
+        scored = evaluate_corpora(ckpt, corpora, request)
+        by_corpus.append(scored)
+        rows += [{**row, "name": name} if len(corpora) > 1 else row for name, row in scored.items()]
+        losses = ", ".join(f"{'' if len(corpora) == 1 else name + ' '}{r['loss']:.4f} on {r['tokens']:,} tokens"
+                           for name, r in scored.items())
+        err.print(f"[{number}/{len(checkpoints)}] {ckpt}: loss {losses} ({rows[-1]['dtype']}), "
+                  f"{time.perf_counter() - started:.1f} s")
     console = output_console()
-    console.print(results_table(rows, checkpoints, data))
+    if len(corpora) > 1:
+        console.print(side_by_side(by_corpus, checkpoints, corpora))
+    else:
+        console.print(results_table(rows, checkpoints, next(iter(corpora.values()))))
     if note := mixed_objectives_note(rows):
         err.print(note)
     if json_out is not None:

@@ -28,8 +28,10 @@ def pretrain(
     from ..trainer.resume import recipe_for_run  # imports deferred: `--help` stays fast
 
     chosen = recipe_for_run(recipe, overrides, run_dir, resume, force)  # checked before torch is imported (seconds)
+    from ..evaluation.inloop import build_downstream
     from ..trainer.run import pretrain as run_pretrain
 
-    result = run_pretrain(chosen, run_dir=run_dir, resume=resume)
+    downstream = build_downstream(chosen)  # eval.tasks / eval.probe read and checked before any training
+    result = run_pretrain(chosen, run_dir=run_dir, resume=resume, downstream=downstream)
     if result.interrupted:
         raise typer.Exit(128 + result.interrupted)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -44,8 +44,12 @@ def show(
     recipe: Annotated[str, typer.Argument(help="Bundled recipe name or path to a YAML file.")],
     overrides: Overrides = None,
     lr_points: Annotated[int, typer.Option("--lr-points", help="Rows of the learning-rate curve to print (0: none).")] = 11,
+    pace: Annotated[Optional[float], typer.Option(
+        "--pace", help="Training tokens per second, to size a time budget's horizon for a list of sources "
+                       "(start.log reports a run's pace).")] = None,
 ) -> None:
-    """Print the resolved recipe (sizes and overrides applied) on stdout, its learning-rate curve on stderr."""
+    """Print the resolved recipe (sizes and overrides applied) on stdout; on stderr, its learning-rate curve and,
+    for a list of sources under data.train, the tokens each source will contribute over the run."""
     from ..trainer.recipe import find_recipe, load_recipe
     from ..trainer.schedules import lr_at
 
@@ -54,6 +58,8 @@ def show(
         err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     console.print(f"# {find_recipe(recipe)}", style="dim", highlight=False)
     console.print(resolved.to_yaml(), highlight=False, markup=False)
+    if (mixture := horizon_table(resolved, pace)) is not None:
+        err_console.print(mixture)
     if lr_points < 1:
         return
     steps = resolved.train.max_steps
@@ -62,6 +68,30 @@ def show(
     for step in marks:
         table.add_row(str(step), f"{lr_at(step, resolved.schedule, resolved.optim.lr, steps, resolved.model.d_model):.3e}")
     err_console.print(table)  # stderr: `tfkit recipes show NAME > my.yaml` writes a recipe that loads
+
+
+def horizon_table(recipe, pace: float | None = None) -> Table | None:
+    """`tfkit recipes show`: every source of data.train with its weight, share, and the tokens it will
+    contribute over the run's train.max_steps, or per hour at `pace` tokens per second under a time budget
+    (without a pace: at the cap of train.max_steps); None for a single corpus."""
+    from ..tokenization.sources import is_mixture, read_sources, spec_text  # no torch: `recipes show` stays fast
+
+    if not is_mixture(recipe.data.train):
+        return None
+    t = recipe.train
+    per_step = t.batch_size * recipe.data.seq_len
+    if t.max_time and pace:
+        total, column = pace * 3600, f"tokens per hour at {pace:,.0f} tokens/s"
+    else:
+        total = per_step * t.max_steps
+        column = (f"tokens in {t.max_steps:,} steps" if not t.max_time else
+                  f"tokens at the cap of {t.max_steps:,} steps (pace: the tokens/s start.log reports)")
+    table = Table("source", "corpus", "weight", "share", column, title=f"data.train: {spec_text(recipe.data.train)}")
+    for source in read_sources(recipe.data.train, "data.train", recipe.data.text_field):
+        small = " (under 1%)" if source.share < 0.01 else ""
+        table.add_row(source.name, source.path + ("" if source.repeat else " (repeat: false)"), f"{source.weight:g}",
+                      f"{100 * source.share:.3g}%{small}", f"{source.share * total:,.0f}")
+    return table
 
 
 @app.command("validate")

@@ -49,10 +49,10 @@ def refuse_corpus_options(given: dict[str, object]) -> None:
 def evaluate_task(checkpoints: list[str], task_file: Path, *, json_out: Path | None, batch_size: int,
                   device, dtype: str) -> None:
     """Score every checkpoint on the task file, print the table, write `--json` (already checked)."""
-    from ..evaluation.task_file import read_task
+    from ..evaluation.builtin_tasks import load_task
     from ..evaluation.task_scores import score_task
 
-    task = read_task(task_file)
+    task = load_task(task_file)  # a file, or a built-in task (stdlib:docs-cloze, stdlib:docs-choice)
     rows = []
     for number, ckpt in enumerate(checkpoints, start=1):
         started = time.perf_counter()
@@ -60,5 +60,35 @@ def evaluate_task(checkpoints: list[str], task_file: Path, *, json_out: Path | N
         err.print(f"[{number}/{len(checkpoints)}] {ckpt}: acc {rows[-1]['acc']:.4f} on {len(task.items):,} items, "
                   f"{time.perf_counter() - started:.1f} s")
     output_console().print(task_table(rows, checkpoints, task.name, task.kind))
+    if json_out is not None:
+        write_rows(json_out, rows)
+
+
+def evaluate_probe(checkpoints: list[str], probe: str, *, json_out: Path | None, device, dtype: str) -> None:
+    """`--probe DATA`: the linear probe's held-out accuracy per checkpoint, as `eval.probe` scores it in training.
+    DATA is labelled data (stdlib:topics, a file with text and label columns) or, as the recipe key, a YAML
+    mapping `{data: FILE, text: COLUMN, label: COLUMN}`."""
+    from ..evaluation.probe import probe_checkpoint
+    from ..yamlfile import safe_load
+
+    spec = probe
+    if probe.lstrip().startswith("{"):
+        spec = safe_load(probe)
+        if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
+            raise ConfigError(f"--probe {probe}: expected labelled data or a mapping {{data: FILE, text: COLUMN, "
+                              "label: COLUMN}")
+    rows = []
+    for number, ckpt in enumerate(checkpoints, start=1):
+        started = time.perf_counter()
+        rows.append(probe_checkpoint(ckpt, spec, device=device, dtype=dtype))
+        err.print(f"[{number}/{len(checkpoints)}] {ckpt}: probe accuracy {rows[-1]['acc']:.4f} on "
+                  f"{rows[-1]['valid_rows']:,} held-out rows, {time.perf_counter() - started:.1f} s")
+    table = Table(title=f"linear probe on {rows[0]['probe']} ({rows[0]['train_rows']:,} rows fitted, "
+                        f"{rows[0]['valid_rows']:,} held out, {rows[0]['classes']} classes)")
+    for column in ("checkpoint", "arch", "acc %"):
+        table.add_column(column, justify="left" if column != "acc %" else "right")
+    for name, r in zip(checkpoints, rows):
+        table.add_row(name, r["arch"], f"{100 * r['acc']:.2f}")
+    output_console().print(table)
     if json_out is not None:
         write_rows(json_out, rows)

@@ -315,6 +315,14 @@ class EvalRequest:
 def evaluate(path: str | Path, data_spec: str, request: EvalRequest = EvalRequest()) -> dict:
     """Score one checkpoint (folder, or run folder: its latest checkpoint, its best/ with `request.best`) on
     `data_spec` as `request` says; returns the metrics dict (module doc)."""
+    return evaluate_corpora(path, {data_spec: data_spec}, request)[data_spec]
+
+
+@torch.no_grad()
+def evaluate_corpora(path: str | Path, corpora: dict[str, str],
+                     request: EvalRequest = EvalRequest()) -> dict[str, dict]:
+    """name -> the metrics dict of one checkpoint on each named corpus (`tfkit eval --data NAME=CORPUS ...`, the
+    sources of a mixture side by side), the checkpoint read once; each as `evaluate` scores it."""
     q = request
     precision = check_precision(q.dtype, allow_auto=True)
     device = q.device if isinstance(q.device, torch.device) else pick_device(q.device)
@@ -325,6 +333,26 @@ def evaluate(path: str | Path, data_spec: str, request: EvalRequest = EvalReques
     seq_len = trained_seq_len(record) if q.seq_len is None else q.seq_len
     check_options(q.stride, seq_len, cfg.max_seq_len, objective, q.batch_size)
     byte_table = torch.from_numpy(token_byte_lengths(tokenizer))
+    loaded = Loaded(folder, model, cfg, tokenizer, record, precision, objective, seq_len, byte_table, device)
+    return {name: _score_corpus(loaded, spec, q, name if len(corpora) > 1 else None) for name, spec in corpora.items()}
+
+
+class Loaded(NamedTuple):
+    """One checkpoint as `evaluate_corpora` scores it on each corpus."""
+    folder: Path
+    model: torch.nn.Module
+    cfg: Any
+    tokenizer: TfkitTokenizer
+    record: CheckpointRecord
+    precision: str
+    objective: str
+    seq_len: int
+    byte_table: Tensor
+    device: torch.device
+
+
+def _score_corpus(c: Loaded, data_spec: str, q: EvalRequest, name: str | None) -> dict:
+    model, cfg, tokenizer, record, objective, seq_len = c.model, c.cfg, c.tokenizer, c.record, c.objective, c.seq_len
     pair_fields = record.pair_fields or ("source", "target")
     batches, total = eval_batches(tokenizer, data_spec, objective, seq_len=seq_len, batch_size=q.batch_size,
                                   stride=q.stride, seed=q.seed,
@@ -332,13 +360,15 @@ def evaluate(path: str | Path, data_spec: str, request: EvalRequest = EvalReques
                                   show_progress=q.show_progress, text_field=q.text_field, pair_fields=pair_fields,
                                   masking=q.masking if objective == "mlm" else None, **trained_layout(record))
     total = total if total is None or q.max_batches is None else min(total, q.max_batches)
-    progress = ScoringProgress(folder.name, total, q.max_tokens, enabled=q.show_progress)
-    t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), byte_table, precision,
-               device, progress, q.max_batches, q.max_tokens)
+    label = c.folder.name if name is None else f"{c.folder.name} on {name}"
+    progress = ScoringProgress(label, total, q.max_tokens, enabled=q.show_progress)
+    t = _score(model, batches, ObjectiveSection(name=objective, label_smoothing=0.0), c.byte_table, c.precision,
+               c.device, progress, q.max_batches, q.max_tokens)
     if t.scored == 0:
         raise TooLittleText(f"{data_spec}: no tokens to score at seq_len {seq_len} (use a smaller seq_len, "
                             "or more data)", seq_len, params=("seq_len",))
     loss = t.nll / t.scored
+    byte_table, precision, folder = c.byte_table, c.precision, c.folder
     return {
         "checkpoint": str(folder),
         "arch": cfg.arch,

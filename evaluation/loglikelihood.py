@@ -41,6 +41,27 @@ class Group:
     continuations: list[list[int]]
 
 
+def encode_pair(tokenizer: TfkitTokenizer, context: str, continuation: str, prefix: list[int] | None = None) -> Pair:
+    """lm-eval's split of a (context, continuation) pair into token ids (module docstring); `prefix`: the
+    tokenizer's document prefix, passed when known."""
+    prefix = tokenizer.document_prefix() if prefix is None else prefix
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    if not context:  # the document prefix alone is the context (lm-eval's prefix token)
+        ids = tokenizer.encode(continuation)
+        return (prefix, ids) if prefix else (ids[:1], ids[1:])
+    whole = prefix + tokenizer.encode(context + continuation)
+    context_ids = prefix + tokenizer.encode(context)
+    return context_ids, whole[len(context_ids):]
+
+
+def fits(group: Group, max_len: int) -> bool:
+    """Whether a group's context and longest continuation fit `max_len` (else it is scored apart, cut)."""
+    longest = max(len(c) for c in group.continuations)
+    return len(group.context) + longest - 1 <= max_len and all(group.continuations)
+
+
 class ContinuationScorer:
     """(log-likelihood, greedy) of each continuation given its context, for one causal model and tokenizer.
 
@@ -57,32 +78,28 @@ class ContinuationScorer:
 
     def encode_pair(self, context: str, continuation: str) -> Pair:
         """lm-eval's split of a (context, continuation) pair into token ids (module docstring)."""
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
-        if not context:  # the document prefix alone is the context (lm-eval's prefix token)
-            ids = self.tokenizer.encode(continuation)
-            return (self.prefix, ids) if self.prefix else (ids[:1], ids[1:])
-        whole = self.prefix + self.tokenizer.encode(context + continuation)
-        context_ids = self.prefix + self.tokenizer.encode(context)
-        return context_ids, whole[len(context_ids):]
+        return encode_pair(self.tokenizer, context, continuation, self.prefix)
 
-    def score(self, groups: Sequence[Group]) -> list[list[tuple[float, bool]]]:
-        """Per group, per continuation: (log-likelihood in nats, greedy), in the order given."""
+    def score(self, groups: Sequence[Group], part: tuple[int, int] = (0, 1)) -> list[list[tuple[float, bool]]]:
+        """Per group, per continuation: (log-likelihood in nats, greedy), in the order given.
+
+        `part` = (rank, world): only this process's share, None for the others' groups: the batches one process
+        would run, every world-th of them, and every world-th group scored apart, so each score is bit for bit
+        the one a single process computes (the training loop under torchrun, evaluation/inloop.py)."""
+        rank, world = part
         results: list[list[tuple[float, bool]] | None] = [None] * len(groups)
-        shared = sorted((i for i, g in enumerate(groups) if self._fits(g)), key=lambda i: len(groups[i].context))
-        for start in range(0, len(shared), self.batch_size):  # by length: little padding, equal lengths together
+        fitting = [fits(g, self.max_len) for g in groups]
+        shared = sorted((i for i in range(len(groups)) if fitting[i]), key=lambda i: len(groups[i].context))
+        for k, start in enumerate(range(0, len(shared), self.batch_size)):  # by length: equal lengths together
+            if k % world != rank:
+                continue
             chunk = shared[start:start + self.batch_size]
             for i, scores in zip(chunk, self._score_shared([groups[i] for i in chunk])):
                 results[i] = scores
-        for i, group in enumerate(groups):
-            if results[i] is None:
-                results[i] = self._score_apart(group)
+        for k, i in enumerate(i for i in range(len(groups)) if not fitting[i]):
+            if k % world == rank:
+                results[i] = self._score_apart(groups[i])
         return results  # type: ignore[return-value]
-
-    def _fits(self, group: Group) -> bool:
-        longest = max(len(c) for c in group.continuations)
-        return len(group.context) + longest - 1 <= self.max_len and all(group.continuations)
 
     @torch.inference_mode()
     def _score_shared(self, groups: list[Group]) -> list[list[tuple[float, bool]]]:

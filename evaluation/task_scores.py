@@ -23,7 +23,8 @@ from ..errors import ConfigError
 from ..runtime import check_precision, pick_device
 from ..trainer.optim import autocast_context
 from .evaluate import check_batch_size, checkpoint_precision
-from .loglikelihood import ContinuationScorer, Group
+from ..tokenization.train import TfkitTokenizer
+from .loglikelihood import ContinuationScorer, Group, encode_pair
 from .task_file import CLOZE, Task
 
 
@@ -59,6 +60,16 @@ def task_metrics(task: Task, scores: list[list[tuple[float, bool]]]) -> dict:
     return {"acc": acc, "acc_stderr": acc_stderr, "acc_norm": acc_norm, "acc_norm_stderr": acc_norm_stderr}
 
 
+def task_groups(tokenizer: TfkitTokenizer, task: Task) -> list[Group]:
+    """Every item's context and continuations as token ids (lm-eval's split: the context's ids do not depend on
+    the choice)."""
+    groups, prefix = [], tokenizer.document_prefix()
+    for item in task.items:
+        pairs = [encode_pair(tokenizer, item.context, c, prefix) for c in item.continuations]
+        groups.append(Group(pairs[0][0], [ids for _, ids in pairs]))
+    return groups
+
+
 def load_scorer(path: str | Path, *, batch_size: int = 8, device: str | torch.device = "cpu",
                 dtype: str = "fp32") -> tuple[ContinuationScorer, dict]:
     """The scorer of a causal checkpoint (folder or run folder) and what a results row says about it; dtype
@@ -81,11 +92,7 @@ def score_task(path: str | Path, task: Task, *, batch_size: int = 8, device: str
     """One results row: the checkpoint, the task, its metrics and items scored per second."""
     scorer, row = load_scorer(path, batch_size=batch_size, device=device, dtype=dtype)
     started = time.perf_counter()
-    groups = []
-    for item in task.items:  # lm-eval's split: the context's ids do not depend on the choice
-        pairs = [scorer.encode_pair(item.context, c) for c in item.continuations]
-        groups.append(Group(pairs[0][0], [ids for _, ids in pairs]))
-    scores = scorer.score(groups)
+    scores = scorer.score(task_groups(scorer.tokenizer, task))
     seconds = time.perf_counter() - started
     return {**row, "task": task.name, "kind": task.kind, "items": len(task.items), **task_metrics(task, scores),
             "items_per_sec": len(task.items) / seconds if seconds else None}

@@ -34,18 +34,16 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-
 from benchmarks import finetune_hf as hf
 from benchmarks.common import Context, Goal, Row, machine, table, write_json
-from benchmarks.finetune import (DROPOUT, Env, bundled, final_accuracy, finetune_recipe, run_recipe, spread,
-                                 tfkit_finetune)
+from benchmarks.finetune import (DROPOUT, Env, bundled, final_accuracy, finetune_recipe, run_recipe, scratch_env,
+                                 spread, tfkit_finetune)
 from benchmarks.finetune_setup import Item, Split, check_data, read_items, synthetic_items, write_csv, write_split
 
 if TYPE_CHECKING:  # transformers is imported where used
@@ -237,16 +235,11 @@ def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
 def run(ctx: Context) -> list[Row]:
     """The rows of the module doc at FULL sizes on `ctx.finetune_data`, or QUICK ones on made-up topics."""
     sizes = QUICK if ctx.quick else FULL
-    hf.quiet()
-    work = Path(tempfile.mkdtemp(prefix="tfkit-experiment-pretraining-"))
-    env = Env(ctx, work, torch.get_num_threads())
-    try:
+    with scratch_env(ctx, "tfkit-experiment-pretraining-") as env:
         items = synthetic_items(sizes.n_train + sizes.n_test) if ctx.quick else read_items(ctx.finetune_data)
-        split = write_split(items, work / "data", sizes.n_train, sizes.n_test,
+        split = write_split(items, env.work / "data", sizes.n_train, sizes.n_test,
                             "made-up topics" if ctx.quick else "AG News")
         return pretraining_rows(env, split, sizes)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -91,5 +91,9 @@ def task_gate(scores: dict) -> dict:
 
 def column_metric(results: dict, label: str) -> str:
     """The metric a column is read by: the task column's error rate, else the lab's metric."""
+    from .inloop_columns import METRIC as TASK_COLUMN_METRIC, is_task_column
+
+    if is_task_column(label):  # a score the trainings logged (inloop_columns.py): its error rate
+        return TASK_COLUMN_METRIC
     downstream = results.get("downstream") or {}
     return downstream["metric"] if label == downstream.get("label") else results["metric"]

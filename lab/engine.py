@@ -30,6 +30,7 @@ from ..progress import console as output_console
 from ..trainer.recipe import Recipe, load_recipe
 from .documents import document_figures
 from .downstream import METRIC as TASK_METRIC, check_downstream, final_scores, task_label
+from .inloop_columns import check_task_columns, final_task_scores
 from .gates import check_runs, divergence, diverged_scores, record_divergence
 from .jobs import Lab, checkpoint_of, final_checkpoint, job_named, log_path, scoring_recipe
 from .plan import Job, LabOptions, base_overrides, plan_jobs, resolve_recipes, seed_values
@@ -92,6 +93,7 @@ def prepare(spec: LabSpec, options: LabOptions, out: Path | None = None) -> Lab:
                                   f"{key} trains objective.name={recipe.objective.name}; it needs clm")
     _check_conversions(spec, recipes, jobs)
     check_downstream(spec.path, jobs, recipes)  # its recipe, labelled files and labels, before any training
+    check_task_columns(spec.path, recipes)  # eval.tasks / eval.probe of the trainings (inloop_columns.py)
     folder = Path(out) if out else default_folder(spec.claim)
     _claim_folder(folder, spec, options)
     return Lab(spec, options, folder, jobs, recipes, evals, seeds)
@@ -202,6 +204,7 @@ def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float
     """One training (fresh, or continued from its last checkpoint); its output goes to `log_path`. One the
     trainer stops on non-finite updates is recorded in its folder (gates.record_divergence), not raised.
     Returns (the signal that interrupted it or 0, seconds). Module-level: worker processes run it."""
+    from ..evaluation.inloop import build_downstream
     from ..evaluation.metrics import task_scores
     from ..trainer.loop import TrainingDiverged
     from ..trainer.run import pretrain
@@ -210,7 +213,8 @@ def train_job(recipe: Recipe, run_dir: Path, log_path: Path) -> tuple[int, float
     scorer = task_scores if recipe.head_task else None  # a downstream fine-tuning validates its task's scores
     with open(log_path, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
         try:
-            interrupted = pretrain(recipe, run_dir=run_dir, resume="auto", scorer=scorer).interrupted
+            interrupted = pretrain(recipe, run_dir=run_dir, resume="auto", scorer=scorer,
+                                   downstream=build_downstream(recipe)).interrupted
         except TrainingDiverged as exc:
             print(f"lab: {exc}")
             record_divergence(run_dir, str(exc))
@@ -319,6 +323,9 @@ def run(lab: Lab, progress: LabProgress | None = None) -> dict:
                 fresh = False
             else:
                 scores, fresh = score_job(lab, job, checkpoint_of(lab, job), scoring_recipe(lab, job))
+                if job.kind != "convert":  # what its training scored in the loop: columns task:NAME
+                    recipe = lab.recipes[job.key]
+                    scores = {**scores, **final_task_scores(lab.folder / job.folder, recipe.train.max_steps, recipe)}
             row = rows.setdefault(job.name, {"kind": job.kind, "scores": {}})
             for label, value in scores.items():
                 row["scores"].setdefault(label, {})[str(job.seed)] = value

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..tokenization.sources import is_mixture
 from ..trainer.recipe import Recipe, load_recipe
 from .spec import LabSpec, conversion_name, downstream_rows, scratch_names, sweep_runs, uptrain_suffix
 
@@ -141,6 +142,10 @@ def resolve_recipes(spec: LabSpec, options: LabOptions, jobs: list[Job]) -> dict
             continue
         try:
             recipes[job.key] = job_recipe(spec, options, job, by_name)
+            for key in ("train", "valid"):  # a lab's rows compare on one corpus, read as one
+                if is_mixture(getattr(recipes[job.key].data, key)):
+                    raise ConfigError(f"data.{key}: a list of sources; a lab trains and scores every variant on "
+                                      "one corpus (a file, glob, folder or stdlib:...)")
         except ConfigError as exc:
             line = f"variant {job.name}: {exc}"
             if line not in problems:

@@ -298,10 +298,14 @@ def type_problem(value: Any, hint: Any) -> str | None:
             return None
         if option is str and isinstance(value, str):
             return None
+        if option is dict and isinstance(value, dict):  # a mapping checked by its owner (tokenization.sources)
+            return None
         if typing.get_origin(option) is list and isinstance(value, list):
             (inner,) = typing.get_args(option)
             if all(type_problem(v, inner) is None for v in value):
                 return None
-    names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string"}
-    lists = {str: "a list of strings", float: "a list of numbers", int: "a list of integers"}
+    names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string",
+             dict: "a mapping"}
+    lists = {str: "a list of strings", float: "a list of numbers", int: "a list of integers",
+             dict: "a list of mappings"}
     return " or ".join(names.get(o) or lists.get(typing.get_args(o)[0], "a list") for o in options)

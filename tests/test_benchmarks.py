@@ -41,7 +41,8 @@ def test_quick_suite_prints_one_table_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["suite"] == "cpu" and result["quick"] is True and result["machine"]["torch"] == torch.__version__
     sections = {row["section"] for row in result["rows"]}
-    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft", "finetune"}
+    expected = {"train", "attention", "tokenizer", "corpora", "batches", "decode", "cli", "sft", "mixture", "inloop",
+                "finetune"}
     assert expected <= sections, (sections, result["notes"])
     for row in result["rows"]:
         assert row["tfkit"] > 0 and math.isfinite(row["tfkit"]), row
@@ -106,7 +107,7 @@ def bm():
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))
         names = ("reference_gpt", "nanogpt_char", "train_throughput", "common", "sft", "decode", "finetune",
-                 "finetune_hf", "finetune_setup", "run")
+                 "finetune_hf", "finetune_setup", "mixture", "run")
         yield SimpleNamespace(**{n: importlib.import_module(f"benchmarks.{n}") for n in names})
 
 
@@ -319,7 +320,7 @@ def test_finetune_section_runs_every_row_quickly(bm):
 @pytest.fixture(scope="module")
 def ex(bm):
     """The experiment modules as `python -m experiments...` imports them (the path `bm` put first)."""
-    names = ("finetune_pretraining", "gqa_experiment")
+    names = ("finetune_pretraining", "gqa_experiment", "inloop_disagree")
     return SimpleNamespace(**{n: importlib.import_module(f"experiments.{n}") for n in names})
 
 
@@ -366,3 +367,31 @@ def test_gqa_experiment_runs_quickly(ex, tmp_path, capsys):
     assert all(math.isfinite(r["converted"]) and math.isfinite(r["uptrained"]) for r in payload["loss"].values())
     assert all(set(case) == {"MHA", "GQA-2", "MQA"} for case in payload["decode"].values())
     assert "| GQA-2 | 2 | mean |" in capsys.readouterr().out
+
+
+def test_mixture_section_measures_shares_throughput_and_memory(bm, capsys, tmp_path):
+    """`python -m benchmarks.run --quick --only mixture`: the realised shares of both weight sets in the packed
+    rows (deterministic: the same rows on every machine, so their verdict holds here too), the throughput
+    against one source and the peak memory of two sizes, each a row with its goal."""
+    out = tmp_path / "mixture.json"
+    code, stdout, _ = in_process(bm, capsys, "--quick", "--only", "mixture", "--json", str(out))
+    assert code == 0, stdout
+    rows = json.loads(out.read_text())["rows"]
+    shares = [r for r in rows if r["case"].startswith("share of")]
+    assert len(shares) == 6 and all(r["passed"] for r in shares), shares
+    assert {r["baseline"] for r in shares} >= {60.0, 1.0}
+    rest = {r["unit"]: r for r in rows if not r["case"].startswith("share of")}
+    assert set(rest) == {"tok/s", "MB"} and all(r["ratio"] > 0 for r in rest.values())
+    assert rest["tok/s"]["goal"]["min_ratio"] == 0.95 and rest["MB"]["goal"]["min_ratio"] == pytest.approx(1 / 1.1)
+
+
+@pytest.mark.slow  # about 25 s: two 4-update pretrainings with the probe at each validation, two 2-update fine-tunings
+def test_inloop_disagree_experiment_runs_quickly(ex, tmp_path, capsys):
+    """`python -m experiments.inloop_disagree --quick`: both recipes pretrained with the probe in the loop, each
+    fine-tuned, the figure drawn and the table printed; a second call reuses the finished runs."""
+    assert ex.inloop_disagree.main(["--quick", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert (tmp_path / "inloop-disagree.png").is_file() and "pretraining keep-all" in err
+    assert [line.split("|")[1].strip() for line in out.splitlines()[2:]] == ["80/10/10", "keep-all"]
+    assert ex.inloop_disagree.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert "pretraining" not in capsys.readouterr().err  # nothing trained again

@@ -21,6 +21,13 @@ def log_step(run_dir, step: int) -> None:
         f.write(json.dumps({"step": step, "loss": 5.0}) + "\n")
 
 
+def at(seconds: float, run_dir, step: int, clock, progress) -> None:
+    """At `seconds` on the clock, the training in `run_dir` has logged `step`, and the progress looks."""
+    clock.now = seconds
+    log_step(run_dir, step)
+    progress.poll()
+
+
 def three(tmp_path) -> list[Training]:
     return [Training("a/seed-1", "train", 1, 100, tmp_path / "a"),
             Training("b/seed-1", "train", 2, 100, tmp_path / "b"),
@@ -45,16 +52,10 @@ def test_each_training_has_a_line_as_it_runs_with_an_estimate_from_the_pace_so_f
     progress.begin("a/seed-1")
     assert lines(out) == ["lab: training 1/3 train a/seed-1: started, 100 steps; 3 trainings left, time unknown "
                           "until a pace is measured"]
-    clock.now = 5.0
-    log_step(tmp_path / "a", 10)  # setup and the first steps: the pace is measured from here
-    progress.poll()
-    clock.now = 20.0
-    log_step(tmp_path / "a", 25)
-    progress.poll()
+    at(5.0, tmp_path / "a", 10, clock, progress)  # setup and the first steps: the pace is measured from here
+    at(20.0, tmp_path / "a", 25, clock, progress)
     assert lines(out) == []  # off a terminal a running training's line comes every PLAIN_EVERY seconds
-    clock.now = PLAIN_EVERY + 5.0
-    log_step(tmp_path / "a", 40)
-    progress.poll()
+    at(PLAIN_EVERY + 5.0, tmp_path / "a", 40, clock, progress)
     # its own pace, 1 s a step since step 10: 60 s for its 60 steps, 100 s for b (the same group); the
     # fine-tuning has no pace to go by yet
     assert lines(out) == ["lab: training 1/3 train a/seed-1: step 40/100; 3 trainings left, about 2.7 min and 1 not "
@@ -67,12 +68,8 @@ def test_each_training_has_a_line_as_it_runs_with_an_estimate_from_the_pace_so_f
     progress.begin("a+cls/seed-1")
     assert lines(out)[-1] == ("lab: training 3/3 finetune a+cls/seed-1: started, 50 steps; 1 training left, time "
                               "unknown until a pace is measured")
-    clock.now = 100.0
-    log_step(tmp_path / "a+cls", 10)
-    progress.poll()
-    clock.now = 140.0
-    log_step(tmp_path / "a+cls", 30)
-    progress.poll()
+    at(100.0, tmp_path / "a+cls", 10, clock, progress)
+    at(140.0, tmp_path / "a+cls", 30, clock, progress)
     assert lines(out) == ["lab: training 3/3 finetune a+cls/seed-1: step 10/50; 1 training left, time unknown until "
                           "a pace is measured",  # its first step seen: no pace yet, and none of its group's
                           "lab: training 3/3 finetune a+cls/seed-1: step 30/50; 1 training left, about 40 s"]
@@ -155,12 +152,8 @@ def test_on_a_terminal_each_training_is_a_bar_with_the_time_left(tmp_path, monke
     progress.begin("a/seed-1")
     training = bars[-1]
     assert training.kwargs["desc"] == "training 1/3 train a/seed-1" and training.kwargs["total"] == 100
-    clock.now = 1.0
-    log_step(tmp_path / "a", 10)
-    progress.poll()
-    clock.now = 3.0
-    log_step(tmp_path / "a", 12)
-    progress.poll()
+    at(1.0, tmp_path / "a", 10, clock, progress)
+    at(3.0, tmp_path / "a", 12, clock, progress)
     assert training.n == 12 and training.postfix == "3 trainings left, about 3.1 min and 1 not yet timed (fine-tuning)"
     assert out.getvalue() == ""  # no plain lines on a terminal: the bar is redrawn in place
     progress.finish("a/seed-1", 100.0)

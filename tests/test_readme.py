@@ -87,9 +87,11 @@ def _parse(args: list[str]) -> tuple[str, dict] | None:
 
 
 def _values(value) -> list[str]:
+    """The paths a parameter names; `eval --data NAME=CORPUS` names CORPUS."""
     if value is None or isinstance(value, bool):
         return []
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    values = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    return [v.partition("=")[2] if re.fullmatch(r"[\w.-]+=\S+", v) else v for v in values]
 
 
 def _is_written(path: str, written: set[str]) -> bool:
@@ -102,6 +104,7 @@ def _is_written(path: str, written: set[str]) -> bool:
 def check_examples(commands: list[list[str]], written: set[str]) -> list[str]:
     """What is wrong with a page's examples run in order in a fresh clone (`written`: what is there before the
     first one), one line per problem."""
+    from tfkit.tokenization.sources import source_paths
     from tfkit.trainer.recipe import bundled_recipes, load_recipe
 
     written, problems = set(written), []
@@ -127,9 +130,10 @@ def check_examples(commands: list[list[str]], written: set[str]) -> list[str]:
                     problems.append(f"{line}: no bundled recipe {recipe}")
                 else:
                     r = load_recipe(recipe, sets)  # raises on a value the recipe refuses
-                    found = {"data.train": r.data.train, "data.valid": r.data.valid,
-                             "train.init_from": r.train.init_from, "tokenizer.path": r.tokenizer.path}
-                    problems += [f"{line}: {key} {value} is not there" for key, value in found.items()
+                    found = [(key + part, spec) for key in ("data.train", "data.valid")  # a list: each source
+                             for part, spec in source_paths(getattr(r.data, key.split(".")[1]))]
+                    found += [("train.init_from", r.train.init_from), ("tokenizer.path", r.tokenizer.path)]
+                    problems += [f"{line}: {key} {value} is not there" for key, value in found
                                  if value is not None and not _is_written(str(value), written)]
             if command == "lab run" and not (ROOT / "recipes" / "lab" / f"{params['claim']}.yaml").is_file():
                 if not _is_written(params["claim"], written):

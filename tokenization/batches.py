@@ -14,6 +14,7 @@ the examples in order with fixed seeds, so every evaluation sees the same batche
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
@@ -53,6 +54,20 @@ class PureDataset(ABC):
     @abstractmethod
     def _rows(self, idx: np.ndarray, keys: list[tuple[int, ...]]) -> dict[str, torch.Tensor]:
         """The rows for example indices `idx`, randomness seeded by one key per row."""
+
+    def rows(self, idx: np.ndarray, keys: list[tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """The rows for example indices `idx`, each row's randomness keyed by its key: what a dataset that
+        chooses its own examples (mixture.MixedDataset) reads through."""
+        return self._rows(idx, keys)
+
+    def over(self, tokens: np.ndarray, doc_starts: np.ndarray) -> "PureDataset":
+        """A packed stream's dataset (clm, mlm: `examples_in`) over another stream, its tables and masking kept
+        (a window of a mixture, mixture.py); `doc_starts` kept where this one has a document mask."""
+        out = copy.copy(self)
+        out.tokens, out.num_examples = tokens, self.examples_in(len(tokens))
+        out.doc_starts = doc_starts if getattr(self, "doc_starts", None) is not None else None
+        out.__dict__.pop("_perm_cache", None)
+        return out
 
     def num_batches_per_epoch(self, batch_size: int) -> int:
         n = self.num_examples // batch_size
@@ -134,6 +149,10 @@ class ClmDataset(PureDataset):
                     reset_positions: bool = False) -> "ClmDataset":
         return cls(shards.tokens, seq_len, seed, shards.separator_id,
                    doc_starts=shards.doc_starts if document_mask else None, reset_positions=reset_positions)
+
+    def examples_in(self, num_tokens: int) -> int:
+        """Blocks a stream of `num_tokens` tokens makes."""
+        return max(0, (num_tokens - 1) // self.seq_len)
 
     def _rows(self, idx: np.ndarray, keys: list) -> dict[str, torch.Tensor]:
         T = self.seq_len
@@ -227,6 +246,10 @@ class MlmDataset(PureDataset):
                     document_mask: bool = False, **kw):
         return cls(shards.tokens, max_len, seed, tokenizer, doc_starts=shards.doc_starts if document_mask else None,
                    **kw)
+
+    def examples_in(self, num_tokens: int) -> int:
+        """Rows a stream of `num_tokens` tokens makes."""
+        return num_tokens // self.body_len
 
     def originals(self, idx: np.ndarray) -> torch.Tensor:
         """(B, L) int64 rows `idx` before masking: [CLS] slice [SEP]."""

@@ -229,7 +229,7 @@ def _open(folder: Path, from_cache: bool) -> TokenShards:
     meta = read_json(folder / "meta.json")  # checked by cache_problem
     dtype = np.dtype(meta["dtype"])
     tokens = np.memmap(folder / "tokens.bin", dtype=dtype, mode="r", shape=(meta["num_tokens"],))
-    starts = np.fromfile(folder / "doc_starts.bin", dtype=np.int64)
+    starts = np.memmap(folder / "doc_starts.bin", dtype=np.int64, mode="r")  # mapped too: memory flat in corpus size
     return TokenShards(tokens, starts, meta["vocab_size"], meta["separator_id"], meta, from_cache)
 
 

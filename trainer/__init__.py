@@ -19,6 +19,7 @@ the pieces are usable on their own:
 | `budget`        | `train.max_time`: the step a run ends at, evenly spaced validations           |
 | `report`        | the start block, the final report, the end-of-run sample                      |
 | `validation`    | `validate`: the same fixed validation batches every time                       |
+| `downstream`    | eval.tasks / eval.probe at validations: the Downstream a command hands in     |
 | `distributed`   | torchrun process groups, devices, collectives                                  |
 | `parallel`      | `Parallel`: DDP / FSDP2 wrapping and full state; activation checkpointing      |
 | `metrics`       | metrics.jsonl, TensorBoard, loss.png, MFU                                      |

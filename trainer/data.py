@@ -36,8 +36,10 @@ from ..tokenization.pairs import is_pair_data, read_pairs
 from ..tokenization.corpus import corpus_files, iter_documents, listing, text_size
 from ..tokenization.holdout import hold_out_spread, sample_documents
 from ..tokenization.shards import prepare_tokens
+from ..tokenization.sources import is_mixture, read_sources, spec_text
 from ..tokenization.train import TfkitTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
 from . import task
+from .mixing import cap_to_mixture, check_sources, mixed_texts, mixture_datasets, mixture_text_size
 from .distributed import DistInfo, barrier
 from .objectives import count_inputs, count_targets
 from .recipe import Recipe
@@ -47,7 +49,9 @@ HELDOUT_CHARS = 200_000  # validation text used for the tokenizer report (bytes 
 
 def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: Console | Transcript) -> None:
     """Fill `out` with the run's tokenizer: the checkpoint's (resume / init_from), the one at
-    `tokenizer.path`, or a new one trained on at most `tokenizer.max_train_mb` of `data.train`."""
+    `tokenizer.path`, or a new one trained on at most `tokenizer.max_train_mb` of `data.train` (a list of
+    sources: sampled by their weights, `mixing.mixed_texts`)."""
+    check_sources(recipe)  # every source of a list exists, before anything reads one
     if source is not None:
         if not (source / "tokenizer.json").is_file():
             raise CheckpointError(f"{source}: holds no tokenizer.json, so the run cannot know its token ids")
@@ -61,8 +65,8 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
         return
     if recipe.tokenizer.path:
         tokenizer = load_tokenizer(recipe.tokenizer.path)  # validates it
-        if recipe.objective.name in ("mlm", "seq2seq") and tokenizer.mask_id is None \
-                and not is_pair_data(recipe.data.train, recipe.data.source_field):
+        if recipe.objective.name in ("mlm", "seq2seq") and tokenizer.mask_id is None and \
+                (is_mixture(recipe.data.train) or not is_pair_data(recipe.data.train, recipe.data.source_field)):
             raise ConfigError(
                 f"tokenizer.path {recipe.tokenizer.path}: a {tokenizer.kind} tokenizer without a mask token, which "
                 f"objective {recipe.objective.name} needs; train one with `tfkit train-tokenizer ... "
@@ -76,22 +80,22 @@ def prepare_tokenizer(recipe: Recipe, out: Path, source: Path | None, console: C
     spec = TokenizerSpec(**{f.name: getattr(recipe.tokenizer, f.name) for f in dataclasses.fields(TokenizerSpec)})
     limit = int(recipe.tokenizer.max_train_mb * 1e6) if recipe.tokenizer.max_train_mb else None
 
-    size = text_size(recipe.data.train, recipe.data.text_field)
+    size = mixture_text_size(recipe)
     total = min(size, limit or size)
     heldout: list[str] = []  # the report's text: the valid corpus, or blocks held out of the training text
 
     def texts() -> Iterator[str]:  # a fresh stream per call: wordpiece reads the corpus twice
-        stream = _first_chars(tokenizer_texts(recipe), limit)
+        stream = _first_chars(tokenizer_texts(recipe, total_chars=total), limit)
         if recipe.data.valid:
             return stream
         heldout.clear()
         return hold_out_spread(stream, HELDOUT_CHARS, heldout, max_fraction=recipe.data.valid_fraction)
 
     if recipe.data.valid:
-        heldout = list(_first_chars(tokenizer_texts(recipe, recipe.data.valid), HELDOUT_CHARS))
+        heldout = list(_first_chars(tokenizer_texts(recipe, recipe.data.valid, HELDOUT_CHARS), HELDOUT_CHARS))
     amount = f"{total / 1e6:.1f} MB" if total >= 100_000 else f"{total / 1e3:.1f} kB"
     console.print(f"training a {spec.kind} tokenizer (vocab {spec.vocab_size}) on {amount} of "
-                  f"{recipe.data.train}", highlight=False)
+                  f"{spec_text(recipe.data.train)}", highlight=False)
     report = train_tokenizer(spec, texts, out, show_progress=recipe.log.progress, heldout=heldout, force=True,
                              progress_total=total)
     summary = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -158,7 +162,7 @@ def fit_to_data(recipe: Recipe, train_data, out: Transcript | None) -> Recipe:
                       markup=False)
         train_data.num_examples = d.max_train_samples
     if t.epochs is None:
-        return recipe
+        return cap_to_mixture(recipe, train_data, out)
     per_epoch = train_data.num_examples // t.batch_size
     if per_epoch < 1:
         raise ConfigError(f"train.epochs: the training data gives {train_data.num_examples:,} {train_data.name}, "
@@ -168,7 +172,7 @@ def fit_to_data(recipe: Recipe, train_data, out: Transcript | None) -> Recipe:
         out.print(f"train.epochs={t.epochs:g}: {steps:,} steps ({per_epoch:,} an epoch: {train_data.num_examples:,} "
                   f"{train_data.name} at train.batch_size={t.batch_size}), in place of train.max_steps",
                   highlight=False, markup=False)
-    return dataclasses.replace(recipe, train=dataclasses.replace(t, max_steps=steps))
+    return cap_to_mixture(dataclasses.replace(recipe, train=dataclasses.replace(t, max_steps=steps)), train_data, out)
 
 
 def build_run_data(recipe: Recipe, tokenizer: TfkitTokenizer, cfg: ModelConfig, run_dir: Path, info: DistInfo,
@@ -188,6 +192,9 @@ def _build(recipe: Recipe, tokenizer: TfkitTokenizer, cache: Path, console: Cons
     where = d.valid if d.valid else f"{d.valid_fraction:.0%} of {d.train}, held out in chunks spread through it"
     if d.format == "chat":
         return _chat_datasets(recipe, tokenizer, console, report)
+    if is_mixture(d.train) or is_mixture(d.valid):  # named sources: mixing.py
+        return mixture_datasets(recipe, tokenizer, cache, lambda shards: _dataset(recipe, tokenizer, shards),
+                                console, report, bars)
     if name == "seq2seq" and is_pair_data(d.train, d.source_field):
         lengths = dict(max_src_len=d.seq_len, max_tgt_len=d.seq_len)
         pairs = read_pairs(d.train, d.source_field, d.target_field)
@@ -262,11 +269,17 @@ def truncation_note(dataset: Seq2SeqDataset) -> str:
     return f"{cut['source']:,} sources and {cut['target']:,} targets (of {dataset.num_examples:,} pairs)"
 
 
-def tokenizer_texts(recipe: Recipe, spec: str | None = None) -> Iterator[str]:
+def tokenizer_texts(recipe: Recipe, spec: str | list | None = None, total_chars: int | None = None) -> Iterator[str]:
     """The text of corpus `spec` (default: data.train) as a tokenizer sees it: documents, or both sides of
-    seq2seq pairs (whose JSONL records have no `text` field)."""
+    seq2seq pairs (whose JSONL records have no `text` field); a list of sources sampled by their weights,
+    `total_chars` of it (default: as much as the sources hold)."""
     d = recipe.data
     spec = d.train if spec is None else spec
+    if is_mixture(spec):
+        key = "data.train" if spec is d.train else "data.valid"
+        sources = read_sources(spec, key, d.text_field, valid=key == "data.valid")
+        total = total_chars or sum(text_size(s.path, s.text_field) for s in sources)
+        return mixed_texts(sources, total, key, once=key == "data.valid")
     if d.format == "chat":
         return (content for _, turns in read_conversations(spec) for _, content in turns)
     if recipe.objective.name == "seq2seq" and is_pair_data(spec, d.source_field):

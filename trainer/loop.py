@@ -45,6 +45,7 @@ from .optim import set_lr
 from .recipe import Recipe
 from .schedules import lr_at
 from .step import Update, Window, micro_batch_size, train_step, window_length
+from .validation import source_summary
 
 if TYPE_CHECKING:
     from tqdm import tqdm  # the type of the bars progress_bar makes
@@ -301,7 +302,8 @@ def _validate_and_save(loop: Loop, pace: Pace, bar: tqdm) -> None:
         shown = (f"val_loss {val['val_loss']:.4f}  val_ppl {val['val_ppl']:.2f}  val_acc {val['val_accuracy']:.3f}"
                  if "val_ppl" in val else  # a fine-tuning run's row: its task scores (trainer/task.py)
                  "  ".join(f"{k} {v:.4f}" for k, v in val.items() if k.startswith("val_") and k != "val_examples"))
-        _say(bar, f"step {s.step}: {shown}", loop.info.is_main)
+        shown += "".join(f"  {k.removeprefix('task/')} {v:.3f}" for k, v in val.items() if k.startswith("task/"))
+        _say(bar, f"step {s.step}: {shown}{source_summary(val)}", loop.info.is_main)
     if s.step % train.save_every == 0 and s.step < loop.end:
         with _timing(loop, "checkpoint"):
             loop.save(s)

@@ -3,7 +3,8 @@
 
 `metrics.jsonl` is the record of truth: one JSON object per line, flushed as written, readable by
 anything. Training rows carry `step, loss, accuracy, lr, grad_norm, tokens, tokens_per_sec` (+ `mfu` on
-GPUs); validation rows carry `step, val_loss, val_accuracy, val_ppl`. On resume, rows logged after the
+GPUs); validation rows carry `step, val_loss, val_accuracy, val_ppl`, and with eval.tasks / eval.probe
+`task/NAME/METRIC` and `tokens` (trainer/downstream.py). On resume, rows logged after the
 checkpoint (by the run that died) are dropped, so the file reads as one uninterrupted run.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..checkpoints.run_record import read_metrics
 from ..files import write_atomic
+from .task_curves import draw_task_panel, token_curves
 from .trackers import WandbTracker
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity), matched by
@@ -132,7 +134,11 @@ def plot_loss(metrics_path: Path, out: Path) -> Path | None:
     skipped = [r["step"] for r in rows if r.get("skipped")]  # their loss is null, NaN or inf: no y to plot
     if not train and not valid:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    task_loss, tasks = token_curves(rows)  # eval.tasks / eval.probe: a second panel against tokens
+    fig, axes = plt.subplots(1, 2 if tasks else 1, figsize=(13 if tasks else 7, 4))
+    ax = axes[0] if tasks else axes
+    if tasks:
+        draw_task_panel(axes[1], task_loss, tasks)
     if train:
         ax.plot(*zip(*train), label="train", linewidth=1)
     if valid:

@@ -25,11 +25,13 @@ from ..models.head_config import POOLINGS
 from ..models.sizes import sized_config
 from ..ranges import POSITIVE, USUAL_PEAK_LR
 from ..ranges import hints as _hints
+from ..tokenization.sources import is_mixture, weights_note
 from ..yamlfile import AliasBomb, check_expansion, safe_load
 from .resources import recipe_resource_problems
 from .sections import (OBJECTIVE_FOR_ARCH, PRECISIONS, SCHEDULES, TASK_METRICS, TASK_OBJECTIVES,  # noqa: F401 - re-exported
                        DataSection, EvalSection, LogSection, ModelSection, ObjectiveSection,
-                       OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection, packing_problems)
+                       OptimSection, ScheduleSection, TaskSection, TokenizerSection, TrainSection,
+                       downstream_recipe_problems, packing_problems)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Recipe:
             out.append(f"objective.name: {self.objective.name!r} does not train model.arch={self.model.arch!r} "
                        f"(expected {expected!r})")
         out += packing_problems(self.data, self.objective)
+        out += downstream_recipe_problems(self.eval, self.train, self.model.arch, self.head_task is not None)
         task = TASK_OBJECTIVES.get(self.objective.name)
         if task and not self.data.train:
             out.append("data.train: a fine-tuning recipe names its labelled data (a file or stdlib:topics)")
@@ -89,7 +92,7 @@ class Recipe:
 
         A warmup longer than the run is one: a quick `--set train.max_steps=20` try of a recipe that warms
         up over 30 steps is common and must run, but its learning rate never reaches optim.lr."""
-        out = list(self.notes)
+        out = list(self.notes) + [note for note in (weights_note(self.data.train),) if note]
         s, warmup = self.schedule, self.schedule.warmup_steps
         if self.train.max_steps >= 1 and warmup > self.train.max_steps:
             out.append(f"schedule.warmup_steps: {warmup} exceeds train.max_steps="
@@ -200,7 +203,10 @@ def validate_on_own_corpus(data: DataSection, valid_given: bool) -> None:
     recipe whose data.valid is stdlib:docs:valid would measure Python docstrings, another domain, and say
     nothing about the user's text. So unless `--set data.valid=...` chose it, such a split becomes null:
     the run holds out part of data.train (seeded chunks spread through it) and says so."""
-    if valid_given or not data.train or not data.valid or not data.valid.startswith("stdlib:"):
+    if valid_given or not data.train or not isinstance(data.valid, str) or not data.valid.startswith("stdlib:"):
+        return
+    if is_mixture(data.train):  # a list of sources validates on each source's own held-out share
+        data.valid = None
         return
     corpus = data.valid.split(":")[1] if data.valid.count(":") >= 1 else ""  # stdlib:docs:valid -> docs
     if not (data.train == f"stdlib:{corpus}" or data.train.startswith(f"stdlib:{corpus}:")):

@@ -16,6 +16,8 @@ from rich.table import Table
 
 from ..checkpoints.folders import form_of, is_complete
 from ..checkpoints.hf_classifier import export_problem
+from ..checkpoints.record import CheckpointRecord
+from ..errors import TfkitError
 from ..layout import BEST
 from ..progress import Transcript, console as output_console
 from ..tokenization.train import TfkitTokenizer
@@ -23,6 +25,7 @@ from .distributed import DistInfo
 from .loop import TrainState, micro_batch_size
 from .recipe import Recipe
 from .run_folder import resume_command
+from .task_names import PREFIX, best_key
 from .validation import ValidationResult
 
 console = output_console()
@@ -37,6 +40,7 @@ class RunResult:
     checkpoint: Path | None  # the last checkpoint written
     wall_time: float  # seconds from the start of `pretrain` to the report
     sample: str | None = None
+    tasks: dict[str, float] | None = None  # the final validation's downstream scores (task/NAME/METRIC)
 
     @property
     def interrupted(self) -> int:
@@ -135,13 +139,16 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
         table.add_row("validation loss", f"{result.final.loss:.4f}")
         table.add_row("perplexity", f"{result.final.perplexity:.2f}")
         table.add_row("accuracy", f"{100 * result.final.accuracy:.2f}%")
+        source_rows(table, result.final)
+    for key, value in (result.tasks or {}).items():  # eval.tasks / eval.probe at the final validation
+        table.add_row(key.removeprefix(PREFIX).replace("/", " "), f"{value:.4f}")
     table.add_row("steps", f"{result.state.step:,}" + what_ended(result.state, recipe.train))
     table.add_row("tokens", f"{result.state.tokens:,}")
     table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
     table.add_row("parameters", f"{model.num_params():,}")
     table.add_row("skipped steps", str(result.state.bad_steps))
     table.add_row("wall time", wall_time(result, recipe.train))
-    for name, text in checkpoint_rows(result):
+    for name, text in checkpoint_rows(result, recipe):
         table.add_row(name, text)
     console.print(table)
     if note := budget_note(result.state, recipe.train):
@@ -154,14 +161,46 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
                       markup=False, soft_wrap=True)
 
 
-def checkpoint_rows(result: RunResult) -> list[tuple[str, str]]:
-    """The report's rows naming the run's last checkpoint and its best/, each with its form (single file or
-    sharded: checkpoints.folders.form_of)."""
+def checkpoint_rows(result: RunResult, recipe: Recipe) -> list[tuple[str, str]]:
+    """The report's rows naming the run's last checkpoint and its best/ (which step, by what: `best_note`),
+    each with its form (single file or sharded: checkpoints.folders.form_of)."""
     last = result.checkpoint
     rows = [("checkpoint", f"{last} ({form_of(last)})" if last is not None else "none")]
-    if is_complete(best := result.run_dir / BEST):
-        rows.append(("best", f"{best} ({form_of(best)})"))
+    if is_complete(best := result.run_dir / BEST) and (kept := best_note(result.run_dir, recipe)):
+        rows.append(("best/", f"{kept}; {form_of(best)}"))
     return rows
+
+
+def source_rows(table: Table, final: ValidationResult) -> None:
+    """Validation per source (a list of sources): the mixed bits per byte, each source's loss and bits per byte."""
+    if final.sources is None:
+        return
+    bpb = final.bits_per_byte
+    table.add_row("bits per byte", "-" if bpb is None else f"{bpb:.4f}")
+    for name, own in final.sources.items():
+        bits = "-" if own.bits_per_byte is None else f"{own.bits_per_byte:.4f}"
+        table.add_row(f"  {name}: loss, bits/byte", f"{own.loss:.4f}, {bits}")
+
+
+def best_note(run_dir: Path, recipe: Recipe) -> str | None:
+    """train.keep_best: which step best/ holds and by what (eval.best_by: the validation loss, or a task score,
+    recorded as minus the score)."""
+    if not recipe.train.keep_best:
+        return None
+    try:
+        record = CheckpointRecord.read(run_dir / BEST)
+    except TfkitError:  # none kept (no validation after step 0 beat infinity)
+        return None
+    if record.val_loss is None:
+        return None
+    key = best_key(recipe.eval.best_by)
+    if recipe.head_task is not None:  # a fine-tuning run keeps its task.metric (trainer/task.py)
+        metric = recipe.task.metric_for(recipe.head_task)
+        return f"step {record.step:,}, the highest validation {metric} ({-record.val_loss:.4f}; task.metric)"
+    if key is None:
+        return f"step {record.step:,}, the lowest validation loss ({record.val_loss:.4f})"
+    return (f"step {record.step:,}, the highest {key.removeprefix(PREFIX).replace('/', ' ')} "
+            f"({-record.val_loss:.4f}; eval.best_by={recipe.eval.best_by})")
 
 
 def sample_prompt(recipe: Recipe, valid_data, tokenizer: TfkitTokenizer) -> str:

@@ -42,13 +42,15 @@ from ..progress import console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import run_folder, task, validation
+from .batch_plan import BatchPlan, plan_batches
 from .budget import TimeBudget, parse_duration
 from .checkpointer import Checkpointer
 from .data import build_run_data, fit_to_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
-from .batch_plan import BatchPlan, plan_batches
 from .distributed import DistInfo, barrier, broadcast_object, init_distributed, same_everywhere, shutdown
+from .downstream import Downstream, check_downstream, criterion, due, rank0_weights
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
+from .mixing import realised_line, sources_table
 from .objectives import LossModule, compile_loss_module, freeze_unreached
 from .optim import build_optimizer, decay_line, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
@@ -57,6 +59,7 @@ from .report import RunResult, describe, report, sample
 from .resume import restart_resume
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .step import Update
+from .task_names import PREFIX
 from .trackers import open_tracker
 from .validation import ValidationResult
 
@@ -64,13 +67,15 @@ console = output_console()
 
 
 def pretrain(recipe: Recipe, run_dir: str | Path | None = None, resume: str | None = None,
-             scorer: task.Scorer | None = None) -> RunResult:
+             scorer: task.Scorer | None = None, downstream: Downstream | None = None) -> RunResult:
     """Run a recipe end to end; see the module docstring. Works alone or under torchrun. A fine-tuning
-    recipe (objective classify / regress) needs the `scorer` of its validation scores (`tfkit finetune`)."""
+    recipe (objective classify / regress) needs the `scorer` of its validation scores (`tfkit finetune`), a
+    recipe with eval.tasks / eval.probe the `downstream` scores its command built (trainer/downstream.py)."""
     task.check_scorer(recipe, scorer)
+    check_downstream(recipe, downstream)
     info = init_distributed(recipe.train.device)
     set_threads(recipe.train.threads)  # before any work: torch's default oversubscribes a busy machine
-    with Trainer(recipe, info, scorer) as trainer:
+    with Trainer(recipe, info, scorer, downstream) as trainer:
         trainer.build(run_dir, resume)
         trainer.train()
         result = trainer.finish()
@@ -85,9 +90,12 @@ class Trainer(contextlib.AbstractContextManager):
     `with`: the Trainer owns the run's cleanup (metrics file, run-folder lock, process group) and, after a
     failed start, removes the run folder it made."""
 
-    def __init__(self, recipe: Recipe, info: DistInfo, scorer: task.Scorer | None = None) -> None:
+    def __init__(self, recipe: Recipe, info: DistInfo, scorer: task.Scorer | None = None,
+                 downstream: Downstream | None = None) -> None:
         self.recipe, self.info = recipe, info  # the recipe as resolved by build (data, precision)
         self.scorer = scorer  # fine-tuning: (task, predictions, targets) -> validation scores
+        self.downstream = downstream  # eval.tasks / eval.probe, scored at validations (trainer/downstream.py)
+        self.replica: nn.Module | None = None  # DDP: rank 0's weights, which every rank scores (rank0_weights)
         self.head = None  # fine-tuning: the classifier head (HeadConfig), its labels from the training data
         self.parallel = Parallel(recipe.train.distributed, info)
         self.started = time.perf_counter()
@@ -152,6 +160,8 @@ class Trainer(contextlib.AbstractContextManager):
         self._check_processes()
         self._prepare_run_folder(run_dir, resume)
         recipe = self.recipe  # data.train and train.precision resolved against the source checkpoint and device
+        if self.downstream is not None:  # every item encoded, what this model cannot score refused: before training
+            self.downstream.prepare(self.cfg, self.tokenizer, self.start_block if info.is_main else None)
         self._build_model()
         self.checkpoints = Checkpointer(recipe, info, self.parallel, self.run_dir, self.model, self.cfg, self.optimizer,
                                         self.scaler, self.prior_steps, self.resume_from)
@@ -170,6 +180,8 @@ class Trainer(contextlib.AbstractContextManager):
                      self.start_block, self.precision_auto, split=self.plan.describe())
             self._say_layout()
             self.start_block.print(decay_line(self.optimizer), highlight=False, markup=False)
+            if so_far := realised_line(self.train_data, self.state.batches, micro_batch_size(recipe)):
+                self.start_block.print(so_far, highlight=False, markup=False)  # a resumed mixture: its shares so far
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
         self.built = True
 
@@ -253,13 +265,32 @@ class Trainer(contextlib.AbstractContextManager):
     # --- what the loop calls back -----------------------------------------------------------------------
 
     def validate(self, step: int) -> dict:
-        """Validation at `step`, logged (the weights kept when best: train.keep_best); the row goes to the loop."""
+        """Validation at `step` with the downstream scores due, logged (the weights kept when best:
+        train.keep_best, by eval.best_by); the row goes to the loop."""
         result = self._validation()
-        row = result.row(step)
+        row = self._with_downstream(result.row(step), step, last=False)
         self.metrics.log(row)
         if step > 0:  # the untrained baseline is never the model to keep
-            self.checkpoints.keep_if_best(step, result.criterion)
+            self.checkpoints.keep_if_best(step, criterion(row, self.recipe.eval.best_by, result.criterion))
         return row
+
+    def _with_downstream(self, row: dict, step: int, last: bool) -> dict:
+        """The validation row with eval.tasks / eval.probe scored on the live weights, when due, and the tokens
+        trained on so far (what a task curve is drawn against)."""
+        if self.downstream is None or not due(step, self.recipe.eval.task_every, last):
+            return row
+        precision = self.recipe.train.precision
+        if not self.info.enabled:
+            scores = self.downstream.score(self.model, self.info, precision)
+        elif not self.parallel.sharded:  # DDP: each rank scores its share of the items on rank 0's weights
+            self.replica = rank0_weights(self.model, self.info, self.replica)
+            scores = self.downstream.score(self.replica, self.info, precision)
+        else:  # FSDP: every forward is a collective, so rank 0 scores a whole copy alone and shares the scores
+            whole = self.parallel.full_weights(self.model, self.cfg)
+            scores = (self.downstream.score(whole.to(self.info.device), DistInfo(device=self.info.device), precision)
+                      if self.info.is_main else None)
+            scores = broadcast_object(scores, self.info)
+        return {**row, **scores, "tokens": self.state.tokens}
 
     def _validation(self) -> ValidationResult | task.TaskValidation:
         r = self.recipe
@@ -306,11 +337,13 @@ class Trainer(contextlib.AbstractContextManager):
         result = RunResult(self.run_dir, state, None, self.checkpoints.latest, 0.0)
         if not state.interrupted:
             result.final = self._validation()
-            self.checkpoints.keep_if_best(state.step, result.final.criterion)
+            row = self._with_downstream(result.final.row(state.step), state.step, last=True)
+            result.tasks = {key: value for key, value in row.items() if key.startswith(PREFIX)} or None
+            self.checkpoints.keep_if_best(state.step, criterion(row, recipe.eval.best_by, result.final.criterion))
             # a finished run's final row is logged, also by a resume of a run killed just before logging it
             if (state.step > self.steps_before or self.saved is None
                     or (info.is_main and not run_folder.has_validation_row(self.run_dir, state.step))):
-                self.metrics.log(result.final.row(state.step))
+                self.metrics.log(row)
             if recipe.model.arch == "gpt" and self.head is None and recipe.eval.sample_prompt is not None:
                 whole = self.parallel.full_weights(self.model, self.cfg)
                 if info.is_main:  # FSDP: a CPU copy assembled from the shards, so rank 0 decodes alone
@@ -324,6 +357,8 @@ class Trainer(contextlib.AbstractContextManager):
                 console.print(f"loss curve: {self.run_dir / 'loss.png'}", highlight=False)
             trained = state.tokens - self.tokens_before
             report(result, self.model, trained / max(self.train_time, 1e-9) if trained else None, recipe)
+            if (sources := sources_table(self.train_data, state.batches, micro_batch_size(recipe))) is not None:
+                console.print(sources)  # a list of sources: each one's share realised and epochs
         return result
 
     def close(self) -> None:
@@ -339,5 +374,6 @@ class Trainer(contextlib.AbstractContextManager):
         Their cycles are collected at once under torchrun and on a GPU (a lab's next run needs the memory);
         elsewhere a full collection costs a quarter second for nothing."""
         self.loop = self.checkpoints = self.optimizer = self.train_module = self.model = self.saved = None
+        self.replica = None
         if self.info.enabled or self.info.device.type == "cuda":
             gc.collect()

@@ -35,6 +35,7 @@ from ..files import LOCK_FILE, folder_lock, remove_stale, write_atomic
 from ..jsonfile import parse_json
 from ..layout import BEST, CHECKPOINTS, RECIPE_FILE, START_LOG, STEP_FOLDER
 from ..replacing import input_conflict, input_paths
+from ..tokenization.sources import source_paths
 from ..yamlfile import AliasBomb, safe_load
 from .recipe import TASK_OBJECTIVES
 
@@ -108,7 +109,8 @@ def check_inputs_apart(run_dir: Path, recipe, fresh: bool) -> None:
     run's files would be read as data by the next start, which then refuses the changed data). The recipe
     file itself may be the run folder's recipe.yaml: that is how a run is resumed."""
     outputs = [run_dir / name for name in sorted(RUN_ENTRIES - {RECIPE_FILE, LOCK_FILE})]
-    inputs = {"data.train": recipe.data.train, "data.valid": recipe.data.valid}
+    inputs = {key + part: spec for key in ("data.train", "data.valid")  # a list: data.train[NAME] per source
+              for part, spec in source_paths(getattr(recipe.data, key.split(".")[1]))}
     if fresh:
         inputs.update({"tokenizer.path": recipe.tokenizer.path, "train.init_from": recipe.train.init_from})
     folder = run_dir.resolve()

@@ -16,8 +16,10 @@ from ..models.head_config import POOLINGS
 from ..runtime import PRECISIONS, check_device
 from ..tokenization.labelled import Columns
 from ..tokenization.mask_replace import MASK_REPLACE, mask_replace_problem
+from ..tokenization.sources import is_mixture, source_problems
 from ..tokenization.spec import TokenizerSpec
 from .budget import parse_duration
+from .task_names import BEST_BY_LOSS, BUILTIN_TASKS, best_key, score_names
 
 OBJECTIVE_FOR_ARCH = {"bert": "mlm", "gpt": "clm", "transformer": "seq2seq"}
 SCHEDULES = ("constant", "linear", "cosine", "noam", "wsd")
@@ -58,9 +60,14 @@ class TokenizerSection(TokenizerSpec):
 
 @dataclass
 class DataSection:
-    train: str | None = "stdlib:docs:train"  # file, glob, folder, .jsonl, stdlib:docs|code; null = the init_from checkpoint's data
-    valid: str | None = "stdlib:docs:valid"  # null = hold out valid_fraction of data.train (chunks spread through it); a stdlib split that does not match data.train becomes null unless given by --set
-    valid_fraction: float = 0.05  # with valid: null, the share of data.train held out for validation
+    # file, glob, folder, .jsonl, stdlib:docs|code; or a list of sources mixed by weight, [{name, path, weight,
+    # repeat, text_field}] (docs/data.md); null = the init_from checkpoint's data
+    train: str | list[dict] | None = "stdlib:docs:train"
+    # null = hold out valid_fraction of data.train (chunks spread through it; of each source of a list); a list of
+    # named sources [{name, path}] validates on each; a stdlib split that does not match data.train becomes null
+    # unless given by --set
+    valid: str | list[dict] | None = "stdlib:docs:valid"
+    valid_fraction: float = 0.05  # with valid: null, the share of data.train (of each source) held out for validation
     text_field: str = "text"  # JSON/JSONL key or Parquet/Arrow column holding the text
     source_field: str = "source"  # seq2seq JSONL: field of the source text
     target_field: str = "target"  # seq2seq JSONL: field of the target text
@@ -83,6 +90,11 @@ class DataSection:
 
     def problems(self, prefix: str = "data") -> list[str]:
         out = float_problems(self, prefix, valid_fraction=OPEN_FRACTION)
+        out += source_problems(self.train, f"{prefix}.train")
+        out += source_problems(self.valid, f"{prefix}.valid", valid=True)
+        if is_mixture(self.train) and self.max_train_samples is not None:
+            out.append(f"{prefix}.max_train_samples: keeps the first examples of one corpus; a list of sources "
+                       f"(data.train) is sized by its weights (expected null)")
         if self.max_train_samples is not None and self.max_train_samples < 1:
             out.append(f"{prefix}.max_train_samples: got {self.max_train_samples}, expected a positive integer or null")
         if self.format not in ("text", "chat"):
@@ -96,7 +108,13 @@ class DataSection:
 
 
 def packing_problems(data: DataSection, objective: ObjectiveSection) -> list[str]:
-    """Packing keys the objective cannot honour: seq2seq rows hold one padded pair each, nothing packed."""
+    """Packing keys the objective cannot honour: seq2seq rows hold one padded pair each, nothing packed; and
+    a list of sources, which mixes documents before packing (clm, mlm), under a key that reads one corpus."""
+    for key in ("train", "valid"):
+        if is_mixture(getattr(data, key)) and (data.format == "chat" or objective.name not in ("clm", "mlm")):
+            what = "chat data (data.format: chat)" if data.format == "chat" else f"objective {objective.name}"
+            return [f"data.{key}: a list of sources mixes pretraining text for objective clm or mlm; {what} reads "
+                    "one corpus (a file, glob, folder or stdlib:...)"]
     if data.format == "chat" and objective.name != "clm":
         return [f"data.format: chat trains a GPT's next tokens (expected objective.name clm, got {objective.name})"]
     if data.document_mask and objective.name == "seq2seq":
@@ -293,6 +311,22 @@ class EvalSection:
     # the start of a document; null = no sample
     sample_prompt: str | None = None
     sample_tokens: int = 64  # length of the sample generated from sample_prompt at the end
+    # downstream tasks scored on the live weights at validations (GPT models; trainer/downstream.py): task files
+    # (multiple-choice / cloze JSONL, as `tfkit eval --task` reads), built-in stdlib:docs-cloze (last word of
+    # held-out docstring sentences) and stdlib:docs-choice (4-way choice of a held-out sentence's ending), or
+    # lm-eval:NAME (an lm-evaluation-harness multiple-choice task whose data its cache holds)
+    tasks: list[str] = field(default_factory=list)
+    # score eval.tasks / eval.probe every this many updates (a multiple of train.eval_every; step 0 and the last
+    # validation always); null = at every validation
+    task_every: int | None = None
+    task_limit: int | None = None  # score the first N items of each task; null = every item
+    task_batch_size: int = 8  # contexts per forward when scoring eval.tasks (`tfkit eval --task --batch-size`)
+    # a linear probe on frozen pooled features (any model): {data: FILE, text: COLUMN, label: COLUMN, header: true},
+    # or just the data, e.g. stdlib:topics (docstrings labelled by package): fitted on a seeded held-out split,
+    # its held-out accuracy logged as task/probe-NAME/acc
+    probe: dict | str | None = None
+    # what train.keep_best keeps: val_loss, or task:NAME (that task's acc; task:NAME/acc_norm for another metric)
+    best_by: str = "val_loss"
 
     def problems(self, prefix: str = "eval") -> list[str]:
         out = []
@@ -300,7 +334,66 @@ class EvalSection:
             out.append(f"{prefix}.batches: got {self.batches}, expected a positive integer")
         if self.batch_size is not None and self.batch_size < 1:
             out.append(f"{prefix}.batch_size: got {self.batch_size}, expected a positive integer or null")
-        return out
+        return out + downstream_problems(self, prefix)
+
+
+PROBE_KEYS = ("data", "text", "label", "header")
+
+
+def downstream_problems(e: EvalSection, prefix: str = "eval") -> list[str]:
+    """The keys of in-loop downstream scores (trainer/downstream.py); files are read when the run starts."""
+    out = []
+    for name in ("task_every", "task_limit"):
+        if getattr(e, name) is not None and getattr(e, name) < 1:
+            out.append(f"{prefix}.{name}: got {getattr(e, name)}, expected a positive integer or null")
+    if e.task_batch_size < 1:
+        out.append(f"{prefix}.task_batch_size: got {e.task_batch_size}, expected a positive integer")
+    if any(not t.strip() for t in e.tasks):
+        out.append(f"{prefix}.tasks: an empty entry (expected a task file, {', '.join(BUILTIN_TASKS)} or lm-eval:NAME)")
+    for task in e.tasks:
+        if task.startswith("stdlib:") and task not in BUILTIN_TASKS:
+            out.append(f"{prefix}.tasks: no built-in task {task!r} (expected one of {', '.join(BUILTIN_TASKS)})")
+    if isinstance(e.probe, dict):
+        unknown = [k for k in e.probe if k not in PROBE_KEYS]
+        if unknown:
+            out.append(f"{prefix}.probe: unknown key(s) {', '.join(map(str, unknown))} "
+                       f"(expected {', '.join(PROBE_KEYS)})")
+        if not isinstance(e.probe.get("data"), str) or not e.probe["data"]:
+            out.append(f"{prefix}.probe.data: expected the labelled file (or stdlib:topics), got "
+                       f"{e.probe.get('data')!r}")
+        out += [p.replace("columns.", f"{prefix}.probe.", 1) for p in
+                Columns(e.probe.get("text", "text"), None, e.probe.get("label", "label")).problems()]
+        if not isinstance(e.probe.get("header", True), bool):
+            out.append(f"{prefix}.probe.header: got {e.probe['header']!r}, expected true or false")
+    elif e.probe is not None and not e.probe:
+        out.append(f"{prefix}.probe: empty (expected labelled data such as stdlib:topics, or null)")
+    names = score_names(e.tasks, e.probe)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        out.append(f"{prefix}.tasks: two tasks named {', '.join(twice)} (a file's name is its stem); rename one")
+    if e.best_by != BEST_BY_LOSS:
+        key = best_key(e.best_by) if e.best_by.startswith("task:") else None
+        if key is None or key.split("/")[1] not in names:
+            out.append(f"{prefix}.best_by: got {e.best_by!r}, expected val_loss or task:NAME with NAME one of "
+                       f"{', '.join(names) or 'the scored tasks (eval.tasks, eval.probe: none given)'}")
+    return out
+
+
+def downstream_recipe_problems(e: EvalSection, train: TrainSection, arch: str, fine_tuning: bool) -> list[str]:
+    """Downstream keys against the other sections (Recipe.problems)."""
+    out = []
+    if fine_tuning and (e.tasks or e.probe):
+        out.append("eval.tasks: a fine-tuning run validates on its own task's labels (expected no eval.tasks or "
+                   "eval.probe)")
+    if e.tasks and arch != "gpt" and not train.init_from:
+        out.append(f"eval.tasks: tasks are scored by a causal model's log-likelihoods; model.arch is {arch!r} "
+                   "(an encoder gets a downstream score from eval.probe)")
+    if e.task_every is not None and e.task_every >= 1 and train.eval_every >= 1 and e.task_every % train.eval_every:
+        out.append(f"eval.task_every: {e.task_every} is not a multiple of train.eval_every={train.eval_every} "
+                   "(tasks are scored at validations)")
+    if e.best_by != BEST_BY_LOSS and not train.keep_best:
+        out.append(f"eval.best_by: {e.best_by} chooses the checkpoint train.keep_best keeps; set train.keep_best: true")
+    return out
 
 
 @dataclass
