@@ -73,6 +73,25 @@ def test_resumed_at_4_then_2_then_1_processes_it_consumes_the_same_tokens(refere
     assert all(torch.allclose(final[k], expected[k], atol=1e-5) for k in expected)
 
 
+def test_a_ddp_run_resumed_on_one_process_consumes_the_same_tokens(reference, tmp_path):
+    """DDP's sharded checkpoint (each rank writes a part of the replicated tensors) resumed in one process."""
+    recipe, script, ref_run, ref_ids = reference
+    run, stop = tmp_path / "run", 3
+    env = {**ONE_THREAD, "TFKIT_TEST_IDS": str(tmp_path / "ids-ddp"), "TFKIT_TEST_STOP": str(stop)}
+    done = torchrun(script, ["pretrain", recipe, "--run-dir", run, "--set", "train.distributed=ddp"], 2, env)
+    assert done.returncode != 0 and "x2 (ddp)" in " ".join(done.stdout.split()), done.stderr[-3000:]
+    assert is_sharded(latest_checkpoint(run)) and latest_checkpoint(run).name == f"step-{stop}"
+    env = {**ONE_THREAD, "TFKIT_TEST_IDS": str(tmp_path / "ids-one")}
+    done = subprocess.run([sys.executable, str(script), "pretrain", str(recipe), "--run-dir", str(run), "--resume",
+                           "auto"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids = update_ids(tmp_path / "ids-ddp", STEPS)[:stop] + update_ids(tmp_path / "ids-one", STEPS)[stop:]
+    assert ids == ref_ids
+    final = load_model(run / "checkpoints" / f"step-{STEPS}")[0].state_dict()
+    expected = load_model(ref_run / "checkpoints" / f"step-{STEPS}")[0].state_dict()
+    assert all(torch.allclose(final[k], expected[k], atol=1e-5) for k in expected)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
