@@ -66,7 +66,7 @@ run()
 def recipe_sets(steps: int, mode: str, cache: Path) -> list[str]:
     sets = ["model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.dropout=0.0", "data.seq_len=32",
             "tokenizer.vocab_size=400", "tokenizer.max_train_mb=0.1", f"train.max_steps={steps}",
-            "train.batch_size=8", "eval.batch_size=8", "eval.batches=1", "train.save_every=2",
+            "train.batch_size=8", "eval.batch_size=8", "eval.batches=1", "train.save_every=2", "train.log_every=1",
             f"train.eval_every={max(steps // 2, 1)}", f"train.distributed={mode}", "train.precision=fp32",
             "train.threads=1", "schedule.warmup_steps=1", "log.progress=false", "log.plot=false",
             "log.tensorboard=false", "eval.sample_prompt=null", f"data.cache_dir={cache}"]
@@ -116,6 +116,8 @@ def kills(args, out: Path, script: Path, env: dict) -> list[str]:
         codes, said = two_nodes(script, ["pretrain", "gpt-tiny", "--run-dir", str(run), *sets],
                                 {**env, "BENCH_KILL": f"{rank}:{step}", "BENCH_KILL_MARK": str(out / f"killed-{n}")})
         seconds = time.perf_counter() - started
+        if not (out / f"killed-{n}").exists():  # the hook runs at window starts: log_every=1 makes every step one
+            raise SystemExit(f"kill {n + 1}: rank {rank} was not killed at step {step}")
         resumed = next((line.split("resuming ", 1)[1].split(",")[0].rsplit("/", 1)[-1] for line in said.splitlines()
                         if "resuming " in line and "newest complete checkpoint" in line), "the start (none yet)")
         if codes != [0, 0]:

@@ -24,7 +24,8 @@ from helpers import ONE_THREAD, hooked_tfkit, update_ids, write_recipe
 pytestmark = pytest.mark.slow  # torchrun processes: CI's second step (`pytest -m slow`) runs them
 
 STEPS = 6
-TRAIN = {"max_steps": STEPS, "batch_size": 8, "save_every": 2, "eval_every": 3, "distributed": "fsdp"}
+# log_every 1: a window of the loop per update, so that any step can be a kill point (HOOKED_TFKIT)
+TRAIN = {"max_steps": STEPS, "batch_size": 8, "save_every": 2, "eval_every": 3, "log_every": 1, "distributed": "fsdp"}
 
 
 def torchrun(script, args: list, procs: int, env: dict, *launcher) -> subprocess.CompletedProcess:
