@@ -24,9 +24,12 @@ not speed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -79,15 +82,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_nodes(script: Path, args: list[str], env: dict) -> tuple[list[int], str]:
-    """Two torchrun agents of 2 processes each on 127.0.0.1 (c10d), --max-restarts 3: (exit codes, output)."""
+def two_nodes(script: Path, args: list[str], env: dict, timeout: float) -> tuple[list[int] | None, str]:
+    """Two torchrun agents of 2 processes each on 127.0.0.1 (c10d), --max-restarts 3: (exit codes, output);
+    (None, output) when they have not ended within `timeout` seconds (each agent's session is then killed)."""
     port = free_port()
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{port}",
          "--max-restarts=3", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env) for node in (0, 1)]
-    outputs = [agent.communicate(timeout=900)[0] for agent in agents]
+        env=env, start_new_session=True) for node in (0, 1)]
+    deadline = time.monotonic() + timeout
+    try:
+        outputs = [agent.communicate(timeout=max(deadline - time.monotonic(), 1))[0] for agent in agents]
+    except subprocess.TimeoutExpired:
+        for agent in agents:  # the agent and its workers: one session each
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.pid, signal.SIGKILL)
+        return None, "\n".join(agent.communicate()[0] for agent in agents)
     return [agent.returncode for agent in agents], "\n".join(outputs)
 
 
@@ -102,7 +113,8 @@ def kills(args, out: Path, script: Path, env: dict) -> list[str]:
 
     sets = recipe_sets(args.steps, args.mode, out / "cache")
     started = time.perf_counter()
-    codes, said = two_nodes(script, ["pretrain", "gpt-tiny", "--run-dir", str(out / "reference"), *sets], env)
+    codes, said = two_nodes(script, ["pretrain", "gpt-tiny", "--run-dir", str(out / "reference"), *sets], env,
+                            args.run_timeout)
     if codes != [0, 0]:
         raise SystemExit(f"the uninterrupted run failed: {said[-3000:]}")
     lines = [f"uninterrupted 2 x 2 run: {time.perf_counter() - started:.0f} s",
@@ -114,12 +126,18 @@ def kills(args, out: Path, script: Path, env: dict) -> list[str]:
         run = out / f"kill-{n}"
         started = time.perf_counter()
         codes, said = two_nodes(script, ["pretrain", "gpt-tiny", "--run-dir", str(run), *sets],
-                                {**env, "BENCH_KILL": f"{rank}:{step}", "BENCH_KILL_MARK": str(out / f"killed-{n}")})
+                                {**env, "BENCH_KILL": f"{rank}:{step}", "BENCH_KILL_MARK": str(out / f"killed-{n}")},
+                                args.run_timeout)
         seconds = time.perf_counter() - started
         if not (out / f"killed-{n}").exists():  # the hook runs at window starts: log_every=1 makes every step one
             raise SystemExit(f"kill {n + 1}: rank {rank} was not killed at step {step}")
-        resumed = next((line.split("resuming ", 1)[1].split(",")[0].rsplit("/", 1)[-1] for line in said.splitlines()
-                        if "resuming " in line and "newest complete checkpoint" in line), "the start (none yet)")
+        if codes is None:
+            lines.append(f"| {n + 1} | {rank} | {step + 1} | - | hung: killed after {args.run_timeout:.0f} s | "
+                         f"{seconds:.0f} |")
+            (out / f"kill-{n}.log").write_text(said)
+            continue
+        found = re.search(r"resuming\S*?(step-\d+),itsnewestcompletecheckpoint", "".join(said.split()))  # rich wraps
+        resumed = found.group(1) if found else "the start (no checkpoint yet)"
         if codes != [0, 0]:
             lines.append(f"| {n + 1} | {rank} | {step + 1} | - | run failed: exit {codes} | {seconds:.0f} |")
             (out / f"kill-{n}.log").write_text(said)
@@ -186,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("kills", "resume", "all"), default="all")
     parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--run-timeout", type=float, default=420, help="seconds a 2-node run may take (kills)")
     parser.add_argument("--mode", choices=("ddp", "fsdp"), default="fsdp")
     parser.add_argument("--seed", type=int, default=46)
     parser.add_argument("--out", type=Path, default=None)

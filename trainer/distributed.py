@@ -83,12 +83,13 @@ def _join(rank: int, world: int, device: torch.device) -> None:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                               is_master=hosts, timeout=JOIN_TIMEOUT, wait_for_workers=False,
                               multi_tenant=not agent)
-        # torchrun's agent store outlives the workers: a restarted group must not read the keys of the last one
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        prefixed = dist.PrefixStore(f"tfkit-attempt-{attempt}/default_pg" if agent else "default_pg", store)
+        generation = _generation(store) if agent else None
+        prefixed = dist.PrefixStore("default_pg" if generation is None else f"tfkit-{generation}/default_pg", store)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=prefixed,
                                 rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT,
                                 device_id=device if device.type == "cuda" else None)
+        if generation is not None and rank == 0:  # every rank has read it (they all joined): the next group's
+            store.set(GENERATION, str(generation + 1))
         store.set_timeout(COLLECTIVE_TIMEOUT)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"WORLD_SIZE={world} but MASTER_ADDR / MASTER_PORT are not set ({exc}); launch with "
@@ -98,6 +99,17 @@ def _join(rank: int, world: int, device: torch.device) -> None:
         raise ConfigError(f"rank {rank} of {world} could not join the process group at {endpoint} "
                           f"(MASTER_ADDR:MASTER_PORT) within {JOIN_TIMEOUT.total_seconds():.0f} s: {first[:200]}; "
                           "check that every node reaches that endpoint and starts as many processes") from None
+
+
+GENERATION = "tfkit-generation"  # the agent store's key: how many groups of this run's workers have formed
+
+
+def _generation(store) -> int:
+    """The number of this run's groups formed before, read from torchrun's agent store, whose keys outlive the
+    workers: a group torchrun restarts must not read the addresses the last one left there (its ranks would
+    connect to dead processes and wait for ever). Not TORCHELASTIC_RESTART_COUNT, which counts each node's own
+    failures: after one node's worker dies, the nodes restart with different counts."""
+    return int(store.get(GENERATION)) if store.check([GENERATION]) else 0
 
 
 def _reachable(endpoint: str) -> bool:
