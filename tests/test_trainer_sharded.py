@@ -107,7 +107,7 @@ KILL_AT = random.Random(46).randint(TRAIN["save_every"] + 1, STEPS - 1)
 def test_two_nodes_restart_after_a_kill_and_end_byte_identical(reference, tmp_path):
     recipe, script, ref_run, _ = reference
     port, run = free_port(), tmp_path / "run"
-    env = {**ONE_THREAD, "TFKIT_TEST_KILL": f"3:{KILL_AT}"}  # rank 3: the second node's second worker
+    env = {**ONE_THREAD, "TFKIT_TEST_KILL": f"0:{KILL_AT}"}  # rank 0: the nodes restart with different counts
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=tfkit-test", "--max-restarts=3",
