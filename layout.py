@@ -13,6 +13,10 @@ import re
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TRAINER_STATE = "trainer_state.pt"
+# a checkpoint of several processes: torch.distributed.checkpoint's files (each rank's `__R_N.distcp`, then the
+# `.metadata` rank 0 writes once every rank's are on disk) in place of model.safetensors (checkpoints/sharded.py)
+SHARDS = "shards"
+SHARDS_METADATA = ".metadata"
 MODEL_CARD = "README.md"  # in an exported model: its HuggingFace-style model card (checkpoints/model_card.py)
 CARD_MARK = "<!-- model card written by tfkit -->"  # its last line: a README.md the next export may replace
 GGUF_CARD_SUFFIX = ".README.md"  # an export-gguf file's card beside it: a.gguf -> a.README.md (one per file)

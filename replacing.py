@@ -22,7 +22,7 @@ from .errors import CheckpointError, ConfigError, DataError, TfkitError
 from .files import write_problem
 from .jsonfile import read_json
 from .layout import (BEST, CHECKPOINTS, CLASSIFIER_EXPORT_ARCHITECTURES, CONFIG, EXPORT_ARCHITECTURES, MODEL_CARD,
-                     RECIPE_FILE, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
+                     RECIPE_FILE, SHARDS, STEP_FOLDER, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS)
 
 # What `--force` may replace, by the command that writes it (see `_existing_kind`): each command replaces
 # only its own earlier output, never a training checkpoint, a user's HuggingFace model or other files.
@@ -88,7 +88,7 @@ def check_new_folder(out: Path, sources: Iterable[Path], force: bool, replaces: 
       calling command (`replaces`: TFKIT_MODEL and/or TFKIT_EXPORT), never a file or a folder of other things."""
     target = out.resolve()
     for source in (Path(s) for s in sources):  # writing inside a checkpoint counts, beside a run's own files not
-        if input_conflict(out, source, inside=(source / WEIGHTS).is_file()):
+        if input_conflict(out, source, inside=(source / WEIGHTS).is_file() or (source / SHARDS).is_dir()):
             raise CheckpointError(f"--out {out}: is or contains the input {source.resolve()}, or lies inside it; "
                                   "the input is never modified, choose another folder")
     run = _run_of(target)

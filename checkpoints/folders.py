@@ -15,7 +15,8 @@ from typing import TypeVar
 
 from ..errors import CheckpointError, TfkitError
 from ..files import set_aside
-from ..layout import BEST, CHECKPOINTS, CONFIG, RECIPE_FILE, STEP_FOLDER, TRAINER_STATE, WEIGHTS
+from ..layout import (BEST, CHECKPOINTS, CONFIG, RECIPE_FILE, SHARDS, SHARDS_METADATA, STEP_FOLDER, TRAINER_STATE,
+                      WEIGHTS)
 from .record import CheckpointRecord
 
 T = TypeVar("T")
@@ -23,8 +24,20 @@ ROTATION_RETRIES = 3  # checkpoints of a running training read in turn before sa
 
 
 def is_complete(folder: Path) -> bool:
-    """Whether `folder` holds the weights and config.json a checkpoint is (config.json is written last)."""
-    return (folder / WEIGHTS).is_file() and (folder / CONFIG).is_file()
+    """Whether `folder` holds the weights and config.json a checkpoint is (config.json is written last): the
+    weights in one file, or the shards of a run of several processes (sharded.py)."""
+    return ((folder / WEIGHTS).is_file() or is_sharded(folder)) and (folder / CONFIG).is_file()
+
+
+def is_sharded(folder: Path) -> bool:
+    """Whether `folder` holds its weights as shards, written by every process of a run (checkpoints/sharded.py):
+    `shards/.metadata`, which rank 0 writes once every rank's files are on disk."""
+    return (folder / SHARDS / SHARDS_METADATA).is_file()
+
+
+def form_of(folder: Path) -> str:
+    """How a checkpoint holds its weights, as the report says it."""
+    return f"sharded: {SHARDS}/, torch.distributed.checkpoint" if is_sharded(folder) else f"single file: {WEIGHTS}"
 
 
 def step_folders(parent: Path, training: bool = False) -> list[tuple[int, Path]]:

@@ -11,8 +11,11 @@ scanner (folders.py) never matches and the next save removes; the previous check
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,12 +23,13 @@ from torch import nn
 
 from ..errors import CheckpointError, TfkitError
 from ..files import set_aside, staged_folder
-from ..layout import BEST, CHECKPOINTS, TOKENIZER_FILES, TRAINER_STATE, WEIGHTS
+from ..layout import BEST, CHECKPOINTS, TOKENIZER_FILES, TRAINER_STATE
 from ..models import build_model
 from ..models.resize import grow_vocab
+from . import sharded
 from .folders import latest_checkpoint, list_checkpoints
 from .record import CheckpointRecord
-from .weights import load_weights_into, save_model
+from .weights import load_weights_from, save_model, write_record
 
 
 class NonFiniteWeights(CheckpointError):
@@ -61,6 +65,65 @@ def save_best(run_dir: Path, step: int, model: nn.Module, tokenizer_dir: Path, r
         save_model(model, tmp, record, step=step, val_loss=val_loss)
         copy_tokenizer(tokenizer_dir, tmp)
     return final
+
+
+class ShardedSave:
+    """A sharded checkpoint being written (sharded.py): every rank writes its shards into rank 0's staging
+    folder, and rank 0 publishes it (the tokenizer, trainer_state.pt, then config.json, then the rename into
+    place, `files.staged_folder`) once every rank's part is on disk. Until then nothing reads it as a
+    checkpoint: a kill leaves a temporary folder and the previous checkpoint is the one resume takes.
+
+    `start` is called by every rank; with `async_group` the shards are written by a thread while training goes
+    on, and `finish` (every rank, at the next save or at the end) waits for them before rank 0 publishes."""
+
+    def __init__(self, final: Path, folder: Path, stack: contextlib.ExitStack, future, write_rest) -> None:
+        self.final, self.folder, self.stack, self.future = final, folder, stack, future
+        self.write_rest: Callable[[Path], None] | None = write_rest  # rank 0's part; None on the other ranks
+
+    @classmethod
+    def start(cls, final: Path, state: dict, write_rest: Callable[[Path], None] | None,
+              share: Callable[[Path | None], Path], async_group=None) -> "ShardedSave":
+        """`write_rest` (rank 0 only, None elsewhere) fills the rest of the folder; `share` gives every rank rank
+        0's staging folder (a broadcast)."""
+        stack = contextlib.ExitStack()
+        try:
+            folder = share(stack.enter_context(staged_folder(final, durable=True)) if write_rest else None)
+            future = sharded.save(folder, state, async_group)
+        except BaseException:
+            stack.__exit__(*sys.exc_info())
+            raise
+        return cls(final, folder, stack, future, write_rest)
+
+    @property
+    def written(self) -> bool:
+        """Whether this rank's shards (on rank 0: every rank's) are on disk, without waiting."""
+        return self.future is None or self.future.done()
+
+    def finish(self) -> Path | None:
+        """Wait for this rank's shards; rank 0 then writes the rest and publishes. Returns the published
+        folder on rank 0 (None on the others)."""
+        try:
+            if self.future is not None:
+                self.future.result()
+            if self.write_rest is not None:
+                self.write_rest(self.folder)
+        except BaseException:
+            self.stack.__exit__(*sys.exc_info())
+            raise
+        self.stack.close()
+        return self.final if self.write_rest is not None else None
+
+
+def sharded_rest(model: nn.Module, tokenizer_dir: Path, record: CheckpointRecord, trainer_state: dict | None,
+                 **facts) -> Callable[[Path], None]:
+    """What rank 0 writes beside the shards: the tokenizer files, trainer_state.pt (counters, RNG, scaler, the
+    optimizer's groups: numbers and names), then config.json last."""
+    def write(folder: Path) -> None:
+        copy_tokenizer(tokenizer_dir, folder)
+        if trainer_state is not None:
+            torch.save(trainer_state, folder / TRAINER_STATE)
+        write_record(model, folder, record, **facts)
+    return write
 
 
 def copy_tokenizer(source: Path, folder: Path) -> None:
@@ -115,9 +178,9 @@ def load_source_weights(model: nn.Module, folder: Path) -> None:
     (chat tokens, `data.format: chat`) gets the checkpoint's rows and new rows as models/resize.py makes them."""
     saved = CheckpointRecord.read(folder).model
     if saved.vocab_size == model.config.vocab_size:
-        load_weights_into(model, folder / WEIGHTS)
+        load_weights_from(model, folder)
         return
     old = build_model(saved)
-    load_weights_into(old, folder / WEIGHTS)
+    load_weights_from(old, folder)
     model.load_state_dict(grow_vocab(old.state_dict(), model.config.vocab_size))
 

@@ -25,12 +25,13 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..files import atomic_file, write_atomic
-from ..layout import CONFIG, WEIGHTS
+from ..layout import CONFIG, SHARDS, WEIGHTS
 from ..models import build_model
 from ..models.config import ModelConfig
 from ..models.heads import SequenceClassifier
 from ..runtime import machine_memory
-from .folders import resolve_checkpoint
+from . import sharded
+from .folders import is_sharded, resolve_checkpoint
 from .meta import assign_weights, first_problem, parameters_on_meta
 from .record import CheckpointRecord
 
@@ -48,22 +49,38 @@ def load_weights_into(model: nn.Module, weights: Path, device: str | torch.devic
         raise CheckpointError(f"{weights}: does not hold the weights of {what} ({first_problem(err)})") from err
 
 
+def load_weights_from(model: nn.Module, folder: Path, device: str | torch.device = "cpu",
+                      what: str = "this model") -> None:
+    """Fill `model` from the checkpoint `folder`'s weights, in whichever form they are: model.safetensors, or
+    the shards of a run of several processes (read in this one process, tensor by tensor)."""
+    if is_sharded(folder):
+        sharded.load_weights(model, folder, device, what)
+    else:
+        load_weights_into(model, folder / WEIGHTS, device, what)
+
+
 def save_model(model: nn.Module, folder: str | Path, record: CheckpointRecord | None = None, **facts: Any) -> Path:
     """Write model.safetensors and config.json into `folder` (created if needed); returns the folder.
 
     config.json is `record` (or a new one) with `facts` (fields of CheckpointRecord: `step=5`), its model
     section the model's own config and, for a classifier, its head."""
     folder = Path(folder)
-    record = dataclasses.replace(record or CheckpointRecord(model=model.config), model=model.config, **facts)
-    head = getattr(model, "head_config", None)
-    if head is not None:
-        record = dataclasses.replace(record, head=head)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_file(folder / WEIGHTS) as weights_tmp:  # published 0644 like a plain open, not safetensors' 0600
         with safetensors_writes(folder / WEIGHTS):
             save_safetensors_from(model, str(weights_tmp))  # tied weights are stored once and re-tied on load
-    write_atomic(folder / CONFIG, record.to_json())
+    write_record(model, folder, record, **facts)
     return folder
+
+
+def write_record(model: nn.Module, folder: Path, record: CheckpointRecord | None = None, **facts: Any) -> None:
+    """config.json of the weights of `model` written into `folder` (the last file of a checkpoint): `record` with
+    `facts`, its model section the model's own config and, for a classifier, its head."""
+    record = dataclasses.replace(record or CheckpointRecord(model=model.config), model=model.config, **facts)
+    head = getattr(model, "head_config", None)
+    if head is not None:
+        record = dataclasses.replace(record, head=head)
+    write_atomic(folder / CONFIG, record.to_json())
 
 
 @contextmanager
@@ -126,11 +143,16 @@ def _load(folder: Path, record: CheckpointRecord, device: str | torch.device) ->
         if head is not None:  # a fine-tuned checkpoint: the body and its head
             model = SequenceClassifier(model, head)
     what = f"the {cfg.arch} {'classifier' if head else 'model'} its config.json describes"
+    if is_sharded(folder):  # several processes' shards, consolidated here: each tensor allocated once, filled in place
+        check_dtypes(model, {name: dtype for name, (_, dtype) in sharded.tensor_shapes(folder).items()},
+                     folder / SHARDS)
+        sharded.load_weights(model, folder, device, what)
+        return model.to(device).eval(), cfg
     try:
         state = load_file(str(folder / WEIGHTS), device=str(device))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{folder / WEIGHTS}: cannot read the weights ({str(err).splitlines()[0]})") from err
-    check_dtypes(model, state, folder / WEIGHTS)
+    check_dtypes(model, {k: v.dtype for k, v in state.items()}, folder / WEIGHTS)
     dtype = torch.get_default_dtype()  # what a built model holds; a bf16 file is computed in it as before
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     assign_weights(model, state, folder / WEIGHTS, what)
@@ -182,11 +204,14 @@ def check_depth(cfg: ModelConfig, folder: Path) -> None:
     meta device (`n_layers: 20000` beside the weights of 2 took a minute to reach the missing-weights error)."""
     from safetensors import safe_open
 
-    try:
-        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
-            names = list(f.keys())
-    except (SafetensorError, OSError):
-        return  # _load names the unreadable file
+    if is_sharded(folder):
+        names = list(sharded.tensor_shapes(folder))
+    else:
+        try:
+            with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+                names = list(f.keys())
+        except (SafetensorError, OSError):
+            return  # _load names the unreadable file
     stacks: dict[str, set[int]] = {}
     for name in names:
         if found := LAYER_TENSOR.search(name):
@@ -194,18 +219,20 @@ def check_depth(cfg: ModelConfig, folder: Path) -> None:
     held = {stack: len(indices) for stack, indices in stacks.items() if len(indices) != cfg.n_layers}
     if stacks and held:
         stack, count = next(iter(held.items()))
-        raise CheckpointError(f"{folder / CONFIG}: model.n_layers={cfg.n_layers}, but {WEIGHTS} holds {count} "
+        held_in = sharded.weights_file(folder).name
+        raise CheckpointError(f"{folder / CONFIG}: model.n_layers={cfg.n_layers}, but {held_in} holds {count} "
                               f"block{'s' * (count != 1)} ({stack}.0 ...); the config.json does not belong to these "
                               "weights (or one of them is damaged)")
 
 
-def check_dtypes(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
-    """Every weight the model computes with in floating point is stored in floating point: torch's own
-    error for an int32 or bool weight names no tensor and gives no reason."""
+def check_dtypes(model: nn.Module, stored: dict[str, torch.dtype], source: Path) -> None:
+    """Every weight the model computes with in floating point is stored in floating point (`stored`: the
+    file's dtype of each tensor): torch's own error for an int32 or bool weight names no tensor and gives no
+    reason."""
     expected = model.state_dict(keep_vars=True)
-    for name, tensor in state.items():
-        if name in expected and expected[name].is_floating_point() and not tensor.is_floating_point():
-            raise CheckpointError(f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
+    for name, dtype in stored.items():
+        if name in expected and expected[name].is_floating_point() and not dtype.is_floating_point:
+            raise CheckpointError(f"{source}: tensor {name} is stored as {str(dtype).removeprefix('torch.')}, "
                                   "expected a floating-point weight (fp32, bf16 or fp16)")
 
 

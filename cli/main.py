@@ -29,7 +29,7 @@ from typer.exceptions import TyperException
 from .. import __version__
 from ..errors import TfkitError, disk_full, shorten
 from ..files import is_disk_full
-from . import convert, evaluate, finetune, generate, hf, lab, plan, predict, pretrain, recipes, tokenizer
+from . import consolidate, convert, evaluate, finetune, generate, hf, lab, plan, predict, pretrain, recipes, tokenizer
 from .flags import with_flags
 
 err_console = Console(stderr=True, soft_wrap=True)
@@ -195,6 +195,7 @@ app.command("eval")(evaluate.evaluate)
 app.command("generate")(generate.generate)
 app.command("predict")(predict.predict)
 app.command("convert-mqa-to-gqa")(convert.convert_mqa_to_gqa)
+app.command("consolidate")(consolidate.consolidate)
 app.command("import-hf")(hf.import_hf)
 app.command("export-hf")(hf.export_hf)
 app.command("export-gguf")(hf.export_gguf)

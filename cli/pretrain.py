@@ -19,10 +19,11 @@ def pretrain(
     """Pretrain a model from a recipe: tokenizer, token shards, training, validation, a final report.
 
     The run folder collects the resolved recipe, the tokenizer, metrics.jsonl, loss.png (with the plots
-    extra installed) and checkpoints/step-N/ (each loadable on its own). Ctrl-C or SIGTERM finishes the
-    current step, saves a checkpoint and exits with 130 / 143, printing the command that continues exactly
-    where it stopped (`tfkit pretrain RUN/recipe.yaml --resume auto --run-dir RUN`).
-    Multi-GPU or multi-process: `torchrun --nproc_per_node N -m tfkit pretrain RECIPE`.
+    extra installed) and checkpoints/step-N/ (each loadable on its own). Ctrl-C, SIGTERM or SIGUSR1 finishes
+    the current step, saves a checkpoint and exits with 130 / 143 / 138, printing the command that continues
+    exactly where it stopped (`tfkit pretrain RUN/recipe.yaml --resume auto --run-dir RUN`).
+    Multi-GPU, multi-process or multi-node: `torchrun --nproc_per_node N -m tfkit pretrain RECIPE` (a run that
+    torchrun restarts resumes from its newest complete checkpoint by itself).
     """
     from ..trainer.resume import recipe_for_run  # imports deferred: `--help` stays fast
 

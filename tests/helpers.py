@@ -295,3 +295,75 @@ def one_error_line(result) -> str:
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert "Traceback" not in result.output
     return lines[0]
+
+
+# --- runs under torchrun, with hooks into the trainer --------------------------------------------------------
+
+HOOKED_TFKIT = """
+import json, os, signal, sys
+from tfkit.trainer import data as data_module, loop as loop_module
+env = os.environ.get
+prepare = data_module.Prefetcher._prepare
+def recording(self, first):  # TFKIT_TEST_IDS=PREFIX: every update's input ids, one JSON row per update and rank
+    micro, counts = prepare(self, first)
+    with open(env("TFKIT_TEST_IDS") + f".rank{self.info.rank}", "a") as f:
+        f.write(json.dumps({"first": first, "rows": [row for b in micro for row in b["input_ids"].tolist()]}) + "\\n")
+    return micro, counts
+if env("TFKIT_TEST_IDS"):
+    data_module.Prefetcher._prepare = recording
+window = loop_module.run_window
+def hooked(loop, *args):  # at the window that starts at a step, by the run's own progress (never the clock)
+    rank, step = loop.info.rank, loop.state.step
+    if env("TFKIT_TEST_KILL") and env("TORCHELASTIC_RESTART_COUNT", "0") == "0":  # RANK:STEP, first attempt only
+        if [rank, step] == [int(v) for v in env("TFKIT_TEST_KILL").split(":")]:
+            os.kill(os.getpid(), signal.SIGKILL)
+    if env("TFKIT_TEST_STOP") and step == int(env("TFKIT_TEST_STOP")) - 1:  # SIGUSR1: stop after the next update
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return window(loop, *args)
+loop_module.run_window = hooked
+sys.argv[0] = "tfkit"
+if env("TFKIT_TEST_EXTRA") and env("RANK") == "1":  # rank 1 alone is given one more --set
+    sys.argv += ["--set", env("TFKIT_TEST_EXTRA")]
+from tfkit.cli.entry import run
+run()
+"""
+"""A `tfkit` for subprocesses, steered by environment variables: TFKIT_TEST_IDS records the input ids of every
+update, TFKIT_TEST_KILL=RANK:STEP SIGKILLs that worker as the update after STEP begins (torchrun's first attempt),
+TFKIT_TEST_STOP=STEP sends every process SIGUSR1 so that the run stops at STEP, TFKIT_TEST_EXTRA gives rank 1 an
+extra override."""
+
+
+def hooked_tfkit(folder: Path) -> Path:
+    script = folder / "hooked_tfkit.py"
+    script.write_text(HOOKED_TFKIT)
+    return script
+
+
+def update_ids(prefix: Path, updates: int, grad_accum: int = 1) -> list[list[list[int]]]:
+    """Each update's rows of input ids, over every rank (sorted: which process computed a row is not the
+    question), from the records `HOOKED_TFKIT` wrote with TFKIT_TEST_IDS=prefix (read back by batch index, the
+    last record of each: a prefetch ahead of a kill is prepared again after the restart)."""
+    rows: dict[tuple[str, int], list] = {}
+    for file in sorted(prefix.parent.glob(prefix.name + ".rank*")):
+        for line in file.read_text().splitlines():
+            record = json.loads(line)
+            rows[(file.name, record["first"])] = record["rows"]
+    out = []
+    for update in range(updates):
+        first = update * grad_accum
+        out.append(sorted(row for (_, f), r in rows.items() if f == first for row in r))
+    return out
+
+
+def shard_checkpoint(source: Path, out: Path) -> Path:
+    """The checkpoint `source` rewritten as a sharded one at `out`, with the calls each rank of a run of several
+    processes makes (here in one process, which holds every shard)."""
+    from tfkit.checkpoints import sharded, training
+    from tfkit.checkpoints.record import CheckpointRecord
+    from tfkit.checkpoints.weights import load_model
+
+    model, _ = load_model(source)
+    record = CheckpointRecord.read(source)
+    rest = training.sharded_rest(model, source, record, None, step=record.step)
+    training.ShardedSave.start(out, {sharded.MODEL: sharded.model_state(model)}, rest, lambda folder: folder).finish()
+    return out

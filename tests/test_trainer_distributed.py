@@ -94,9 +94,10 @@ def bert_run(english_text, tmp_path_factory):
 @pytest.mark.parametrize("mode, pooling", [("ddp", "cls"), ("fsdp", "mean")])
 def test_fine_tuning_in_two_gloo_processes_matches_one_process(bert_run, tmp_path, mode, pooling):
     """The classifier's unused body parameters (the MLM head, the pooler under mean pooling) are frozen, so
-    DDP does not wait for their gradients; FSDP gathers the classifier whole for its checkpoints. Both
-    give the single process's losses, accuracies and best weights."""
-    from safetensors.torch import load_file
+    DDP does not wait for their gradients; each process writes its shards of the classifier's checkpoints and
+    best/. Both give the single process's losses, accuracies and best weights."""
+    from tfkit.checkpoints.folders import is_sharded
+    from tfkit.checkpoints.weights import load_classifier
 
     args = ["finetune", "finetune-classify", "--set", f"train.init_from={bert_run}", "--set",
             f"train.distributed={mode}", "--set", f"task.pooling={pooling}", *FINETUNE]
@@ -113,7 +114,8 @@ def test_fine_tuning_in_two_gloo_processes_matches_one_process(bert_run, tmp_pat
         for key in ("loss", "val_loss", "val_accuracy", "val_macro_f1"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], abs=1e-5), (a["step"], key)
-    best = [load_file(str(tmp_path / run / "best" / "model.safetensors")) for run in ("one", "two")]
+    assert not is_sharded(tmp_path / "one" / "best") and is_sharded(tmp_path / "two" / "best")
+    best = [load_classifier(tmp_path / run / "best")[0].state_dict() for run in ("one", "two")]
     assert best[0].keys() == best[1].keys() and any(k.startswith("classifier.") for k in best[0])
     for name in best[0]:
         assert torch.allclose(best[0][name], best[1][name], atol=1e-5), name

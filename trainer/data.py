@@ -290,7 +290,8 @@ def tokenizer_texts(recipe: Recipe, spec: str | list | None = None, total_chars:
 class Prefetcher:
     """The micro-batches of one update, prepared on a background thread while the previous update runs.
 
-    `get(first)` returns the update whose first global micro-batch is `first`: (batches, counts), where
+    `get(first)` returns the update whose first global micro-batch is `first` (this rank's micro-batches of it,
+    as `plan` splits it: trainer/batch_plan.py): (batches, counts), where
     `counts` is a float64 (2,) tensor of this rank's predicted and input tokens, counted here on the host
     from the host copies, so the training thread never reads a count back. `prefetch(first)` starts the
     next one; `wait()` lets it finish. The datasets are pure functions of the batch index (ARCHITECTURE.md),
@@ -299,14 +300,14 @@ class Prefetcher:
     The dataset is only ever called from this thread, one batch at a time.
     """
 
-    def __init__(self, dataset, batch_size: int, accum: int, info: DistInfo) -> None:
-        self.dataset, self.batch_size, self.accum, self.info = dataset, batch_size, accum, info
+    def __init__(self, dataset, plan, info: DistInfo) -> None:
+        self.dataset, self.plan, self.info = dataset, plan, info  # plan: batch_plan.BatchPlan, this rank's rows
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfkit-batches")
         self._pending: tuple[int, Future] | None = None
 
     def _prepare(self, first: int) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
-        micro = [self.dataset.batch(first + j, self.batch_size, self.info.rank, self.info.world_size)
-                 for j in range(self.accum)]
+        micro = [self.dataset.batch(index, size, part, parts)
+                 for index, size, part, parts in self.plan.parts(first, self.info.rank)]
         counts = torch.tensor([sum(count_targets(b) for b in micro), sum(count_inputs(b) for b in micro)],
                               dtype=torch.float64)  # (2,) predicted, input tokens
         if self.info.device.type == "cuda":

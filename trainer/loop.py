@@ -13,8 +13,8 @@ Semantics a resume depends on:
   one batch's accuracy jumps about); the sums behind the means are part of the state a checkpoint keeps, so
   a resumed run's rows equal an uninterrupted run's. A skipped attempt is always logged, with
   `"skipped": true` under the step it tried to become.
-- SIGINT / SIGTERM set a flag; the loop finishes the update in progress and stops (under torchrun at the
-  end of the window in progress, so that every rank stops at the same step), then the caller saves a
+- SIGINT / SIGTERM / SIGUSR1 set a flag; the loop finishes the update in progress and stops (under torchrun at
+  the end of the window in progress, so that every rank stops at the same step), then the caller saves a
   checkpoint.
 
 The step itself, and the windows of updates between two reads of the device, are in step.py; this module
@@ -37,6 +37,7 @@ from torch import nn
 
 from ..errors import TfkitError
 from ..progress import progress_bar
+from .batch_plan import BatchPlan, plan_batches
 from .data import Prefetcher
 from .distributed import DistInfo, all_reduce_sum
 from .metrics import mfu, peak_flops
@@ -65,6 +66,7 @@ class TrainState:
     bad_in_a_row: int = 0  # ... consecutively, up to now
     interrupted: int = 0  # signal number that stopped the run (0 = none)
     seconds: float = 0.0  # training time spent, all starts of the run (what train.max_time counts)
+    micro_rows: int = 0  # sequences each process computed at once (batch_plan): kept by a resume on another count
     # the updates applied since the last log row: loss sum, correct and predicted tokens, for the row's running
     # means (`loss_mean`, `accuracy_mean`: one batch's accuracy jumps about); kept in checkpoints like the rest
     since_log_loss: float = 0.0
@@ -115,6 +117,12 @@ class Loop:
     budget: TimeBudget | None = None  # train.max_time: sets `horizon` from the pace of the updates
     horizon: int = 0  # the step the run ends at: train.max_steps, or what the time budget leaves
     window_cap: int = 1 << 62  # the most updates before the next read: the time budget's, else no limit
+    batch_plan: BatchPlan | None = None  # how an update's rows are split over processes; None = the recipe's
+
+    @property
+    def plan(self) -> BatchPlan:
+        return self.batch_plan or plan_batches(self.recipe.train.batch_size, self.recipe.train.grad_accum,
+                                               self.info.world_size)
 
     @property
     def end(self) -> int:
@@ -130,17 +138,22 @@ STOPPING = ("stopping: finishing the update in progress, then saving a checkpoin
 
 
 class StopFlag:
-    """SIGINT/SIGTERM → finish the current update, checkpoint, exit. A second signal acts immediately (every
-    file is written under a temporary name first, so what was saved stays whole). With `say`, the first signal
-    is answered at once on stderr: the update in progress and the save can take seconds, and silence after a
-    Ctrl-C reads as a hang."""
+    """SIGINT / SIGTERM / SIGUSR1 → finish the current update, checkpoint, exit (with 128 + the signal, which
+    tells a requeue script that the run is unfinished). SIGTERM and SIGUSR1 are a scheduler's warning before
+    it stops the job (Slurm's `--signal=USR1@120`, a cloud's preemption notice): sent again, or by both srun and
+    torchrun, they change nothing, the save goes on. A second Ctrl-C acts immediately (every file is written
+    under a temporary name first, so what was saved stays whole). With `say`, the first signal is answered at
+    once on stderr: the update in progress and the save can take seconds, and silence after a Ctrl-C reads as
+    a hang."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self, say: bool = False) -> None:
         self.signum, self.say = 0, say
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopFlag":
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self.SIGNALS:
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: no handlers, the run cannot be signalled
@@ -148,8 +161,15 @@ class StopFlag:
         return self
 
     def _handle(self, signum, frame) -> None:
+        if self.signum:
+            if signum == signal.SIGINT:  # a second Ctrl-C: whatever handled it before the run does, at once
+                previous = self._previous.get(signum)
+                if callable(previous):
+                    previous(signum, frame)
+                elif previous != signal.SIG_IGN:
+                    raise KeyboardInterrupt
+            return  # a scheduler's repeated warning: the save it asked for is under way
         self.signum = signum
-        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # the second one is not caught
         if self.say:
             print(f"\n{STOPPING}", file=sys.stderr, flush=True)
 
@@ -180,7 +200,7 @@ def run_loop(loop: Loop, last_checkpoint: Callable[[], object] = lambda: None) -
         loop.budget.start(s.step)
     bar = progress_bar(total=r.train.max_steps, initial=s.step, desc="pretrain", unit="step", dynamic_ncols=True,
                        enabled=info.is_main and r.log.progress)
-    loop.loader = Prefetcher(loop.dataset, micro_batch_size(r), r.train.grad_accum, info)
+    loop.loader = Prefetcher(loop.dataset, loop.plan, info)
     try:
         with StopFlag(say=info.is_main) as stop, loop.loader:
             loop.loader.prefetch(s.batches)  # the first update's batches, before the clock starts: each
@@ -341,7 +361,7 @@ def run_window(loop: Loop, stop: StopFlag, n: int) -> Window:
     to the end of the window, where they vote (loop.stop_voted)."""
     grad_accum = loop.recipe.train.grad_accum
     if loop.loader is None:
-        loop.loader = Prefetcher(loop.dataset, micro_batch_size(loop.recipe), grad_accum, loop.info)
+        loop.loader = Prefetcher(loop.dataset, loop.plan, loop.info)
     r, s, d_model = loop.recipe, loop.state, loop.update.model.config.d_model  # d_model: the noam schedule's scale
     lrs = [lr_at(s.step + k, r.schedule, r.optim.lr, loop.end, d_model) for k in range(n)]
     window = Window.new(lrs, s.bad_in_a_row, s.batches, loop.end, loop.info.device)

@@ -3,11 +3,13 @@
 `Parallel(mode, info)` owns every difference between the layouts, so the rest of the trainer asks it
 instead of testing `(train.distributed, info.enabled)` itself:
 
-| layout      | parameters, optimizer state           | gradients         | a checkpoint's weights       |
-| ----------- | ------------------------------------- | ----------------- | ---------------------------- |
-| one process | whole                                 | local             | the model itself             |
-| DDP         | whole on every rank                   | all-reduced       | the model itself, on rank 0  |
-| FSDP2       | sharded, all-gathered block by block  | reduce-scattered  | gathered into a CPU copy     |
+| layout      | parameters, optimizer state           | gradients         | a checkpoint                          |
+| ----------- | ------------------------------------- | ----------------- | ------------------------------------- |
+| one process | whole                                 | local             | model.safetensors, trainer_state.pt   |
+| DDP         | whole on every rank                   | all-reduced       | sharded: each rank writes a part      |
+| FSDP2       | sharded, all-gathered block by block  | reduce-scattered  | sharded: each rank writes its shards  |
+
+(The checkpoints themselves are checkpointer.py's and checkpoints/sharded.py's.)
 
 Like torchtitan's `parallelize`, activation checkpointing is applied here too (the same unit, the
 transformer block). The process group itself (ranks, devices, collectives) is `distributed`'s.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -63,16 +66,13 @@ class Parallel:
         return nn.parallel.DistributedDataParallel(loss_module, device_ids=device_ids)
 
     def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        """The full optimizer state keyed by parameter name (a collective under FSDP: call on every rank)."""
-        if self.sharded:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            return get_optimizer_state_dict(model, optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """The optimizer state keyed by parameter name, of a one-process run (several processes write theirs
+        into a sharded checkpoint: checkpointer.py)."""
         return optimizer_state_by_name(model, optimizer)
 
     def load_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict) -> None:
-        """Inverse of `optimizer_state`: every rank passes the full state, FSDP keeps each rank's shard."""
+        """Inverse of `optimizer_state` (a single-file checkpoint resumed at any process count): every rank
+        passes the full state, FSDP keeps each rank's shard."""
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -81,22 +81,25 @@ class Parallel:
         load_optimizer_state_by_name(model, optimizer, sd)
 
     def full_weights(self, model: nn.Module, cfg: ModelConfig) -> nn.Module | None:
-        """A module holding the full weights (to save, or to sample from): the model itself, or under FSDP a
-        CPU copy assembled from the shards on rank 0 (None on other ranks; a collective: every rank calls it)."""
+        """A module holding the full weights (to sample from at the end): the model itself, or under FSDP a
+        CPU copy assembled from the shards on rank 0 (None on other ranks; a collective: every rank calls it),
+        built on the meta device and given the gathered tensors: one copy of the weights."""
         if not self.sharded:
             return model
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from ..checkpoints.meta import assign_weights, parameters_on_meta
         from ..models import build_model
         from ..models.heads import SequenceClassifier
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.info.is_main:
             return None
-        copy = build_model(cfg)
-        if isinstance(model, SequenceClassifier):  # a fine-tuning run: the body and its head
-            copy = SequenceClassifier(copy, model.head_config)
-        copy.load_state_dict(full)
+        with parameters_on_meta():
+            copy = build_model(cfg)
+            if isinstance(model, SequenceClassifier):  # a fine-tuning run: the body and its head
+                copy = SequenceClassifier(copy, model.head_config)
+        assign_weights(copy, full, Path("(the run's shards)"), "the model")
         return copy
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from ..checkpoints.folders import form_of, is_complete
 from ..checkpoints.hf_classifier import export_problem
 from ..checkpoints.record import CheckpointRecord
 from ..errors import TfkitError
@@ -47,9 +48,15 @@ class RunResult:
         return self.state.interrupted
 
 
+SHARDING = {"ddp": "with the weights and optimizer state whole on every process, gradients all-reduced",
+            "fsdp": "with parameters, gradients and optimizer state sharded over the processes, one block "
+                    "gathered at a time"}
+
+
 def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_from: Path | None,
-             init_from: Path | None, out: Transcript, precision_auto: bool) -> None:
-    """What is about to run, including the global batch in tokens (the number that sets the LR)."""
+             init_from: Path | None, out: Transcript, precision_auto: bool, split: str | None = None) -> None:
+    """What is about to run, including the global batch in tokens (the number that sets the LR) and `split`, how
+    the processes share it (batch_plan.BatchPlan.describe; by default the recipe's micro-batches per rank)."""
     t = recipe.train
     precision = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[t.precision]
     why = f"; train.precision auto: {'' if t.precision == 'bf16' else 'no '}native bf16 on this {info.device.type}"
@@ -61,17 +68,18 @@ def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_f
         f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
         f"vocab {cfg.vocab_size}, {recipe.objective.name}, {precision} on {info.device} "
         f"({threads} CPU thread{'s' * (threads != 1)})"
-        + (f" x{info.world_size} ({t.distributed})" if info.enabled else "") + (why if precision_auto else ""),
+        + (f" x{info.world_size} ({t.distributed}) {SHARDING[t.distributed]}" if info.enabled else "")
+        + (why if precision_auto else ""),
         highlight=False)
     if recipe.head_task is not None:  # examples of any length, packed back to back or padded, not fixed rows
         layout = "packed back to back into rows" if recipe.task.packing and cfg.arch != "transformer" else "padded"
         batch = (f"global batch {t.batch_size} examples ({layout} of at most {recipe.data.seq_len} tokens; "
-                 f"{t.grad_accum} micro-batch(es) of {per_rank} examples per rank), ")
+                 f"{split or f'{t.grad_accum} micro-batch(es) of {per_rank} examples per rank'}), ")
     else:
         batch = (f"global batch {t.batch_size} x {per_sequence}"
                  f"{' (source + target)' if per_sequence > recipe.data.seq_len else ''}"
-                 f" = {t.batch_size * per_sequence:,} tokens ({t.grad_accum} micro-batch(es) of {per_rank} sequences "
-                 "per rank), ")
+                 f" = {t.batch_size * per_sequence:,} tokens "
+                 f"({split or f'{t.grad_accum} micro-batch(es) of {per_rank} sequences per rank'}), ")
     out.print(
         batch
         + (f"as many steps as fit in {t.max_time} of training (at most {t.max_steps:,}; setup and the final "
@@ -140,9 +148,8 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
     table.add_row("parameters", f"{model.num_params():,}")
     table.add_row("skipped steps", str(result.state.bad_steps))
     table.add_row("wall time", wall_time(result, recipe.train))
-    table.add_row("checkpoint", str(result.checkpoint))
-    if kept := best_note(result.run_dir, recipe):
-        table.add_row("best/", kept)
+    for name, text in checkpoint_rows(result, recipe):
+        table.add_row(name, text)
     console.print(table)
     if note := budget_note(result.state, recipe.train):
         console.print(note, highlight=False, markup=False)
@@ -152,6 +159,16 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
     if result.interrupted:
         console.print(f"interrupted: continue with: {resume_command(result.run_dir)}", highlight=False,
                       markup=False, soft_wrap=True)
+
+
+def checkpoint_rows(result: RunResult, recipe: Recipe) -> list[tuple[str, str]]:
+    """The report's rows naming the run's last checkpoint and its best/ (which step, by what: `best_note`),
+    each with its form (single file or sharded: checkpoints.folders.form_of)."""
+    last = result.checkpoint
+    rows = [("checkpoint", f"{last} ({form_of(last)})" if last is not None else "none")]
+    if is_complete(best := result.run_dir / BEST) and (kept := best_note(result.run_dir, recipe)):
+        rows.append(("best/", f"{kept}; {form_of(best)}"))
+    return rows
 
 
 def source_rows(table: Table, final: ValidationResult) -> None:

@@ -13,9 +13,11 @@ which takes RECIPE and its overrides as given (the recipe before is kept as reci
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..checkpoints.folders import latest_checkpoint
+from ..errors import ConfigError, TfkitError
 from ..layout import RECIPE_FILE
 from .recipe import Recipe, load_recipe
 from .run_folder import choose_run_dir, recipe_changes, resume_command
@@ -52,3 +54,44 @@ def data_changes(before: Recipe, after: Recipe) -> list[str]:
     """`data.KEY: old -> new` for every key of DATA_KEYS that differs."""
     return [f"data.{key}: {getattr(before.data, key)!r} -> {getattr(after.data, key)!r}" for key in DATA_KEYS
             if getattr(before.data, key) != getattr(after.data, key)]
+
+
+def restart_resume(resume: str | None, recipe: Recipe, run_dir: str | Path | None) -> tuple[str | None, str | None]:
+    """(`--resume` as a run started again by torchrun means it, the line that says so): `auto`, its newest
+    complete checkpoint, when no resume was given and either torchrun restarted this node's workers
+    (`--max-restarts`, TORCHELASTIC_RESTART_COUNT > 0) or the newest checkpoint of the run folder was written
+    under the same torchrun run (TORCHELASTIC_RUN_ID: another node's workers restarted, or a requeued job
+    started again with the same `--rdzv-id`). A restarted command then continues its run instead of
+    refusing the folder it wrote. Asked on rank 0 alone, whose answer every rank takes."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if resume is not None or run_id is None:
+        return resume, None
+    if restarts() > 0:
+        return "auto", f"torchrun restart {restarts()} (TORCHELASTIC_RESTART_COUNT)"
+    latest = latest_checkpoint(choose_run_dir(recipe, run_dir, "auto"))
+    if latest is not None and elastic_run_of(latest) == run_id:
+        return "auto", f"torchrun run {run_id} (TORCHELASTIC_RUN_ID) started again"
+    return None, None
+
+
+def restarts() -> int:
+    """How many times torchrun has restarted this node's workers (0 outside torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+def elastic_run() -> str | None:
+    """The torchrun run this process belongs to (TORCHELASTIC_RUN_ID), which each checkpoint records."""
+    return os.environ.get("TORCHELASTIC_RUN_ID")
+
+
+def elastic_run_of(checkpoint: Path) -> str | None:
+    """The torchrun run that wrote a training checkpoint (None: outside torchrun, or unreadable)."""
+    from ..checkpoints.trainer_state import load_trainer_state  # torch: only under torchrun, past the CLI's checks
+
+    try:
+        return load_trainer_state(checkpoint).get("elastic_run")
+    except TfkitError:
+        return None

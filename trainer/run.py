@@ -42,11 +42,12 @@ from ..progress import console as output_console
 from ..threads import set_threads
 from ..tokenization.train import TfkitTokenizer, check_vocab_fits, load_tokenizer
 from . import run_folder, task, validation
+from .batch_plan import BatchPlan, plan_batches
 from .budget import TimeBudget, parse_duration
 from .plan import plan_for_run
 from .checkpointer import Checkpointer
 from .data import build_run_data, fit_to_data, grow_chat_vocab, prepare_chat_tokenizer, prepare_tokenizer
-from .distributed import DistInfo, barrier, broadcast_object, init_distributed, shutdown
+from .distributed import DistInfo, barrier, broadcast_object, init_distributed, same_everywhere, shutdown
 from .downstream import Downstream, check_downstream, criterion, due, rank0_weights
 from .loop import Loop, TrainingDiverged, TrainState, mfu_basis, micro_batch_size, run_loop
 from .metrics import MetricsWriter, plot_loss
@@ -56,6 +57,7 @@ from .optim import build_optimizer, decay_line, grad_scaler
 from .parallel import Parallel, apply_activation_checkpointing
 from .recipe import Recipe
 from .report import RunResult, describe, report, sample
+from .resume import restart_resume
 from .source import keep_threads, model_config, prior_steps, resolve_recipe
 from .step import Update
 from .task_names import PREFIX
@@ -120,6 +122,8 @@ class Trainer(contextlib.AbstractContextManager):
         self.metrics: MetricsWriter | None = None
         self.checkpoints: Checkpointer | None = None  # save, keep_if_best, the last good checkpoint
         self.steps_before = self.tokens_before = 0  # the state's step and tokens when this start began training
+        self.plan: BatchPlan | None = None  # which rows of each update this process computes (batch_plan.py)
+        self.restarted: str | None = None  # why a run torchrun started again resumes by itself (resume.restart_resume)
         self.train_time = 0.0  # seconds the loop ran in this start
 
     @property
@@ -155,6 +159,7 @@ class Trainer(contextlib.AbstractContextManager):
         recipe, info = self.recipe, self.info
         if info.device.type == "cuda":  # fp32 matmuls on the tensor cores (TF32), as nanoGPT and litgpt train
             torch.set_float32_matmul_precision("high")
+        self._check_processes()
         self._prepare_run_folder(run_dir, resume)
         recipe = self.recipe  # data.train and train.precision resolved against the source checkpoint and device
         if self.downstream is not None:  # every item encoded, what this model cannot score refused: before training
@@ -163,26 +168,49 @@ class Trainer(contextlib.AbstractContextManager):
         self.checkpoints = Checkpointer(recipe, info, self.parallel, self.run_dir, self.model, self.cfg, self.optimizer,
                                         self.scaler, self.prior_steps, self.resume_from)
         self.state, self.saved = self.checkpoints.restore()
+        self.plan = self._split_batches(self.state.micro_rows)
+        self.state.micro_rows = self.plan.rows
         tracker = open_tracker(recipe, self.run_dir, bool(self.resume_from)) if info.is_main else None  # log.wandb
         self.metrics = MetricsWriter(self.run_dir, info.is_main, recipe.log.tensorboard,
                                      self.state.step if self.resume_from else None, tracker=tracker)
         update = Update.of(recipe, self.model, self.train_module, self.optimizer, self.scaler, info)
         self.loop = Loop(recipe, update, self.train_data, self.metrics.log, self.checkpoints.save, self.validate,
-                         state=self.state, **mfu_basis(self.model, recipe, info.device))
+                         state=self.state, batch_plan=self.plan, **mfu_basis(self.model, recipe, info.device))
         if info.is_main:  # only now that the whole setup succeeded: a refused run leaves recipe.yaml as it was
             run_folder.write_recipe(self.run_dir, recipe, self.resume_from, console)
             describe(recipe, self.model, self.cfg, info, self.run_dir, self.resume_from, self.init_from,
-                     self.start_block, self.precision_auto)
+                     self.start_block, self.precision_auto, split=self.plan.describe())
+            self._say_layout()
             self.start_block.print(decay_line(self.optimizer), highlight=False, markup=False)
             if so_far := realised_line(self.train_data, self.state.batches, micro_batch_size(recipe)):
                 self.start_block.print(so_far, highlight=False, markup=False)  # a resumed mixture: its shares so far
             run_folder.append_start_block(self.run_dir, self.start_block.lines, self.state.step)
         self.built = True
 
+    def _check_processes(self) -> None:
+        """Before anything is written: every process runs the same recipe, and their number splits its batches."""
+        same_everywhere(self.recipe.to_yaml(), "recipe", self.info)
+        self._split_batches()
+
+    def _split_batches(self, kept_rows: int = 0) -> BatchPlan:
+        t = self.recipe.train
+        return plan_batches(t.batch_size, t.grad_accum, self.info.world_size, self.recipe.eval.batch_size, kept_rows)
+
+    def _say_layout(self) -> None:
+        """The start block's lines on how the processes share the run: restarts, checkpoints' form."""
+        if self.restarted:
+            found = (f"resuming {self.resume_from}, its newest complete checkpoint" if self.resume_from else
+                     "no complete checkpoint yet: starting afresh")
+            self.start_block.print(f"{self.restarted}: {found}", highlight=False, markup=False)
+        self.start_block.print(self.checkpoints.form, highlight=False, markup=False)
+
     def _prepare_run_folder(self, run_dir: str | Path | None, resume: str | None) -> None:
         """The run folder and the checkpoint the run starts from (checked on every rank, before rank 0
         writes anything), the tokenizer (rank 0 prepares it), the model config and the datasets."""
         recipe, info = self.recipe, self.info
+        if info.is_main:  # a run torchrun started again continues from its newest complete checkpoint
+            resume, self.restarted = restart_resume(resume, recipe, run_dir)
+        resume, self.restarted = broadcast_object((resume, self.restarted), info)
         chosen = str(run_folder.choose_run_dir(recipe, run_dir, resume)) if info.is_main else None
         self.run_dir = Path(broadcast_object(chosen, info))
         if info.is_main:  # before reading the folder: a second process on it is refused before either writes
@@ -300,6 +328,7 @@ class Trainer(contextlib.AbstractContextManager):
             state.seconds = self.loop.budget.spent()
         if state.step > self.steps_before or state.interrupted or not self.checkpoints.latest:
             self.checkpoints.save(state)
+        self.checkpoints.wait()  # train.async_save: the last checkpoint is on disk before the run goes on
         return state
 
     def finish(self) -> RunResult:

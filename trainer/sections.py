@@ -284,6 +284,9 @@ class TrainSection:
     init_from: str | None = None  # checkpoint or run folder whose weights start this run
     keep_best: bool = False  # also keep the weights of the best validation loss in <run>/best/ (eval and generate take them)
     distributed: str = "ddp"  # ddp | fsdp, when launched with torchrun
+    # several processes: write each sharded checkpoint from a thread while training goes on (its state staged in
+    # host memory first, one more copy of each process's shard); one process always writes at once
+    async_save: bool = False
 
     def problems(self, prefix: str = "train") -> list[str]:
         out = float_problems(self, prefix, epochs=POSITIVE)

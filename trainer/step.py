@@ -21,6 +21,7 @@ accumulation and data parallelism reproduce the single-batch gradient exactly.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,16 @@ class Update:
             raise ValueError("the training step skips non-finite updates inside the optimizer step (found_inf), "
                              "which only the fused AdamW takes: build it with trainer.optim.build_optimizer")
 
+    @functools.cached_property
+    def float_lr(self) -> bool:
+        """Whether the learning rate goes to the optimizer as a Python float: for FSDP2's sharded parameters
+        (DTensors). torch 2.13 has no meta kernel for the fused AdamW that takes a tensor lr, so DTensor's
+        sharding propagation runs it on real zero tensors of the parameters' *global* shapes at the first
+        update: parameters, gradients and both moments of the whole model, 4x its size, on every rank (a
+        307M GPT on 4 CPU processes was killed for memory there). The float costs one read of the window's
+        applied-update count per update, which on a CPU waits for nothing."""
+        return any(hasattr(p, "_local_tensor") for p in self.model.parameters())
+
     @classmethod
     def of(cls, recipe: Recipe, model: nn.Module, train_module: nn.Module, optimizer: torch.optim.Optimizer,
            scaler: torch.amp.GradScaler, info: DistInfo) -> Update:
@@ -69,6 +80,7 @@ class Window:
     """The device-side bookkeeping of the update attempts between two host reads."""
 
     lrs: Tensor  # (n,) float32: lr_at(step + k) for the window's k-th applied update
+    host_lrs: list[float]  # the same on the host (Update.float_lr)
     applied: Tensor  # () int64: updates applied so far in the window (the index into lrs)
     bad_run: Tensor  # () int64: bad updates in a row, carried in from state.bad_in_a_row
     first_batch: int  # global micro-batch of the window's first attempt
@@ -79,7 +91,7 @@ class Window:
     def new(cls, lrs: list[float], bad_in_a_row: int, first_batch: int, end: int, device: torch.device) -> Window:
         """A window whose k-th applied update takes `lrs[k]`, from the state just read (so these small copies to
         the device wait for nothing)."""
-        return cls(torch.tensor(lrs, dtype=torch.float32, device=device),
+        return cls(torch.tensor(lrs, dtype=torch.float32, device=device), list(lrs),
                    torch.zeros((), dtype=torch.int64, device=device),
                    torch.full((), bad_in_a_row, dtype=torch.int64, device=device), first_batch, end)
 
@@ -119,7 +131,10 @@ def train_step(update: Update, window: Window, micro: list[dict[str, Tensor]], c
     else:
         bad = ~finite
     applied = finite & (window.bad_run < u.max_bad_steps)  # nothing more once the run diverged
-    lr = window.lrs.index_select(0, window.applied.view(1)).squeeze(0)  # () this update's, with no read
+    if u.float_lr:
+        lr = window.host_lrs[min(int(window.applied), len(window.host_lrs) - 1)]
+    else:
+        lr = window.lrs.index_select(0, window.applied.view(1)).squeeze(0)  # () this update's, with no read
     _optimizer_step(u.optimizer, lr, skip=~applied)
     window.applied += applied
     window.bad_run = torch.where(applied, 0, window.bad_run + bad)  # an fp16 overflow leaves it as it was
@@ -129,7 +144,7 @@ def train_step(update: Update, window: Window, micro: list[dict[str, Tensor]], c
                                        bad.double()]))  # (7,) as the module docstring lists them
 
 
-def _optimizer_step(optimizer: torch.optim.Optimizer, lr: Tensor, skip: Tensor) -> None:
+def _optimizer_step(optimizer: torch.optim.Optimizer, lr: Tensor | float, skip: Tensor) -> None:
     """`optimizer.step()` with the learning rate and the skip decided on the device, read by nobody.
 
     The fused AdamW takes both: a tensor lr, and `found_inf` (what GradScaler hands it), with which the
