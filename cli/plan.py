@@ -46,4 +46,6 @@ def plan(
         write_atomic(out, planned.recipe.to_yaml())
         typer.echo(f"planned recipe: {out} (tfkit pretrain {out})")
     else:
-        typer.echo(f"run it: tfkit pretrain {recipe} " + " ".join(f"--set {s}" for s in sets + planned.sets()))
+        planned_keys = {s.split("=", 1)[0] for s in planned.sets()}  # the plan's value of a key given twice
+        given = [s for s in sets if s.split("=", 1)[0] not in planned_keys]
+        typer.echo(f"run it: tfkit pretrain {recipe} " + " ".join(f"--set {s}" for s in given + planned.sets()))

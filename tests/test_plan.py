@@ -157,6 +157,15 @@ def test_plan_command_prints_the_plan_and_writes_the_recipe(monkeypatch, tmp_pat
     assert load_recipe(str(out)).model.d_model == saved["model"]["d_model"]
 
 
+def test_the_command_to_run_the_plan_sets_each_key_once(monkeypatch):
+    fake_pace(monkeypatch)
+    result = CliRunner().invoke(app, ["plan", "quickstart", "--time", "10m", "--set", "train.seed=3"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("run it: tfkit pretrain quickstart"))
+    keys = [item.split("=", 1)[0] for item in line.split("--set ")[1:]]
+    assert len(keys) == len(set(keys)) and "train.seed" in keys and "train.max_time=10m" in line
+
+
 @pytest.mark.parametrize("args,says", [
     (["--time", "1s"], "error: train.max_time: 1 s trains fewer than 100 updates of the smallest model"),
     (["--memory", "5MiB"], "error: --memory: the smallest model the plan may choose"),

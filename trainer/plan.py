@@ -107,7 +107,8 @@ class Plan:
                  "  why        the lowest loss predicted by L(N, D) = 1.82 + 482/N^0.348 + 2085/D^0.366 (Besiroglu et "
                  "al. 2024's refit of Chinchilla, Hoffmann et al. 2022) at the tokens this machine trains each size "
                  "in the budget; the learning rate scaled as (d_model/128)^-0.5 (nanochat's AdamW rule)",
-                 "  candidates (shape, parameters, micro-batch, s/update, updates, predicted loss):"]
+                 "  candidates (shape, parameters, micro-batch, s/update, updates, L(N, D): the law's loss, which "
+                 "ranks sizes; its nats are the refit's large-vocabulary text, not this run's):"]
         for k in self.candidates:
             mark = " <- planned" if k.shape == c.shape else ""
             lines.append(f"    {k.shape}: {k.params / 1e6:.2f}M, {k.batch_size // k.grad_accum}, {k.seconds:.3g}, "
