@@ -37,33 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HOOK = """
-import json, os, signal, sys
-from tfkit.trainer import data as data_module, loop as loop_module
-env = os.environ.get
-prepare = data_module.Prefetcher._prepare
-def recording(self, first):  # BENCH_IDS=PREFIX: every micro-batch's input ids, one JSON row per batch and rank
-    micro, counts = prepare(self, first)
-    with open(env("BENCH_IDS") + f".rank{self.info.rank}", "a") as f:
-        f.write(json.dumps({"first": first, "rows": [r for b in micro for r in b["input_ids"].tolist()]}) + "\\n")
-    return micro, counts
-if env("BENCH_IDS"):
-    data_module.Prefetcher._prepare = recording
-window = loop_module.run_window
-def hooked(loop, *args):
-    rank, step = loop.info.rank, loop.state.step
-    kill, mark = env("BENCH_KILL"), env("BENCH_KILL_MARK")
-    if kill and [rank, step] == [int(v) for v in kill.split(":")] and not os.path.exists(mark):
-        open(mark, "w").close()  # once: the restarted workers may number their ranks otherwise
-        os.kill(os.getpid(), signal.SIGKILL)
-    if env("BENCH_STOP") and step == int(env("BENCH_STOP")) - 1:  # SIGUSR1: stop after the next update
-        os.kill(os.getpid(), signal.SIGUSR1)
-    return window(loop, *args)
-loop_module.run_window = hooked
-sys.argv[0] = "tfkit"
-from tfkit.cli.entry import run
-run()
-"""
+HOOKED_TFKIT = Path(__file__).resolve().parent / "hooked_tfkit.py"  # the workers' tfkit, steered by TFKIT_HOOK_*
 
 
 def recipe_sets(steps: int, mode: str, cache: Path) -> list[str]:
@@ -126,7 +100,7 @@ def kills(args, out: Path, script: Path, env: dict) -> list[str]:
         run = out / f"kill-{n}"
         started = time.perf_counter()
         codes, said = two_nodes(script, ["pretrain", "gpt-tiny", "--run-dir", str(run), *sets],
-                                {**env, "BENCH_KILL": f"{rank}:{step}", "BENCH_KILL_MARK": str(out / f"killed-{n}")},
+                                {**env, "TFKIT_HOOK_KILL": f"{rank}:{step}", "TFKIT_HOOK_KILL_MARK": str(out / f"killed-{n}")},
                                 args.run_timeout)
         seconds = time.perf_counter() - started
         if not (out / f"killed-{n}").exists():  # the hook runs at window starts: log_every=1 makes every step one
@@ -172,7 +146,7 @@ def resume(args, out: Path, script: Path, env: dict) -> list[str]:
         launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
                     if procs > 1 else [sys.executable])
         return subprocess.run([*launcher, str(script), *cmd], capture_output=True, text=True, timeout=900,
-                              env={**env, "BENCH_IDS": str(out / f"ids-{tag}"), "BENCH_STOP": str(stop or "")})
+                              env={**env, "TFKIT_HOOK_IDS": str(out / f"ids-{tag}"), "TFKIT_HOOK_STOP": str(stop or "")})
 
     done = launch(4, out / "reference", "reference", None, False)
     if done.returncode:
@@ -212,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="tfkit-elastic-"))
     out.mkdir(parents=True, exist_ok=True)
-    script = out / "hooked_tfkit.py"
-    script.write_text(HOOK)
+    script = HOOKED_TFKIT
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for name, section in (("kills", kills), ("resume", resume)):
         if args.only in (name, "all"):

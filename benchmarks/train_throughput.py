@@ -47,7 +47,7 @@ from tfkit.trainer.recipe import OBJECTIVE_FOR_ARCH, ObjectiveSection, OptimSect
 from tfkit.trainer.step import Update
 
 from .common import Context, Goal, Row, median, paired_ratio, peak_memory_mb, time_interleaved
-from .profile import top_kernels
+from .kernel_profile import top_kernels
 from .reference_gpt import ReferenceGPT, configure_optimizers
 
 MASK_PROB = 0.15  # MLM: fraction of positions that carry a label (BERT's)

@@ -299,49 +299,14 @@ def one_error_line(result) -> str:
 
 # --- runs under torchrun, with hooks into the trainer --------------------------------------------------------
 
-HOOKED_TFKIT = """
-import json, os, signal, sys
-from tfkit.trainer import data as data_module, loop as loop_module
-env = os.environ.get
-prepare = data_module.Prefetcher._prepare
-def recording(self, first):  # TFKIT_TEST_IDS=PREFIX: every update's input ids, one JSON row per update and rank
-    micro, counts = prepare(self, first)
-    with open(env("TFKIT_TEST_IDS") + f".rank{self.info.rank}", "a") as f:
-        f.write(json.dumps({"first": first, "rows": [row for b in micro for row in b["input_ids"].tolist()]}) + "\\n")
-    return micro, counts
-if env("TFKIT_TEST_IDS"):
-    data_module.Prefetcher._prepare = recording
-window = loop_module.run_window
-def hooked(loop, *args):  # at the window that starts at a step, by the run's own progress (never the clock)
-    rank, step = loop.info.rank, loop.state.step
-    if env("TFKIT_TEST_KILL") and env("TORCHELASTIC_RESTART_COUNT", "0") == "0":  # RANK:STEP, first attempt only
-        if [rank, step] == [int(v) for v in env("TFKIT_TEST_KILL").split(":")]:
-            os.kill(os.getpid(), signal.SIGKILL)
-    if env("TFKIT_TEST_STOP") and step == int(env("TFKIT_TEST_STOP")) - 1:  # SIGUSR1: stop after the next update
-        os.kill(os.getpid(), signal.SIGUSR1)
-    return window(loop, *args)
-loop_module.run_window = hooked
-sys.argv[0] = "tfkit"
-if env("TFKIT_TEST_EXTRA") and env("RANK") == "1":  # rank 1 alone is given one more --set
-    sys.argv += ["--set", env("TFKIT_TEST_EXTRA")]
-from tfkit.cli.entry import run
-run()
-"""
-"""A `tfkit` for subprocesses, steered by environment variables: TFKIT_TEST_IDS records the input ids of every
-update, TFKIT_TEST_KILL=RANK:STEP SIGKILLs that worker as the update after STEP begins (torchrun's first attempt),
-TFKIT_TEST_STOP=STEP sends every process SIGUSR1 so that the run stops at STEP, TFKIT_TEST_EXTRA gives rank 1 an
-extra override."""
-
-
-def hooked_tfkit(folder: Path) -> Path:
-    script = folder / "hooked_tfkit.py"
-    script.write_text(HOOKED_TFKIT)
-    return script
+# The `tfkit` for torchrun workers that tests steer by TFKIT_HOOK_* variables: record each update's input ids,
+# SIGKILL a worker or SIGUSR1 every process at a step, give rank 1 an extra override.
+HOOKED_TFKIT = Path(__file__).resolve().parents[1] / "benchmarks" / "hooked_tfkit.py"
 
 
 def update_ids(prefix: Path, updates: int, grad_accum: int = 1) -> list[list[list[int]]]:
     """Each update's rows of input ids, over every rank (sorted: which process computed a row is not the
-    question), from the records `HOOKED_TFKIT` wrote with TFKIT_TEST_IDS=prefix (read back by batch index, the
+    question), from the records benchmarks/hooked_tfkit.py wrote with TFKIT_HOOK_IDS=prefix (read back by batch index, the
     last record of each: a prefetch ahead of a kill is prepared again after the restart)."""
     rows: dict[tuple[str, int], list] = {}
     for file in sorted(prefix.parent.glob(prefix.name + ".rank*")):

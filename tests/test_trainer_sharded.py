@@ -4,7 +4,7 @@ uninterrupted 4-process run (read from the batches) and ends with its losses and
 run (two torchrun agents on 127.0.0.1, c10d rendezvous, --max-restarts) whose worker is SIGKILLed at a random
 update restarts, resumes by itself and ends with the uninterrupted run's weights, byte for byte.
 
-Every kill and stop comes at a step of the run's own progress (tests/helpers.py HOOKED_TFKIT), never at a
+Every kill and stop comes at a step of the run's own progress (benchmarks/hooked_tfkit.py), never at a
 moment of the clock."""
 
 import random
@@ -19,12 +19,12 @@ from tfkit.checkpoints.folders import is_sharded, latest_checkpoint
 from tfkit.checkpoints.run_record import read_metrics
 from tfkit.checkpoints.weights import load_model
 
-from helpers import ONE_THREAD, hooked_tfkit, update_ids, write_recipe
+from helpers import HOOKED_TFKIT, ONE_THREAD, update_ids, write_recipe
 
 pytestmark = pytest.mark.slow  # torchrun processes: CI's second step (`pytest -m slow`) runs them
 
 STEPS = 6
-# log_every 1: a window of the loop per update, so that any step can be a kill point (HOOKED_TFKIT)
+# log_every 1: a window of the loop per update, so that any step can be a kill point (benchmarks/hooked_tfkit.py)
 TRAIN = {"max_steps": STEPS, "batch_size": 8, "save_every": 2, "eval_every": 3, "log_every": 1, "distributed": "fsdp"}
 
 
@@ -39,8 +39,8 @@ def reference(english_text, tmp_path_factory):
     """(recipe, tfkit script, an uninterrupted 4-process FSDP run of STEPS updates, its ids per update)."""
     folder = tmp_path_factory.mktemp("sharded-runs")
     recipe = write_recipe(folder, english_text, "gpt", model={"dropout": 0.0}, train=TRAIN)
-    script = hooked_tfkit(folder)
-    env = {**ONE_THREAD, "TFKIT_TEST_IDS": str(folder / "ids-reference")}
+    script = HOOKED_TFKIT
+    env = {**ONE_THREAD, "TFKIT_HOOK_IDS": str(folder / "ids-reference")}
     done = torchrun(script, ["pretrain", recipe, "--run-dir", folder / "reference"], 4, env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "x4 (fsdp)" in " ".join(done.stdout.split()) and "checkpoints and best/: sharded" in done.stdout
@@ -51,7 +51,7 @@ def test_resumed_at_4_then_2_then_1_processes_it_consumes_the_same_tokens(refere
     recipe, script, ref_run, ref_ids = reference
     run, ids = tmp_path / "run", []
     for procs, stop in ((4, 2), (2, 4), (1, None)):  # SIGUSR1 stops the first two at steps 2 and 4
-        env = {**ONE_THREAD, "TFKIT_TEST_IDS": str(tmp_path / f"ids-{procs}"), "TFKIT_TEST_STOP": str(stop or "")}
+        env = {**ONE_THREAD, "TFKIT_HOOK_IDS": str(tmp_path / f"ids-{procs}"), "TFKIT_HOOK_STOP": str(stop or "")}
         args = ["pretrain", recipe, "--run-dir", run] + (["--resume", "auto"] if procs < 4 else [])
         done = (torchrun(script, args, procs, env) if procs > 1 else
                 subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
@@ -78,11 +78,11 @@ def test_a_ddp_run_resumed_on_one_process_consumes_the_same_tokens(reference, tm
     """DDP's sharded checkpoint (each rank writes a part of the replicated tensors) resumed in one process."""
     recipe, script, ref_run, ref_ids = reference
     run, stop = tmp_path / "run", 3
-    env = {**ONE_THREAD, "TFKIT_TEST_IDS": str(tmp_path / "ids-ddp"), "TFKIT_TEST_STOP": str(stop)}
+    env = {**ONE_THREAD, "TFKIT_HOOK_IDS": str(tmp_path / "ids-ddp"), "TFKIT_HOOK_STOP": str(stop)}
     done = torchrun(script, ["pretrain", recipe, "--run-dir", run, "--set", "train.distributed=ddp"], 2, env)
     assert done.returncode != 0 and "x2 (ddp)" in " ".join(done.stdout.split()), done.stderr[-3000:]
     assert is_sharded(latest_checkpoint(run)) and latest_checkpoint(run).name == f"step-{stop}"
-    env = {**ONE_THREAD, "TFKIT_TEST_IDS": str(tmp_path / "ids-one")}
+    env = {**ONE_THREAD, "TFKIT_HOOK_IDS": str(tmp_path / "ids-one")}
     done = subprocess.run([sys.executable, str(script), "pretrain", str(recipe), "--run-dir", str(run), "--resume",
                            "auto"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -107,7 +107,7 @@ KILL_AT = random.Random(46).randint(TRAIN["save_every"] + 1, STEPS - 1)
 def test_two_nodes_restart_after_a_kill_and_end_byte_identical(reference, tmp_path):
     recipe, script, ref_run, _ = reference
     port, run = free_port(), tmp_path / "run"
-    env = {**ONE_THREAD, "TFKIT_TEST_KILL": f"0:{KILL_AT}"}  # rank 0: the nodes restart with different counts
+    env = {**ONE_THREAD, "TFKIT_HOOK_KILL": f"0:{KILL_AT}"}  # rank 0: the nodes restart with different counts
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=tfkit-test", "--max-restarts=3",
