@@ -13,14 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # about 90 s: two configurations, each a warm-up run, a measured run and a prediction
+@pytest.mark.slow  # about 30 s: one configuration, a warm-up run, a measured run and a prediction
 def test_plan_benchmark_runs_quickly(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), str(ROOT)]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.plan", "--quick", "--work", str(tmp_path)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| gpt") or line.startswith("| bert")]
-    assert len(rows) == 2 and all(" MiB | " in row for row in rows)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| gpt")]
+    assert len(rows) == 1 and all(" MiB | " in row for row in rows)
 
 
 @pytest.mark.slow  # about 40 s: two 6-second pretrainings and the bits per byte of the validation text
