@@ -21,9 +21,7 @@ from tfkit.checkpoints.weights import load_model
 
 from helpers import HOOKED_TFKIT, ONE_THREAD, update_ids, write_recipe
 
-# torchrun processes: CI's second step (`pytest -m slow`) runs them, on one worker under -n, so that the
-# module's 4-process reference run is made once, not once per worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sharded")]
+pytestmark = pytest.mark.slow  # torchrun processes: CI's second step (`pytest -m slow`) runs them
 
 STEPS = 6
 # log_every 1: a window of the loop per update, so that any step can be a kill point (benchmarks/hooked_tfkit.py)
