@@ -222,9 +222,9 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
     def train_case(name: str, gpu_case: str, cpu_case: str | None, timeout: float, *options: str) -> Step:
         """One train case, compiled only on a GPU (the goals are the compiled rows'); its CPU counterpart
         with --quick, or no run where the case is about a CUDA kernel."""
-        case, skip = (gpu_case, None) if not quick else (cpu_case, None if cpu_case else f"{gpu_case}: CUDA only")
+        case = cpu_case if quick else gpu_case
         return bench(name, "train", timeout, "--case", case or gpu_case, *([] if quick else ["--no-eager"]), *options,
-                     skip=skip)
+                     skip=None if case else f"{gpu_case}: CUDA only")
 
     return [
         Step("env", [py, "-c", ENV_SCRIPT], 60, "env-tests.log", read_env),

@@ -30,9 +30,9 @@ GPU_GOAL = Goal("overhead <= 3% of wall time", 1 / 1.03)
 TASKS = "eval.tasks=[stdlib:docs-cloze, stdlib:docs-choice]"
 
 
-def timed_run(ctx: Context, folder: Path, name: str, sets: list[str]) -> float:
-    """Seconds from the first validation to the report of one run (its output swallowed)."""
-    recipe = load_recipe("gpt2-small" if ctx.device.type == "cuda" else "gpt-tiny", sets)
+def timed_run(ctx: Context, folder: Path, recipe_name: str, name: str, sets: list[str]) -> float:
+    """Seconds from the first validation to the report of run `name` (its output swallowed)."""
+    recipe = load_recipe(recipe_name, sets)
     downstream = build_downstream(recipe)
     dist = init_distributed(ctx.device.type)
     with contextlib.redirect_stdout(io.StringIO()), Trainer(recipe, dist, None, downstream) as run:
@@ -59,12 +59,12 @@ def run(ctx: Context) -> list[Row]:
                        "data.seq_len=32", "eval.batches=1", "tokenizer.vocab_size=400", "tokenizer.max_train_mb=0.05",
                        "data.train=stdlib:docs:valid", "data.valid=stdlib:docs:valid"]
         ctx.log("inloop: the shared tokenizer and token cache")
-        timed_run(ctx, folder, "warm", [*common, "train.max_steps=1"])  # trains the tokenizer, fills the cache
+        timed_run(ctx, folder, name, "warm", [*common, "train.max_steps=1"])  # trains the tokenizer, fills the cache
         common.append(f"tokenizer.path={folder / 'warm' / 'tokenizer'}")
         ctx.log(f"inloop: {name}, {steps} updates, plain")
-        plain = timed_run(ctx, folder, "plain", common)
+        plain = timed_run(ctx, folder, name, "plain", common)
         ctx.log(f"inloop: {name}, {steps} updates, two tasks of {items} items at every validation")
-        tasks = timed_run(ctx, folder, "tasks", [*common, TASKS, f"eval.task_limit={items}"])
+        tasks = timed_run(ctx, folder, name, "tasks", [*common, TASKS, f"eval.task_limit={items}"])
     validations = steps // every + 1
     return [Row("inloop", f"{name} {steps} updates, 2 tasks x {items} items at each of {validations} validations "
                           "vs no tasks", "s", tasks, plain, higher_is_better=False, goal=GPU_GOAL if gpu else GOAL,

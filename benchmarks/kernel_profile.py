@@ -26,13 +26,13 @@ def top_kernels(step: Callable[[], object], device: torch.device, calls: int = 3
         for _ in range(calls):
             step()
         sync(device)
-    events = [e for e in prof.key_averages() if (e.self_device_time_total if on_gpu else e.self_cpu_time_total) > 0]
-    if on_gpu:  # a kernel has device time and no CPU time of its own; an operator's time is its kernels'
-        events = [e for e in events if e.self_cpu_time_total == 0] or events
 
     def own(event) -> float:
         return event.self_device_time_total if on_gpu else event.self_cpu_time_total
 
+    events = [e for e in prof.key_averages() if own(e) > 0]
+    if on_gpu:  # a kernel has device time and no CPU time of its own; an operator's time is its kernels'
+        events = [e for e in events if e.self_cpu_time_total == 0] or events
     total = sum(own(e) for e in events) or 1.0
     lines = [f"{'ms per step':>11}  {'share':>6}  {'calls':>5}  name",
              *(f"{own(e) / 1000 / calls:11.3f}  {100 * own(e) / total:5.1f}%  {e.count // calls:5d}  {e.key[:90]}"
