@@ -248,8 +248,8 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
         bench("bench-attention", "attention", 90),
         bench("bench-decode", "decode", 300),
         # `pytest -m gpu` but its quick run of the GPU suite, which the bench steps run at full size
-        Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests", "--deselect",
-                            "tests/test_trainer_gpu.py::test_gpu_benchmark_suite_runs_quick"],
+        Step("pytest-gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *gpu_test_files(),
+                            "--deselect", "tests/test_trainer_gpu.py::test_gpu_benchmark_suite_runs_quick"],
              300, "env-tests.log", read_pytest),
         Step("ddp", [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tfkit",
                      "pretrain", gpt, "--run-dir", str(work / "ddp"), *pretrain_sets(quick, 50),
@@ -258,6 +258,13 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
              skip=None if gpus >= 2 else f"a two-process torchrun needs two GPUs; this machine has {gpus}"),
         bench("bench-train", "train", 480),
     ]
+
+
+def gpu_test_files() -> list[str]:
+    """The test files that hold `gpu`-marked tests: collecting the whole suite to select them costs a lent
+    machine (and CI's quick run) some 15 s of imports."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                  if "mark.gpu" in p.read_text(encoding="utf-8"))
 
 
 def append_log(path: Path, step: Step, output: Path) -> str:

@@ -230,8 +230,12 @@ def test_quick_checklist_runs_every_step_on_the_cpu(tmp_path):
     assert steps["pytest-gpu"]["figures"].get("passed", 0) == 0 and steps["pytest-gpu"]["figures"]["skipped"] > 0
     for name in ("pretrain-gpt", "pretrain-bert", "doc-mask", "finetune"):
         assert steps[name]["figures"]["last_loss"] < steps[name]["figures"]["first_loss"]
-    assert all(steps[f"bench-{s}"]["figures"]["rows"] for s in ("train", "attention", "decode", "reference",
-                                                                  "bert-128", "inloop"))
+    benches = ("train", "attention", "decode", "reference", "bert-128", "inloop", "decode-1b")
+    assert all(steps[f"bench-{s}"]["figures"]["rows"] for s in benches[:-1])  # decode_1b: rows on a GPU only
+    for row in (row for s in benches for row in steps[f"bench-{s}"]["figures"]["rows"]):
+        assert row["tfkit"] > 0 and (row["ratio"] is None or row["ratio"] > 0), row  # these sections' only CI run
+        assert row["passed"] is None or row["goal"] is not None, row
+    assert ">= 1.2x HF eager" in {row["goal"] for row in steps["bench-train"]["figures"]["rows"]}
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and f.stat().st_size < 16 * 2**20 for f in files)
 

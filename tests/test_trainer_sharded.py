@@ -21,7 +21,9 @@ from tfkit.checkpoints.weights import load_model
 
 from helpers import HOOKED_TFKIT, ONE_THREAD, update_ids, write_recipe
 
-pytestmark = pytest.mark.slow  # torchrun processes: CI's second step (`pytest -m slow`) runs them
+# torchrun processes: CI's second step (`pytest -m slow --dist loadgroup`) runs them on one worker, so that
+# the module's 4-process reference run is made once, not once per worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sharded")]
 
 STEPS = 6
 # log_every 1: a window of the loop per update, so that any step can be a kill point (benchmarks/hooked_tfkit.py)
