@@ -160,6 +160,17 @@ def read_bench(path: Path) -> Callable[[str], dict]:
     return read
 
 
+def read_async_save(path: Path) -> Callable[[str], dict]:
+    """The reader of the async-save step: each mode's median and longest pause per checkpoint."""
+
+    def read(output: str) -> dict:
+        rows = json.loads(path.read_text())["rows"]
+        return {"rows": rows, "goals_passed": f"{sum(bool(r['passed']) for r in rows if r['goal'])}/"
+                                              f"{sum(1 for r in rows if r['goal'])}"}
+
+    return read
+
+
 def pretrain_sets(quick: bool, steps: int) -> list[str]:
     """The --set options of a short run: a few hundred steps on a GPU (a handful on the CPU), no extras."""
     sets = [f"train.max_steps={steps}", f"train.log_every={max(steps // 10, 1)}", f"train.eval_every={steps}",
@@ -197,7 +208,8 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
     A lent machine gives one command of about ten minutes, so the order is what a cut-off run should have
     done first: the goals not yet met or measured (the 1B-class GQA/MQA decode cells, the fused loss, the
     in-loop task overhead, BERT-base at T=128 with a profile of its step, GPT-2 124M against the
-    nanoGPT-style reference), then the checks earlier leases passed: the document-mask test and
+    nanoGPT-style reference, the pause a sharded checkpoint puts into training with and without
+    train.async_save), then the checks earlier leases passed: the document-mask test and
     gpt2-small trained with document masks, the GPT pretrain at full size (bf16, compile, fused AdamW,
     flash attention) and what reads its run (compiled decoding), BERT and its fine-tuning, the short
     benchmark sections, `pytest -m gpu` and the whole train section. On a GPU the shipped gpt2-small / bert-base
@@ -233,6 +245,9 @@ def plan(work: Path, quick: bool, gpus: int) -> list[Step]:
         bench("bench-inloop", "inloop", 300),
         train_case("bench-bert-128", "bert-base MLM T=128", "bert tiny MLM", 220, "--profile"),  # goal 2: 110 s
         train_case("bench-reference", "reference GPT", "reference GPT", 200, "--profile"),  # goal 1: 98 s
+        Step("bench-async-save", [py, "-m", "benchmarks.async_save", *(["--quick", "--saves", "2"] if quick else []),
+                                  "--json", str(work / "async-save.json")], 150, "bench.log",
+             read_async_save(work / "async-save.json")),  # issue 46 item 5: at most 1 s per checkpoint
         # The document-mask fix (the block mask built outside the compiled graph): its test, then training.
         Step("doc-mask-test", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_models_gpu.py", "-k",
                                "document_mask"], 120, "env-tests.log", read_pytest),

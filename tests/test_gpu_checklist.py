@@ -187,7 +187,7 @@ def test_pytest_closing_line_as_counts():
 def test_the_real_plan_covers_the_checklist_in_priority_order(tmp_path):
     names = [s.name for s in gc.plan(tmp_path, quick=False, gpus=1)]
     assert names == ["env", "bench-decode-1b", "bench-fused-loss", "bench-inloop", "bench-bert-128", "bench-reference",
-                     "doc-mask-test", "doc-mask", "pretrain-gpt", "generate", "pretrain-bert", "finetune",
+                     "bench-async-save", "doc-mask-test", "doc-mask", "pretrain-gpt", "generate", "pretrain-bert", "finetune",
                      "bench-attention", "bench-decode", "pytest-gpu", "ddp", "bench-train"]
     steps = {s.name: s for s in gc.plan(tmp_path, quick=False, gpus=1)}
     assert "--compile" in steps["generate"].argv and steps["ddp"].skip
@@ -197,6 +197,7 @@ def test_the_real_plan_covers_the_checklist_in_priority_order(tmp_path):
     for name in ("bench-fused-loss", "bench-bert-128", "bench-reference"):  # the goals are the compiled rows'
         assert "--no-eager" in steps[name].argv and "--case" in steps[name].argv, name
     assert "--profile" in steps["bench-bert-128"].argv and "--profile" in steps["bench-reference"].argv
+    assert "--quick" not in steps["bench-async-save"].argv  # gpt2-small, the goal's size
     assert gc.plan(tmp_path, quick=True, gpus=0)[names.index("bench-fused-loss")].skip  # a CUDA kernel's case
     assert "train.compile=true" in steps["finetune"].argv and steps["finetune"].needs == "pretrain-bert"
     assert len({s.log for s in steps.values()}) <= 5  # + 2 summaries: within the 8 files a lent machine returns
@@ -236,6 +237,8 @@ def test_quick_checklist_runs_every_step_on_the_cpu(tmp_path):
         assert row["tfkit"] > 0 and (row["ratio"] is None or row["ratio"] > 0), row  # these sections' only CI run
         assert row["passed"] is None or row["goal"] is not None, row
     assert ">= 1.2x HF eager" in {row["goal"] for row in steps["bench-train"]["figures"]["rows"]}
+    pauses = {row["case"].split(", ")[-1]: row for row in steps["bench-async-save"]["figures"]["rows"]}
+    assert set(pauses) == {"in place", "async_save"} and all(0 < r["median"] <= r["max"] for r in pauses.values())
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and f.stat().st_size < 16 * 2**20 for f in files)
 
