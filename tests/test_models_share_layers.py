@@ -212,6 +212,7 @@ def test_a_shared_run_trains_resumes_evaluates_and_generates(tmp_path, english_t
     pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "run")
     model, cfg = load_model(tmp_path / "run")
     assert cfg.share_layers and model.blocks[0] is model.blocks[2]
+    assert "3 layers of one shared block" in (tmp_path / "run" / "start.log").read_text()
     pretrain(load_recipe(str(recipe)), run_dir=tmp_path / "resumed",
              resume=str(tmp_path / "run" / "checkpoints" / "step-2"))  # optimizer state of the one block, by name
     later = {k: v for k, v in losses(tmp_path / "run").items() if k[0] > 2}
