@@ -59,7 +59,8 @@ SCALED = ("attn_scale", ("sqrt_d",), "attention scores scaled by 1/sqrt(head siz
 STANDARD = (SCALED, ("attn_score", ("dot",), "dot-product attention scores"),
             ("shared_qk", (False,), "separate query and key projections"),
             ("shared_kv", (False,), "separate key and value projections"),
-            ("pad_fill", ("-inf",), "padding masked out exactly"), ("residual", (True,), "residual connections"))
+            ("pad_fill", ("-inf",), "padding masked out exactly"), ("residual", (True,), "residual connections"),
+            ("share_layers", (False,), "weights of its own in every block"))
 NEEDS = {  # what each llama.cpp graph computes, as (field, allowed values, what the graph has)
     "llama": [("norm", ("rmsnorm",), "RMSNorm"), ("norm_placement", ("pre",), "pre-norm blocks"),
               ("activation", ("swiglu",), "a SwiGLU feed-forward"),

@@ -25,7 +25,8 @@ STANDARD = (("attn_score", ("dot",), "dot-product attention scores"),
             ("shared_qk", (False,), "separate query and key projections"),
             ("shared_kv", (False,), "separate key and value projections"),
             ("pad_fill", ("-inf",), "padding masked out exactly (the dtype's minimum added to its scores)"),
-            ("residual", (True,), "residual connections"))
+            ("residual", (True,), "residual connections"),
+            ("share_layers", (False,), "weights of its own in every layer (no cross-layer sharing)"))
 EVERY_FAMILY = (SCALED, PLAIN_QK, WHOLE_CONTEXT, *STANDARD)
 REQUIREMENTS = {
     "bert": [("positions", ("learned",), "absolute learned positions"), ("norm", ("layernorm",), "LayerNorm"),

@@ -216,11 +216,14 @@ def check_depth(cfg: ModelConfig, folder: Path) -> None:
     for name in names:
         if found := LAYER_TENSOR.search(name):
             stacks.setdefault(found.group(1), set()).add(int(found.group(2)))
-    held = {stack: len(indices) for stack, indices in stacks.items() if len(indices) != cfg.n_layers}
+    # a stack shared across layers (model.share_layers) is stored once, as `blocks.0.*`
+    held = {stack: len(indices) for stack, indices in stacks.items() if len(indices) != cfg.stored_layers}
     if stacks and held:
         stack, count = next(iter(held.items()))
         held_in = sharded.weights_file(folder).name
-        raise CheckpointError(f"{folder / CONFIG}: model.n_layers={cfg.n_layers}, but {held_in} holds {count} "
+        declared = f"model.n_layers={cfg.n_layers}" + (" with model.share_layers (one block stored)"
+                                                       if cfg.share_layers else "")
+        raise CheckpointError(f"{folder / CONFIG}: {declared}, but {held_in} holds {count} "
                               f"block{'s' * (count != 1)} ({stack}.0 ...); the config.json does not belong to these "
                               "weights (or one of them is damaged)")
 

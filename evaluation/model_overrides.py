@@ -43,19 +43,30 @@ def parse_model_overrides(items: list[str]) -> list[tuple[str, object]]:
     return out
 
 
-def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+Layout = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, the first name of the tensor it is)
 
 
-def _first_difference(have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> str | None:
-    """The first tensor the two layouts disagree on, said as the checkpoint would see it; None if equal."""
+def _shapes(model: nn.Module) -> Layout:
+    """Each tensor's shape and which tensor it is: names of one tensor (a tied embedding, a block shared across
+    layers) share their first name, so a setting that would tie tensors the checkpoint holds apart is seen."""
+    first: dict[int, str] = {}
+    return {name: (tuple(t.shape), first.setdefault(id(t), name))
+            for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def _first_difference(have: Layout, want: Layout) -> str | None:
+    """The first tensor the two layouts disagree on, said as the checkpoint would see it; None if equal. Tensors
+    the new layout holds apart where the checkpoint ties them are no difference (each gets the same values)."""
     for name in sorted(have.keys() | want.keys()):
         if name not in want:
             return f"it has no {name}, which the checkpoint holds"
         if name not in have:
             return f"it needs {name}, which the checkpoint lacks"
-        if have[name] != want[name]:
-            return f"{name} would be {list(want[name])} but the checkpoint's is {list(have[name])}"
+        if have[name][0] != want[name][0]:
+            return f"{name} would be {list(want[name][0])} but the checkpoint's is {list(have[name][0])}"
+        tied_to = want[name][1]
+        if tied_to in have and have[name][1] != have[tied_to][1]:
+            return f"{name} would be the same tensor as {tied_to}, which the checkpoint holds apart"
     return None
 
 
@@ -82,7 +93,7 @@ def with_model_overrides(model: nn.Module, cfg: ModelConfig, items: list[str]) -
     return new_model.to(device).train(model.training), new_cfg
 
 
-def _check_one(item: str, name: str, value: object, base: dict, have: dict[str, tuple[int, ...]]) -> None:
+def _check_one(item: str, name: str, value: object, base: dict, have: Layout) -> None:
     try:
         config = _config({**base, name: value}, f"overrides {item}")
     except ConfigError:
@@ -94,9 +105,9 @@ def _check_one(item: str, name: str, value: object, base: dict, have: dict[str, 
                           params=("overrides",))
 
 
-def _build_on_meta(cfg: ModelConfig, have: dict[str, tuple[int, ...]]) -> tuple[nn.Module, str | None]:
+def _build_on_meta(cfg: ModelConfig, have: Layout) -> tuple[nn.Module, str | None]:
     """The model of `cfg` with its parameters on the meta device (no memory), and the first parameter whose
-    shape differs from `have` (None when every weight keeps its shape)."""
+    shape or tying differs from `have` (None when every weight keeps its shape and stays apart where it was)."""
     with parameters_on_meta():
         model = build_model(cfg)
     return model, _first_difference(have, _shapes(model))

@@ -63,6 +63,20 @@ class Block(nn.Module):
         return self._sublayer(x, self.norm_ffn, self.ffn, rows=rows)  # (B, T, C)
 
 
+def block_stack(cfg: ModelConfig, cross: bool = False) -> nn.ModuleList:
+    """The n_layers blocks of one stack. With `model.share_layers` (ALBERT's all-shared, Lan et al., 2020,
+    section 3.1) every entry is the *same* Block object, not n copies loaded with one set of weights: autograd then
+    sums each weight's gradient over the layers that applied it, the optimizer steps it once, `parameters()` and
+    `num_params()` count it once, a checkpoint stores it once (safetensors keeps `blocks.0.*` and drops the other
+    names of the same tensors; `checkpoints.meta.assign_weights` ties them again on load), and a forward hook on it
+    fires once per layer, so the per-layer probes and the KV cache (indexed by layer, not by module) are unchanged.
+    Copies would drift apart after the first update unless something re-tied them at every step."""
+    if cfg.share_layers:
+        block = Block(cfg, cross=cross)
+        return nn.ModuleList([block] * cfg.n_layers)
+    return nn.ModuleList(Block(cfg, cross=cross) for _ in range(cfg.n_layers))
+
+
 class ModelBase(nn.Module):
     """What every family shares; subclasses build their modules and call `init_weights`."""
 
@@ -151,7 +165,7 @@ class ModelBase(nn.Module):
         return masks, rope  # each mask (1, 1|H, T, S_max)
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Distinct parameters (a tied matrix counts once); non_embedding drops the lookup tables
+        """Distinct parameters (a tied matrix, and a block shared across layers, counts once); non_embedding drops the lookup tables
         (token, position, segment embeddings), the N of the scaling-law papers."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
@@ -171,7 +185,9 @@ class ModelBase(nn.Module):
         A windowed layer (`model.window`) counts the `window` keys it reads, not seq_len.
         """
         cfg = self.config
-        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        # every use of a linear layer: a shared block (model.share_layers) multiplies each token n_layers times
+        n_matmul = sum(m.weight.numel() for _, m in self.named_modules(remove_duplicate=False)
+                       if isinstance(m, nn.Linear))
         self_stacks = self.attention_layers_per_token - (1 if self.cross_attention else 0)  # cross reads every key
         keys = sum(min(seq_len, cfg.window) if cfg.windowed(i) else seq_len for i in range(cfg.n_layers))
         keys = self_stacks * keys + (cfg.n_layers * seq_len if self.cross_attention else 0)  # over every layer

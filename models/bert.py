@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import Embeddings, activation, init_weights, make_norm
-from .base import Block, ModelBase
+from .base import ModelBase, block_stack
 
 
 class MLMHead(nn.Module):
@@ -34,7 +34,7 @@ class BERT(ModelBase):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.embed = Embeddings(cfg, segments=True, norm=True)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = block_stack(cfg)  # one Block n_layers times with model.share_layers
         self.ln_f = make_norm(cfg) if cfg.norm_placement == "pre" else None  # post-LN blocks end normalised
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.mlm = MLMHead(cfg)

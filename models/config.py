@@ -93,6 +93,9 @@ class ModelConfig:
     # residual connections around every sublayer (x + f(x)); false = each sublayer's output replaces its input
     # (f(norm(x)) pre-norm, norm(f(x)) post-norm), the plain stack of He et al., 2016
     residual: bool = True
+    # ALBERT's cross-layer sharing (Lan et al., 2020, section 3.1, "all-shared"): one block's weights applied
+    # n_layers times, so a stack holds one block's parameters (each stack of the encoder-decoder its own block)
+    share_layers: bool = False
 
     def __post_init__(self) -> None:
         """A number written as text (YAML reads `1e-1` without a dot as a string) becomes a float, an int a
@@ -131,6 +134,11 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Number of key/value heads actually used (resolves None to n_heads)."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def stored_layers(self) -> int:
+        """Blocks per stack that hold parameters of their own: 1 when `share_layers`, else n_layers."""
+        return 1 if self.share_layers else self.n_layers
 
     @property
     def head_dim(self) -> int:

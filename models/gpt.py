@@ -14,14 +14,14 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import Embeddings, init_weights, make_norm
-from .base import Block, ModelBase
+from .base import ModelBase, block_stack
 
 
 class GPT(ModelBase):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.embed = Embeddings(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = block_stack(cfg)  # one Block n_layers times with model.share_layers
         self.ln_f = make_norm(cfg) if cfg.norm_placement == "pre" else None  # post-LN blocks end normalised
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import cross_attention_mask
-from .base import Block, ModelBase
+from .base import ModelBase, block_stack
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import Embeddings, init_weights, make_norm
@@ -25,8 +25,8 @@ class Transformer(ModelBase):
         shared = nn.Embedding(cfg.vocab_size, cfg.d_model) if cfg.tie_embeddings else None
         self.src_embed = Embeddings(cfg, tok=shared)
         self.tgt_embed = Embeddings(cfg, tok=shared)
-        self.encoder = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.decoder = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.n_layers))
+        self.encoder = block_stack(cfg)  # with model.share_layers: one block per stack, each stack its own
+        self.decoder = block_stack(cfg, cross=True)
         # Pre-LN stacks end un-normalised, so they get a final norm; post-LN blocks already end in one.
         self.enc_norm = make_norm(cfg) if cfg.norm_placement == "pre" else None
         self.dec_norm = make_norm(cfg) if cfg.norm_placement == "pre" else None

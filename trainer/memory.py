@@ -122,7 +122,7 @@ def block_matrix_params(cfg: ModelConfig) -> int:
     per_block = 2 * d * d + 2 * d * kv + (3 if cfg.activation == "swiglu" else 2) * d * cfg.ffn_dim
     stacks = 2 if cfg.arch == "transformer" else 1
     cross = (2 * d * d + 2 * d * kv) if cfg.arch == "transformer" else 0
-    return cfg.n_layers * (stacks * per_block + cross)
+    return cfg.stored_layers * (stacks * per_block + cross)  # a shared block (model.share_layers) once
 
 
 def activation_bytes(cfg: ModelConfig, layout: Layout) -> int:
@@ -179,7 +179,7 @@ def estimate_memory(cfg: ModelConfig, layout: Layout) -> MemoryEstimate:
     weights = FP32 * params / shards
     if sharded:  # the root's parameters and two blocks, whole, while they compute
         root = params - matrices * (1 if cfg.n_layers else 0)
-        weights += FP32 * (root + 2 * matrices / max(cfg.n_layers, 1))
+        weights += FP32 * (root + 2 * matrices / max(cfg.stored_layers, 1))
     if layout.precision in ("bf16", "fp16"):
         weights += 2 * matrices / shards
     gradients = FP32 * params / shards

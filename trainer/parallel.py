@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..checkpoints.trainer_state import load_optimizer_state_by_name, optimizer_state_by_name
+from ..errors import ConfigError
 from ..models.config import ModelConfig
 from .distributed import DistInfo
 
@@ -101,6 +102,17 @@ class Parallel:
                 copy = SequenceClassifier(copy, model.head_config)
         assign_weights(copy, full, Path("(the run's shards)"), "the model")
         return copy
+
+
+def check_one_process_keys(cfg: ModelConfig, world_size: int) -> None:
+    """ConfigError for a model key that several processes do not train: a block shared across layers
+    (`model.share_layers`). FSDP2 shards a block per `fully_shard` and gathers it around each forward, and the
+    sharded checkpoints of several processes would hold the block under every layer's name; neither is tested
+    with one module applied n_layers times, so it is refused before anything is written, not left to chance."""
+    if world_size > 1 and cfg.share_layers:
+        raise ConfigError(f"model.share_layers: a block shared across layers trains in one process only (FSDP2 and "
+                          f"the sharded checkpoints of several processes are not built for it); got {world_size} "
+                          "processes")
 
 
 # --- what the loop and validation call on the wrapped module: they find the layout from the module itself ---

@@ -65,7 +65,8 @@ def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_f
     threads = torch.get_num_threads()
     out.print(
         f"[bold]{recipe.name}[/bold]: {cfg.arch} {model.num_params() / 1e6:.2f}M params "
-        f"(d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.kv_heads} kv), "
+        f"(d_model {cfg.d_model}, {cfg.n_layers} layers{' of one shared block' if cfg.share_layers else ''}, "
+        f"{cfg.n_heads} heads / {cfg.kv_heads} kv), "
         f"vocab {cfg.vocab_size}, {recipe.objective.name}, {precision} on {info.device} "
         f"({threads} CPU thread{'s' * (threads != 1)})"
         + (f" x{info.world_size} ({t.distributed}) {SHARDING[t.distributed]}" if info.enabled else "")

@@ -29,9 +29,9 @@ def count_parameters(cfg) -> int:
     ffn = (3 if cfg.activation == "swiglu" else 2) * d * cfg.ffn_dim + ((cfg.ffn_dim + d) if cfg.bias else 0)
     norms = 2 * d * (2 if cfg.norm == "layernorm" else 1)
     block = attention + ffn + norms
-    blocks = cfg.n_layers * block
+    blocks = cfg.stored_layers * block  # one block per stack with model.share_layers
     if cfg.arch == "transformer":  # an encoder and a decoder of n_layers each; the decoder's cross-attention
-        blocks += cfg.n_layers * (block + attention + norms // 2)
+        blocks += cfg.stored_layers * (block + attention + norms // 2)
     embeddings = cfg.vocab_size * d + (cfg.max_seq_len * d if cfg.positions == "learned" else 0)
     if cfg.arch == "bert":
         embeddings += cfg.type_vocab_size * d

@@ -54,7 +54,7 @@ from .metrics import MetricsWriter, plot_loss
 from .mixing import realised_line, sources_table
 from .objectives import LossModule, compile_loss_module, freeze_unreached
 from .optim import build_optimizer, decay_line, grad_scaler
-from .parallel import Parallel, apply_activation_checkpointing
+from .parallel import Parallel, apply_activation_checkpointing, check_one_process_keys
 from .recipe import Recipe
 from .report import RunResult, describe, report, sample
 from .resume import restart_resume
@@ -191,6 +191,7 @@ class Trainer(contextlib.AbstractContextManager):
         """Before anything is written: every process runs the same recipe, and their number splits its batches."""
         same_everywhere(self.recipe.to_yaml(), "recipe", self.info)
         self._split_batches()
+        check_one_process_keys(self.recipe.model, self.info.world_size)
 
     def _split_batches(self, kept_rows: int = 0) -> BatchPlan:
         t = self.recipe.train
