@@ -27,7 +27,7 @@ from pathlib import Path
 
 BASE = ["log.tensorboard=false", "log.plot=false", "log.progress=false", "eval.sample_prompt=null",
         "eval.batches=2", "train.eval_every=100000", "train.save_every=100000", "train.threads=1",
-        "train.precision=fp32", "train.device=cpu"]
+        "train.precision=fp32", "train.device=cpu", "model.size=tiny"]  # quickstart's own size is planned
 CONFIGS = {  # name: (recipe, --set items)
     "gpt d64x1 b16": ("quickstart", ["model.d_model=64", "model.n_layers=1", "model.n_heads=2"]),
     "gpt d128x2 b16": ("quickstart", []),
@@ -54,9 +54,10 @@ def rss(field: str) -> int:
 def predict(recipe_name: str, sets: list[str]) -> dict:
     import torch
 
+    from tfkit.trainer.fits import layout_of
     from tfkit.trainer.memory import estimate_memory
     from tfkit.trainer.pace import measure_pace
-    from tfkit.trainer.plan import RUN_SPEED, layout_of
+    from tfkit.trainer.plan import RUN_SPEED
     from tfkit.trainer.recipe import load_recipe
 
     torch.set_num_threads(1)
@@ -64,7 +65,7 @@ def predict(recipe_name: str, sets: list[str]) -> dict:
     cfg = recipe.model.config(recipe.tokenizer.vocab_size)
     t = recipe.train
     memory = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, 1, "cpu"))
-    pace = measure_pace(recipe, cfg, torch.device("cpu"), updates=3)
+    pace = measure_pace(recipe, cfg, torch.device("cpu"))
     return {"memory": memory.peak, "tokens_per_s": pace.tokens / pace.seconds * RUN_SPEED}  # as the plan does
 
 

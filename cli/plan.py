@@ -27,7 +27,8 @@ def plan(
     train.max_steps by --set) win over the plan. `model.size: auto` in a recipe with train.max_time makes
     `tfkit pretrain` plan the same way before it trains.
     """
-    from ..trainer.plan import parse_memory, plan_recipe  # imports deferred: `--help` stays fast
+    from ..trainer.fits import parse_memory  # imports deferred: `--help` stays fast
+    from ..trainer.plan import plan_recipe
     from ..trainer.recipe import load_recipe
 
     sets = list(overrides or []) + ([f"train.max_time={time}"] if time is not None else [])

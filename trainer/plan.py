@@ -22,14 +22,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
 from .budget import VALIDATIONS, parse_duration
-from .memory import Layout, MemoryEstimate, estimate_memory, gib
+from .fits import check_fits, default_memory_limit, fitting_accum
+from .memory import MemoryEstimate, gib
+from .pair_lengths import BYTES_PER_TOKEN
 from .recipe import Recipe
 from .sections import AUTO_SIZE
 from .resources import count_parameters
@@ -41,7 +42,7 @@ EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a 
 # on the GPT rows of benchmarks/plan.py's first pass (0.73-0.86), its BERT and encoder-decoder rows the check
 RUN_SPEED = 0.8
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
-BYTES_PER_TOKEN = 4.0  # of UTF-8 text per token, to count a corpus's unique tokens from its size
+MIN_BATCH = 4  # sequences: the smallest batch a plan halves a recipe's train.batch_size to
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
 
@@ -121,28 +122,6 @@ def fmt_seconds(seconds: float) -> str:
         else f"{seconds:.3g} s"
 
 
-def layout_of(recipe: Recipe, grad_accum: int, batch_size: int, processes: int, device: str) -> Layout:
-    """How `recipe` lays its updates out (memory.Layout) at a given batch and accumulation."""
-    t, fused = recipe.train, recipe.objective.fused_loss
-    precision = t.precision if t.precision != "auto" else "fp32" if device == "cpu" else "bf16"  # optim's auto
-    return Layout(micro_batch=max(1, batch_size // grad_accum // processes), seq_len=recipe.data.seq_len,
-                  objective=recipe.objective.name, optimizer=recipe.optim.name, precision=precision,
-                  grad_accum=grad_accum, activation_checkpointing=t.activation_checkpointing, processes=processes,
-                  distributed=t.distributed, fused_loss=fused == "on" or (fused == "auto" and device == "cpu"),
-                  device=device)
-
-
-def fitting_accum(recipe: Recipe, cfg: ModelConfig, batch_size: int, limit: int, processes: int, device: str,
-                  fixed: int | None = None) -> tuple[int, MemoryEstimate]:
-    """The fewest micro-batches of `batch_size` whose update fits `limit` (or `fixed`), with its estimate."""
-    options = [fixed] if fixed else [a for a in range(1, batch_size + 1) if batch_size % a == 0]
-    for accum in options:
-        memory = estimate_memory(cfg, layout_of(recipe, accum, batch_size, processes, device))
-        if memory.peak <= limit:
-            return accum, memory
-    return options[-1], memory
-
-
 def unique_tokens(spec) -> float | None:
     """The tokens of distinct text a corpus holds, from its size (BYTES_PER_TOKEN); None when unknown."""
     if isinstance(spec, str):
@@ -166,59 +145,104 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
                 cpu_budget: bool = False) -> Plan:
     """The plan for `recipe` in `budget` seconds (else its train.max_time) under `memory_limit` bytes per device
     (else this machine's), each shape timed by `measure` (else trainer.pace.measure_pace on `device`).
-    `cpu_budget`: the budget counts CPU time of this process, as the measurement does (experiments)."""
+    `cpu_budget`: the budget counts CPU time of this process, as the measurement does (experiments).
+
+    Where even the smallest shape fits fewer than MIN_UPDATES updates at the recipe's batch, the batch is
+    halved (down to MIN_BATCH sequences, never a train.batch_size given by --set) before the plan refuses: a
+    user with a small budget would rather train on smaller batches than not at all."""
     if budget is None:
         if recipe.train.max_time is None:
             raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
         budget = parse_duration(recipe.train.max_time)
-    if memory_limit is None:
-        memory_limit = default_memory_limit(device)
-    if measure is None:
-        measure = _real_measure(device)
-    kind = device.split(":")[0]
-    clock = "budget-cpu" if cpu_budget else kind
-    given = given_keys(recipe)
-    fixed = {k: getattr(recipe.model, k) if f"model.{k}" in given else None for k in FIXED_MODEL_KEYS}
-    fixed_accum = recipe.train.grad_accum if "train.grad_accum" in given else None
-    vocab = recipe.model.vocab_size or recipe.tokenizer.vocab_size
-    unique = unique_tokens(recipe.data.train)
-    t = recipe.train
-    validation = (VALIDATIONS + 1) * recipe.eval.batches * EVAL_COST * (recipe.eval.batch_size or t.batch_size)
-    measured: list[tuple[Candidate, object]] = []
-    refused: tuple[str, Candidate, float] | None = None  # why the walk stopped before any shape: memory or time
-    best, since_best = math.inf, 0
-    for shape in ladder(fixed):
-        cfg = _config(recipe, shape, vocab)
-        if cfg is None:
-            continue
-        accum, memory = fitting_accum(recipe, cfg, t.batch_size, memory_limit, processes, kind, fixed_accum)
-        candidate = Candidate(shape, count_parameters(cfg), t.batch_size, accum, memory)
-        if memory.peak > memory_limit:
-            refused = refused or ("memory", candidate, 0.0)
-            break  # every larger rung needs more
-        pace = measure(_with(recipe, shape, t.batch_size, accum), cfg)
-        scored = _scored(candidate, pace, _share([p for _, p in measured] + [pace], clock), budget, validation, unique)
-        if scored.updates < MIN_UPDATES:
-            refused = refused or ("time", candidate, scored.seconds)
-            break  # a larger shape is slower still
-        measured.append((candidate, pace))
-        since_best += 1
-        if scored.loss < best:
-            best, since_best = scored.loss, 0
-        if since_best >= PATIENCE:
-            break
+    walk = _Walk(recipe, budget, default_memory_limit(device) if memory_limit is None else memory_limit,
+                 measure or _real_measure(device), device.split(":")[0], processes, cpu_budget)
+    batch, notes = recipe.train.batch_size, []
+    measured, refused = walk.run(batch)
+    while not measured and refused is not None and refused[0] == "time" and walk.can_halve(batch):
+        batch //= 2
+        measured, refused = walk.run(batch)
+        if measured:
+            notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}: at {batch * 2} "
+                         f"sequences even the smallest model fits fewer than {MIN_UPDATES} updates in "
+                         f"{fmt_seconds(budget)} here; optim.lr scaled by the square root of the batch (Malladi et "
+                         "al. 2022's rule for Adam)")
     if not measured:
-        _refuse(budget, memory_limit, refused, fixed, validation)
-    share = _share([p for _, p in measured], clock)
-    candidates = tuple(_scored(c, p, share, budget, validation, unique) for c, p in measured)
+        _refuse(budget, walk.limit, refused, walk.fixed, walk.validation(batch), recipe.train.batch_size)
+    share = _share([p for _, p in measured], walk.clock)
+    candidates = tuple(_scored(c, p, share, budget, walk.validation(batch), walk.unique) for c, p in measured)
     chosen = min(candidates, key=lambda c: c.loss)
-    notes = []
-    if "train.max_steps" in given and recipe.train.max_steps < chosen.updates:
+    if "train.max_steps" in walk.given and recipe.train.max_steps < chosen.updates:
         notes.append(f"train.max_steps={recipe.train.max_steps:,} was given by hand and wins: the run stops "
                      f"there, before the {chosen.updates:,} updates planned")
         chosen = dataclasses.replace(chosen, updates=recipe.train.max_steps)
-    resolved = resolve(recipe, chosen, given, budget)
-    return Plan(resolved, chosen, candidates, budget, memory_limit, share, kind, tuple(notes))
+    if batch != recipe.train.batch_size and "optim.lr" not in walk.given:
+        optim = dataclasses.replace(recipe.optim, lr=recipe.optim.lr * (batch / recipe.train.batch_size) ** 0.5)
+        recipe = dataclasses.replace(recipe, optim=optim)
+    resolved = resolve(recipe, chosen, walk.given, budget)
+    return Plan(resolved, chosen, candidates, budget, walk.limit, share, walk.kind, tuple(notes))
+
+
+@dataclass
+class _Walk:
+    """The walk up the dial at one batch size (module doc): every shape that fits memory measured, smallest
+    first, until PATIENCE rungs past the best predicted loss or a shape that fits too few updates."""
+
+    recipe: Recipe
+    budget: float
+    limit: int
+    measure: Measure
+    kind: str
+    processes: int
+    cpu_budget: bool
+
+    def __post_init__(self) -> None:
+        self.clock = "budget-cpu" if self.cpu_budget else self.kind
+        self.given = given_keys(self.recipe)
+        self.fixed = {k: getattr(self.recipe.model, k) if f"model.{k}" in self.given else None
+                      for k in FIXED_MODEL_KEYS}
+        self.fixed_accum = self.recipe.train.grad_accum if "train.grad_accum" in self.given else None
+        self.vocab = self.recipe.model.vocab_size or self.recipe.tokenizer.vocab_size
+        self.unique = unique_tokens(self.recipe.data.train)
+
+    def validation(self, batch: int) -> float:
+        """Sequences of validation the run's VALIDATIONS + 1 evaluations read, in training-sequence cost."""
+        r = self.recipe
+        return (VALIDATIONS + 1) * r.eval.batches * EVAL_COST * (r.eval.batch_size or batch)
+
+    def can_halve(self, batch: int) -> bool:
+        half = batch // 2
+        return ("train.batch_size" not in self.given and half >= MIN_BATCH
+                and (self.fixed_accum is None or half % self.fixed_accum == 0))
+
+    def run(self, batch: int) -> tuple[list, tuple[str, Candidate, float] | None]:
+        """(measured candidates with their paces, why the walk stopped before any shape: memory or time)."""
+        measured: list[tuple[Candidate, object]] = []
+        refused = None
+        best, since_best = math.inf, 0
+        validation = self.validation(batch)
+        for shape in ladder(self.fixed):
+            cfg = _config(self.recipe, shape, self.vocab)
+            if cfg is None:
+                continue
+            accum, memory = fitting_accum(self.recipe, cfg, batch, self.limit, self.processes, self.kind,
+                                          self.fixed_accum)
+            candidate = Candidate(shape, count_parameters(cfg), batch, accum, memory)
+            if memory.peak > self.limit:
+                refused = refused or ("memory", candidate, 0.0)
+                break  # every larger rung needs more
+            pace = self.measure(_with(self.recipe, shape, batch, accum), cfg)
+            share = _share([p for _, p in measured] + [pace], self.clock)
+            scored = _scored(candidate, pace, share, self.budget, validation, self.unique)
+            if scored.updates < MIN_UPDATES:
+                refused = refused or ("time", candidate, scored.seconds)
+                break  # a larger shape is slower still
+            measured.append((candidate, pace))
+            since_best += 1
+            if scored.loss < best:
+                best, since_best = scored.loss, 0
+            if since_best >= PATIENCE:
+                break
+        return measured, refused
 
 
 def _scored(c: Candidate, pace, share: float, budget: float, validation: float, unique: float | None) -> Candidate:
@@ -255,14 +279,15 @@ def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -
         lr = scaled_lr(lr, chosen.shape.d_model)
     planned = _with(recipe, chosen.shape, chosen.batch_size, chosen.grad_accum)
     max_time = recipe.train.max_time if recipe.train.max_time is not None else f"{budget:g}s"
-    return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr),
+    return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=True,
                                train=dataclasses.replace(planned.train, max_steps=max(chosen.updates, 1),
                                                          max_time=max_time))
 
 
 def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | None, fixed: dict,
-            validation: float) -> None:
-    """One line: why no shape fits, and what the smallest would need."""
+            validation: float, batch: int) -> None:
+    """One line: why no shape fits, and what the smallest would need (at the smallest batch tried, where the
+    recipe's `batch` was halved)."""
     hand = ", ".join(f"model.{k}={v}" for k, v in fixed.items() if v is not None)
     wins = f" ({hand} given by hand: a given key wins over the plan)" if hand else ""
     if refused is None:
@@ -273,43 +298,26 @@ def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | N
                           f"{c.batch_size // c.grad_accum}, needs {gib(c.memory.peak)} per device, above the limit "
                           f"of {gib(limit)}", params=("memory",))
     need = seconds * (MIN_UPDATES + validation / c.batch_size)
+    halved = f", halved from train.batch_size={batch}" if c.batch_size != batch else ""
     raise ConfigError(f"train.max_time: {fmt_seconds(budget)} trains fewer than {MIN_UPDATES} updates of the "
-                      f"smallest model{wins} ({c.shape}, batch {c.batch_size}, {seconds:.3g} s per update here); "
-                      f"it needs at least {fmt_seconds(math.ceil(need))}")
-
-
-def default_memory_limit(device: str) -> int:
-    """The bytes a run may use per device: this machine's memory (a CPU) less a fifth for everything else,
-    or the GPU's less its CUDA context."""
-    if device == "cpu":
-        from ..runtime import machine_memory  # noqa: PLC0415
-
-        return int(machine_memory() * 0.8)
-    import torch  # noqa: PLC0415
-
-    from .memory import CUDA_CONTEXT  # noqa: PLC0415
-
-    return torch.cuda.get_device_properties(torch.device(device)).total_memory - CUDA_CONTEXT
+                      f"smallest model{wins} ({c.shape}, batch {c.batch_size}{halved}, {seconds:.3g} s per update "
+                      f"here); it needs at least {fmt_seconds(math.ceil(need))}")
 
 
 def _real_measure(device: str) -> Measure:
+    """trainer.pace.measure_pace on `device`; a seq2seq corpus's row lengths read once for every candidate."""
     import torch  # noqa: PLC0415
 
     from .pace import measure_pace  # noqa: PLC0415
+    from .pair_lengths import pair_lengths  # noqa: PLC0415
 
-    return lambda recipe, cfg: measure_pace(recipe, cfg, torch.device(device))
+    lengths: dict[str, list] = {}
 
-
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g|t)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_memory(value: str, key: str = "memory") -> int:
-    """Bytes in `512MiB`, `8GiB`, `8G` or `1.5TB` (binary units); one line naming `key` otherwise."""
-    match = _MEMORY.match(str(value))
-    if not match:
-        raise ConfigError(f"{key}: got {value!r}, expected a size such as 512MiB or 8GiB", params=(key,))
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 2 ** (10 * "kmgt".index(unit) + 10))
+    def measure(recipe: Recipe, cfg: ModelConfig):
+        if recipe.objective.name == "seq2seq" and "rows" not in lengths:
+            lengths["rows"] = pair_lengths(recipe)
+        return measure_pace(recipe, cfg, torch.device(device), lengths=lengths.get("rows"))
+    return measure
 
 
 def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[str], None]) -> Recipe:
@@ -328,20 +336,3 @@ def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[st
     return plan.recipe
 
 
-def check_fits(recipe: Recipe, device: str, processes: int = 1, limit: int | None = None) -> None:
-    """A recipe given by hand whose predicted peak memory exceeds the device's is refused before training,
-    with the accumulation that fits at its batch (or the plan, where none does)."""
-    kind = device.split(":")[0]
-    limit = default_memory_limit(device) if limit is None else limit
-    cfg = recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
-    t = recipe.train
-    need = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, processes, kind))
-    if need.peak <= limit:
-        return
-    accum, fits = fitting_accum(recipe, cfg, t.batch_size, limit, processes, kind)
-    instead = (f"train.grad_accum={accum} fits (micro-batch {t.batch_size // accum // processes}, {gib(fits.peak)})"
-               if fits.peak <= limit else "no micro-batch of this model fits: `tfkit plan RECIPE --time T` "
-               "chooses a model that does")
-    raise ConfigError(f"model: this run's predicted peak memory is {need.line()} per device at micro-batch "
-                      f"{t.batch_size // t.grad_accum // processes}, above the {gib(limit)} this {kind} may use; "
-                      f"{instead}")
