@@ -63,20 +63,24 @@ def parse_memory(value: str, key: str = "memory") -> int:
     return int(number * 2 ** (10 * "kmgt".index(unit) + 10))
 
 
-def check_fits(recipe: Recipe, device: str, processes: int = 1, limit: int | None = None) -> None:
+def check_fits(recipe: Recipe, device: str, processes: int = 1, limit: int | None = None,
+               cfg: ModelConfig | None = None) -> None:
     """A recipe given by hand whose predicted peak memory exceeds the device's is refused before training,
-    with the accumulation that fits at its batch (or the plan, where none does)."""
+    with the accumulation that fits at its batch (or the plan, where none does). `cfg`: the model, where it
+    is not the recipe's keys' (a fine-tuning run's checkpoint)."""
     kind = device.split(":")[0]
     limit = default_memory_limit(device) if limit is None else limit
-    cfg = recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
+    if cfg is None:
+        cfg = recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
     t = recipe.train
     need = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, processes, kind))
     if need.peak <= limit:
         return
     accum, fits = fitting_accum(recipe, cfg, t.batch_size, limit, processes, kind)
+    other = ("a smaller checkpoint in train.init_from, or a device with more memory, does" if recipe.head_task
+             else "`tfkit plan RECIPE --time T` chooses a model that does")
     instead = (f"train.grad_accum={accum} fits (micro-batch {t.batch_size // accum // processes}, {gib(fits.peak)})"
-               if fits.peak <= limit else "no micro-batch of this model fits: `tfkit plan RECIPE --time T` "
-               "chooses a model that does")
+               if fits.peak <= limit else f"no micro-batch of this model fits: {other}")
     raise ConfigError(f"model: this run's predicted peak memory is {need.line()} per device at micro-batch "
                       f"{t.batch_size // t.grad_accum // processes}, above the {gib(limit)} this {kind} may use; "
                       f"{instead}")

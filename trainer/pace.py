@@ -38,6 +38,8 @@ from torch import Tensor
 
 from ..models import build_model
 from ..models.config import ModelConfig
+from ..models.head_config import HeadConfig
+from ..models.heads import SequenceClassifier
 from .distributed import DistInfo
 from .loop import Loop, StopFlag, replay, run_window
 from .objectives import IGNORE, LossModule, count_inputs, freeze_unreached
@@ -100,27 +102,31 @@ class _FixedBatch:
 
 
 def measure_pace(recipe: Recipe, cfg: ModelConfig, device: torch.device, lengths: list[tuple[int, int]] | None = None,
-                 floor: float = FLOOR, min_timed: int = MIN_TIMED) -> Pace:
+                 floor: float = FLOOR, min_timed: int = MIN_TIMED, batch: dict[str, Tensor] | None = None,
+                 head: HeadConfig | None = None) -> Pace:
     """Seconds per update of `cfg` trained as `recipe` says (its micro-batch, accumulation, objective,
     optimizer and precision; eager: a compiled run is faster than measured), on `device`: the median of at
     least `min_timed` updates and `floor` seconds of them (module doc). `lengths`: a seq2seq run's rows
-    (trainer/pair_lengths.py; read from the corpus when not given)."""
+    (trainer/pair_lengths.py; read from the corpus when not given). A fine-tuning run's micro-batch is given
+    whole (`batch`, trainer/finetune_plan.py), and its model is `cfg`'s body under `head`."""
     t = recipe.train
     micro = t.batch_size // t.grad_accum
-    if recipe.objective.name == "seq2seq" and lengths is None:
+    if recipe.objective.name == "seq2seq" and lengths is None and batch is None:
         lengths = pair_lengths(recipe)
     train = dataclasses.replace(t, max_steps=MAX_TIMED + 1, log_every=1 << 30, eval_every=1 << 30,
                                 save_every=1 << 30)
     recipe = dataclasses.replace(recipe, train=train)
     torch.manual_seed(t.seed)
-    model = build_model(cfg).to(device)
+    model = build_model(cfg) if head is None else SequenceClassifier(build_model(cfg), head)
+    model = model.to(device)
     freeze_unreached(model, recipe.objective.name)
     if t.activation_checkpointing:
         apply_activation_checkpointing(model)
     module = LossModule(model, recipe.objective)
     update = Update.of(recipe, model, module, build_optimizer(model, recipe.optim, device),
                        grad_scaler(t.precision, device), DistInfo(device=device))
-    batch = synthetic_batch(cfg, recipe.objective.name, micro, recipe.data.seq_len, lengths=lengths)
+    if batch is None:
+        batch = synthetic_batch(cfg, recipe.objective.name, micro, recipe.data.seq_len, lengths=lengths)
     data = _FixedBatch(batch)
     loop = Loop(recipe, update, data, log=lambda row: None, save=lambda state: None, validate=lambda step: {})
     stop = StopFlag()  # never entered: no signal handlers

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
-from .budget import VALIDATIONS, parse_duration
+from .budget import EVAL_COST, RUN_SPEED, VALIDATIONS, fmt_seconds, parse_duration
+from .finetune_plan import check_finetune_fits
 from .fits import check_fits, default_memory_limit, fitting_accum
 from .memory import MemoryEstimate, gib
 from .pair_lengths import BYTES_PER_TOKEN
@@ -37,10 +38,6 @@ from .resources import count_parameters
 from .sizing import MIN_UPDATES, Shape, ladder, predicted_loss, scaled_lr
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
-EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a training micro-batch
-# a run's updates over measure_pace's on one fixed batch (the data pipeline's batches, the loop's windows): fitted
-# on the GPT rows of benchmarks/plan.py's first pass (0.73-0.86), its BERT and encoder-decoder rows the check
-RUN_SPEED = 0.8
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
 MIN_BATCH = 4  # sequences: the smallest batch a plan halves a recipe's train.batch_size to
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
@@ -115,11 +112,6 @@ class Plan:
             lines.append(f"    {k.shape}: {k.params / 1e6:.2f}M, {k.batch_size // k.grad_accum}, {k.seconds:.3g}, "
                          f"{k.updates:,}, {k.loss:.3f}{mark}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
-
-
-def fmt_seconds(seconds: float) -> str:
-    return f"{seconds / 3600:.3g} h" if seconds >= 7200 else f"{seconds / 60:.3g} min" if seconds >= 120 \
-        else f"{seconds:.3g} s"
 
 
 def unique_tokens(spec) -> float | None:
@@ -325,8 +317,10 @@ def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[st
     once its predicted peak memory fits the device (`check_fits`). A plan is made on one process: ranks that
     each measured would choose apart."""
     if recipe.model.size != AUTO_SIZE:
-        if recipe.head_task is None:  # a fine-tuning run's model is its checkpoint's, known later
+        if recipe.head_task is None:
             check_fits(recipe, device, processes)
+        else:  # a fine-tuning run's model is its checkpoint's
+            check_finetune_fits(recipe, device, processes)
         return recipe
     if processes > 1:
         raise ConfigError("model.size: auto is planned on one process; run `tfkit plan RECIPE --out FILE` and "
