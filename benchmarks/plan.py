@@ -6,7 +6,8 @@
 For each configuration (a bundled recipe and --set keys) two fresh processes run, one after the other, on
 one thread:
 - the prediction: `estimate_memory` of the recipe (trainer/memory.py) and tokens/s from the plan's own
-  measurement of a few updates (`measure_pace`, CPU time of the process), what `tfkit plan` prints;
+  measurement (`measure_pace`: updates to a floor of 1 s of CPU time of the process, their median), what
+  `tfkit plan` prints;
 - the run: `pretrain` of the same recipe for `--updates` updates after one to warm up (tokenizer and token
   cache made once per recipe by a run not recorded, then shared by its runs, two validation batches), its tokens/s in CPU time of the process from
   the start of each update to the start of the next (data loading and logging included; on a loaded 2-core
@@ -54,10 +55,10 @@ def rss(field: str) -> int:
 def predict(recipe_name: str, sets: list[str]) -> dict:
     import torch
 
+    from tfkit.trainer.budget import RUN_SPEED
     from tfkit.trainer.fits import layout_of
     from tfkit.trainer.memory import estimate_memory
     from tfkit.trainer.pace import measure_pace
-    from tfkit.trainer.plan import RUN_SPEED
     from tfkit.trainer.recipe import load_recipe
 
     torch.set_num_threads(1)

@@ -15,7 +15,8 @@ from tfkit.trainer.fits import parse_memory
 from tfkit.trainer.plan import MIN_UPDATES, plan_recipe
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.resources import count_parameters
-from tfkit.trainer.sizing import LR_WIDTH, WIDTHS, Shape, ladder, predicted_loss, scaled_lr
+from tfkit.trainer.sizing import (LR_WIDTH, MIN_BATCH, TARGET_UPDATES, WIDTHS, Shape, ladder, predicted_loss,
+                                  scaled_lr)
 
 from helpers import fake_machine, one_error_line
 
@@ -116,6 +117,18 @@ def test_a_small_budget_halves_the_batch_before_refusing():
         plan_recipe(quickstart("train.batch_size=16"), budget=5, measure=FakeMachine())  # given: it wins
     with pytest.raises(ConfigError, match=r"batch 4, halved from train.batch_size=16, .* it needs at least"):
         plan_recipe(quickstart(), budget=1, measure=FakeMachine())
+
+
+def test_a_short_run_trains_more_updates_of_a_smaller_batch():
+    """A plan that fits fewer than TARGET_UPDATES updates halves the batch until it fits them (or reaches
+    MIN_BATCH); a long budget keeps the recipe's batch, and a batch given by --set wins."""
+    short = plan_recipe(quickstart(), budget=60, measure=FakeMachine())
+    assert short.recipe.train.batch_size < 16 and "train.batch_size halved from 16 to" in short.text()
+    assert short.chosen.updates >= TARGET_UPDATES or short.recipe.train.batch_size == MIN_BATCH
+    at_16 = plan_recipe(quickstart("train.batch_size=16"), budget=60, measure=FakeMachine())
+    assert at_16.recipe.train.batch_size == 16 and at_16.chosen.updates < TARGET_UPDATES
+    assert short.chosen.updates > at_16.chosen.updates
+    assert plan_recipe(quickstart(), budget=6000, measure=FakeMachine()).recipe.train.batch_size == 16
 
 
 def test_a_memory_limit_below_the_smallest_model_is_refused():

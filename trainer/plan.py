@@ -35,11 +35,10 @@ from .pair_lengths import BYTES_PER_TOKEN
 from .recipe import Recipe
 from .sections import AUTO_SIZE
 from .resources import count_parameters
-from .sizing import MIN_UPDATES, Shape, ladder, predicted_loss, scaled_lr
+from .sizing import MIN_BATCH, MIN_UPDATES, TARGET_UPDATES, Shape, ladder, predicted_loss, scaled_lr
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
-MIN_BATCH = 4  # sequences: the smallest batch a plan halves a recipe's train.batch_size to
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
 
@@ -139,30 +138,34 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
     (else this machine's), each shape timed by `measure` (else trainer.pace.measure_pace on `device`).
     `cpu_budget`: the budget counts CPU time of this process, as the measurement does (experiments).
 
-    Where even the smallest shape fits fewer than MIN_UPDATES updates at the recipe's batch, the batch is
-    halved (down to MIN_BATCH sequences, never a train.batch_size given by --set) before the plan refuses: a
-    user with a small budget would rather train on smaller batches than not at all."""
+    The batch: where the planned shape fits fewer than TARGET_UPDATES updates at the recipe's batch (or even
+    the smallest fits fewer than MIN_UPDATES), the batch is halved, down to MIN_BATCH sequences and never a
+    train.batch_size given by --set, and the walk made again (sizing.TARGET_UPDATES says why)."""
     if budget is None:
         if recipe.train.max_time is None:
             raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
         budget = parse_duration(recipe.train.max_time)
     walk = _Walk(recipe, budget, default_memory_limit(device) if memory_limit is None else memory_limit,
                  measure or _real_measure(device), device.split(":")[0], processes, cpu_budget)
-    batch, notes = recipe.train.batch_size, []
-    measured, refused = walk.run(batch)
-    while not measured and refused is not None and refused[0] == "time" and walk.can_halve(batch):
-        batch //= 2
+    batch, notes, found = recipe.train.batch_size, [], None
+    while True:
         measured, refused = walk.run(batch)
         if measured:
-            notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}: at {batch * 2} "
-                         f"sequences even the smallest model fits fewer than {MIN_UPDATES} updates in "
-                         f"{fmt_seconds(budget)} here; optim.lr scaled by the square root of the batch (Malladi et "
-                         "al. 2022's rule for Adam)")
-    if not measured:
+            found = (batch, walk.chosen(measured, batch))
+        short = (found[1][1].updates < TARGET_UPDATES if measured  # else the last plan found stands, or none:
+                 else found is None and refused is not None and refused[0] == "time")  # even the smallest too slow
+        if not (short and walk.can_halve(batch)):
+            break
+        batch //= 2
+    if found is None:
         _refuse(budget, walk.limit, refused, walk.fixed, walk.validation(batch), recipe.train.batch_size)
-    share = _share([p for _, p in measured], walk.clock)
-    candidates = tuple(_scored(c, p, share, budget, walk.validation(batch), walk.unique) for c, p in measured)
-    chosen = min(candidates, key=lambda c: c.loss)
+    batch, (share, chosen, candidates) = found
+    if batch != recipe.train.batch_size:
+        notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, the largest at which "
+                     f"the planned model fits {TARGET_UPDATES:,} updates or more in {fmt_seconds(budget)} here (or "
+                     f"the floor, {MIN_BATCH}): a short run is held back by its updates more than by its tokens "
+                     "(trainer/sizing.py, TARGET_UPDATES); optim.lr scaled by the square root of the batch "
+                     "(Malladi et al. 2022's rule for Adam)")
     if "train.max_steps" in walk.given and recipe.train.max_steps < chosen.updates:
         notes.append(f"train.max_steps={recipe.train.max_steps:,} was given by hand and wins: the run stops "
                      f"there, before the {chosen.updates:,} updates planned")
@@ -200,6 +203,12 @@ class _Walk:
         """Sequences of validation the run's VALIDATIONS + 1 evaluations read, in training-sequence cost."""
         r = self.recipe
         return (VALIDATIONS + 1) * r.eval.batches * EVAL_COST * (r.eval.batch_size or batch)
+
+    def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
+        """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
+        share = _share([p for _, p in measured], self.clock)
+        candidates = tuple(_scored(c, p, share, self.budget, self.validation(batch), self.unique) for c, p in measured)
+        return share, min(candidates, key=lambda c: c.loss), candidates
 
     def can_halve(self, batch: int) -> bool:
         half = batch // 2
