@@ -12,7 +12,7 @@ from tfkit.errors import ConfigError
 from tfkit.trainer import pace as pace_module
 from tfkit.trainer.pace import Pace
 from tfkit.trainer.fits import parse_memory
-from tfkit.trainer.plan import MIN_UPDATES, plan_recipe
+from tfkit.trainer.plan import MIN_UPDATES, STEPS_CAP, plan_recipe
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.resources import count_parameters
 from tfkit.trainer.sizing import (LR_WIDTH, MIN_BATCH, TARGET_UPDATES, WIDTHS, Shape, ladder, predicted_loss,
@@ -76,7 +76,8 @@ def test_the_resolved_recipe_is_what_pretrain_runs():
     assert r.model.size is None and (r.model.d_model, r.model.n_layers, r.model.n_heads) == (
         plan.shape.d_model, plan.shape.n_layers, plan.shape.n_heads)
     assert r.optim.lr == pytest.approx(3e-3 * (plan.shape.d_model / LR_WIDTH) ** -0.5)
-    assert r.train.max_steps == plan.chosen.updates and r.train.max_time == "80s"
+    assert r.planned == plan.chosen.updates and r.train.max_time == "80s"
+    assert r.train.max_steps == STEPS_CAP * plan.chosen.updates  # a cap: train.max_time ends the run
     assert r.problems() == []
     again = load_recipe("quickstart", plan.sets())  # the printed --set items give the same recipe
     assert (again.model.d_model, again.optim.lr, again.train.max_steps) == (

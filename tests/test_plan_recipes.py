@@ -3,6 +3,8 @@ the model sized for their train.max_time on the machine at hand, and the report 
 updates ran. Every run here has a fixed pace and a fixed clock (tests/helpers.py), so what it trains is the
 same on any machine."""
 
+import re
+
 from typer.testing import CliRunner
 
 from tfkit.cli.main import app
@@ -36,13 +38,16 @@ def test_the_report_says_how_many_of_the_planned_updates_ran(tmp_path, english_f
     assert "plan for quickstart" in result.output
     out = " ".join(result.output.split())
     assert "updates planned for train.max_time=3s ran" in out and "of the recipe's" not in out
-    assert "planned updates (fitted in train.max_time=3s" in out
+    assert "planned; fitted in train.max_time=3s" in out
 
 
-def test_a_run_that_keeps_its_planned_pace_runs_every_planned_update(tmp_path, english_file, monkeypatch):
-    fixed_pace(monkeypatch, seconds=0.01)
-    fake_machine(monkeypatch, update=0.004)  # faster than planned: the plan's updates end the run
+def test_a_run_faster_than_planned_trains_on_to_the_end_of_its_budget(tmp_path, english_file, monkeypatch):
+    fixed_pace(monkeypatch, seconds=0.01)  # ~235 updates planned, train.max_steps twice that: a cap only
+    fake_machine(monkeypatch, update=0.008)  # the run: a third faster than planned
     result = _run(tmp_path, "small-corpus", english_file)
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
-    assert "plan for small-corpus" in out and "planned updates reached in" in out and "note:" not in out
+    assert "plan for small-corpus" in out and "note:" not in out
+    steps, planned = (int(x.replace(",", "")) for x in
+                      re.search(r"│ steps │ ([\d,]+) \(([\d,]+) planned; fitted in train.max_time=3s", out).groups())
+    assert steps > planned  # the budget, not the prediction, ended it

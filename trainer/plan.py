@@ -39,6 +39,7 @@ from .sizing import MIN_BATCH, MIN_UPDATES, TARGET_UPDATES, Shape, ladder, predi
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
+STEPS_CAP = 2  # train.max_steps of a planned run, in planned updates: a cap only (`resolve`)
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
 
@@ -156,14 +157,18 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
                  else found is None and refused is not None and refused[0] == "time")  # even the smallest too slow
         if not (short and walk.can_halve(batch)):
             break
-        batch //= 2
+        # an update's time is about its batch's: jump to the batch that should fit TARGET_UPDATES, then halve on
+        halvings = math.ceil(math.log2(TARGET_UPDATES / max(found[1][1].updates, 1))) if measured else 1
+        for _ in range(max(1, halvings)):
+            if walk.can_halve(batch):
+                batch //= 2
     if found is None:
         _refuse(budget, walk.limit, refused, walk.fixed, walk.validation(batch), recipe.train.batch_size)
     batch, (share, chosen, candidates) = found
     if batch != recipe.train.batch_size:
-        notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, the largest at which "
-                     f"the planned model fits {TARGET_UPDATES:,} updates or more in {fmt_seconds(budget)} here (or "
-                     f"the floor, {MIN_BATCH}): a short run is held back by its updates more than by its tokens "
+        notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, so that the planned model "
+                     f"fits about {TARGET_UPDATES:,} updates in {fmt_seconds(budget)} here (or the floor, "
+                     f"{MIN_BATCH}): a short run is held back by its updates more than by its tokens "
                      "(trainer/sizing.py, TARGET_UPDATES); optim.lr scaled by the square root of the batch "
                      "(Malladi et al. 2022's rule for Adam)")
     if "train.max_steps" in walk.given and recipe.train.max_steps < chosen.updates:
@@ -274,15 +279,18 @@ def _with(recipe: Recipe, shape: Shape, batch_size: int, accum: int) -> Recipe:
 
 
 def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -> Recipe:
-    """The recipe `pretrain` runs: the chosen shape, micro-batch, updates, and the learning rate for its width."""
+    """The recipe `pretrain` runs: the chosen shape, micro-batch and learning rate for its width; the planned
+    updates are a prediction (`Recipe.planned`), and train.max_time, not they, ends the run: train.max_steps
+    is STEPS_CAP times them (a machine faster during the run than while measured trains on to the budget's
+    end instead of stopping early), or the value --set gave."""
     lr = recipe.optim.lr
     if not ("optim.lr" in given and "model.d_model" in given):
         lr = scaled_lr(lr, chosen.shape.d_model)
     planned = _with(recipe, chosen.shape, chosen.batch_size, chosen.grad_accum)
     max_time = recipe.train.max_time if recipe.train.max_time is not None else f"{budget:g}s"
-    return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=True,
-                               train=dataclasses.replace(planned.train, max_steps=max(chosen.updates, 1),
-                                                         max_time=max_time))
+    cap = recipe.train.max_steps if "train.max_steps" in given else max(STEPS_CAP * chosen.updates, 1)
+    return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=chosen.updates,
+                               train=dataclasses.replace(planned.train, max_steps=cap, max_time=max_time))
 
 
 def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | None, fixed: dict,

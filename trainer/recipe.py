@@ -54,7 +54,7 @@ class Recipe:
     # started from a checkpoint keeps these of its dropouts and attention kernel, the checkpoint's others
     given: tuple[str, ...] = field(default=(), compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # how it was chosen (trainer.resume), not saved: warnings
-    planned: bool = field(default=False, compare=False)  # train.max_steps is a plan's updates (trainer/plan.py)
+    planned: int | None = field(default=None, compare=False)  # the updates a plan predicted (trainer/plan.py)
 
     def problems(self) -> list[str]:
         """Every problem of every section, then the combinations across sections."""

@@ -94,34 +94,35 @@ def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_f
         out.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
-def what_ended(state: TrainState, train, planned: bool = False) -> str:
-    """Under train.max_time, what the step count means: the steps that fit in the budget, or max_steps
-    reached inside it (a fast machine), or an interruption; of a plan's updates when a plan set max_steps."""
+def what_ended(state: TrainState, train, planned: int | None = None) -> str:
+    """Under train.max_time, what the step count means: the steps that fit in the budget (against the
+    updates a plan predicted, when a plan sized the run), or max_steps reached inside it (a fast machine), or
+    an interruption."""
     budget = train.max_time
     if budget is None:
         return ""
     if state.interrupted:
         return f" (interrupted, {state.seconds:.0f} s of train.max_time={budget})"
-    steps = f"the {train.max_steps:,} planned updates" if planned else f"train.max_steps={train.max_steps:,}"
     if state.step >= train.max_steps:
-        return f" ({steps} reached in {state.seconds:.0f} s, within train.max_time={budget})"
-    return f" of {steps} (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
+        return f" (train.max_steps={train.max_steps:,} reached in {state.seconds:.0f} s, within train.max_time={budget})"
+    if planned:
+        return f" ({planned:,} planned; fitted in train.max_time={budget}, {state.seconds:.0f} s)"
+    return f" of train.max_steps={train.max_steps:,} (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
 
 
 PLANNED_SHARE = 0.9  # of a plan's updates: a run that ran fewer is noted (the machine slowed after the plan)
 
 
-def budget_note(state: TrainState, train, planned: bool = False) -> str | None:
+def budget_note(state: TrainState, train, planned: int | None = None) -> str | None:
     """Under a time budget that ended the run before train.max_steps, what its loss means."""
     if train.max_time is None or state.interrupted or state.step >= train.max_steps:
         return None
-    if planned and state.step >= PLANNED_SHARE * train.max_steps:
-        return None  # the steps row says how many ran; a few percent is the plan's own error
     if planned:
-        return (f"note: {state.step:,} of the {train.max_steps:,} updates planned for train.max_time="
-                f"{train.max_time} ran ({state.step / train.max_steps:.0%}): this machine was slower during the "
-                "run than when the plan measured it (other jobs, or a slower clock); the schedule decayed over the "
-                "updates that ran")
+        if state.step >= PLANNED_SHARE * planned:
+            return None  # the steps row says how many ran; a few percent is the plan's own error
+        return (f"note: {state.step:,} of the {planned:,} updates planned for train.max_time={train.max_time} ran "
+                f"({state.step / planned:.0%}): this machine was slower during the run than when the plan measured "
+                "it (other jobs, or a slower clock); the schedule decayed over the updates that ran")
     return (f"note: {state.step:,} of the recipe's {train.max_steps:,} steps fitted in train.max_time={train.max_time} "
             "on this machine; the schedule decayed over those, so the loss is what this machine reaches in the budget "
             "(a faster machine or a longer train.max_time fits more steps and reaches lower)")
