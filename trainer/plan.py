@@ -7,12 +7,14 @@ batch that fits (train.grad_accum the rest); it measures a few updates of the sh
 trains, and predicts the loss those tokens give that size (sizing.predicted_loss). The shape of the lowest
 predicted loss wins: the compute-optimal size *at this machine's own cost of each size*. The walk stops two
 rungs after the predicted loss stopped falling, or at a shape that fits fewer than MIN_UPDATES updates, so
-a plan measures a handful of shapes (seconds, not minutes).
+a plan measures a handful of shapes (seconds, not minutes). Where the planned shape fits fewer than
+sizing.TARGET_UPDATES updates, the batch is halved and the walk made once more (`plan_recipe`). The planned
+updates are a prediction: train.max_time ends the run, train.max_steps is a cap of STEPS_CAP times them.
 
 Keys given by hand win over the plan: a d_model in the recipe file or --set leaves one rung, a given
 n_layers or n_heads is kept at every rung (null leaves them free); a train.grad_accum given by --set is kept,
-and a train.max_steps given by --set caps the planned updates (the file's train keys are what the plan
-replaces). The learning rate follows the width (sizing.scaled_lr) unless optim.lr was given
+a train.batch_size given by --set is never halved, and a train.max_steps given by --set caps the run (the
+file's train keys are what the plan replaces). The learning rate follows the width (sizing.scaled_lr) unless optim.lr was given
 by hand for a given d_model. Tests pass a fake `measure` (a pace per shape), so no test depends on the speed
 of the machine.
 """
@@ -166,9 +168,9 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
         _refuse(budget, walk.limit, refused, walk.fixed, walk.validation(batch), recipe.train.batch_size)
     batch, (share, chosen, candidates) = found
     if batch != recipe.train.batch_size:
-        notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, so that the planned model "
-                     f"fits about {TARGET_UPDATES:,} updates in {fmt_seconds(budget)} here (or the floor, "
-                     f"{MIN_BATCH}): a short run is held back by its updates more than by its tokens "
+        notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, the largest batch at which "
+                     f"the planned model should fit {TARGET_UPDATES:,} updates or more in {fmt_seconds(budget)} here "
+                     f"(or the floor, {MIN_BATCH}): a short run is held back by its updates more than by its tokens "
                      "(trainer/sizing.py, TARGET_UPDATES); optim.lr scaled by the square root of the batch "
                      "(Malladi et al. 2022's rule for Adam)")
     if "train.max_steps" in walk.given and recipe.train.max_steps < chosen.updates:
