@@ -89,7 +89,7 @@ def plan_finetune(recipe: Recipe, budget: float | None = None, memory_limit: int
     `memory_limit` bytes per device (else this machine's), timed by `measure` (else trainer.pace.measure_pace)."""
     if budget is None:
         if recipe.train.max_time is None:
-            raise ConfigError("train.max_time: a plan is made for a time budget: give --time (e.g. 10m)")
+            raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
         budget = parse_duration(recipe.train.max_time)
     recipe = dataclasses.replace(recipe, train=dataclasses.replace(
         recipe.train, max_time=recipe.train.max_time or f"{budget:g}s"))
