@@ -2,6 +2,7 @@
 config.json; the micro-batch and accumulation that fit memory; updates and epochs in the budget; and a
 `finetune` whose hand-given batch does not fit refused before training with the accumulation that fits."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,21 @@ def test_finetune_with_a_batch_that_does_not_fit_says_so_before_training(monkeyp
     assert "model: this run's predicted peak memory is" in line and "at micro-batch 4096, above the 150 MiB" in line
     assert "train.grad_accum=" in line and "fits (micro-batch" in line
     assert not run.exists()
+
+
+def test_pretraining_on_from_a_checkpoint_is_checked_on_the_checkpoints_model(monkeypatch, tmp_path):
+    """gpt-tiny's own keys say d_model 128; the run trains init_from's d_model 16, which is what must fit."""
+    monkeypatch.setattr(fits, "default_memory_limit", lambda device: parse_memory("150MiB"))
+    sets = [f"train.init_from={OLD / 'gpt-run'}", f"data.train={OLD / 'corpus.txt'}", "data.valid=null",
+            "data.seq_len=32", "train.batch_size=4096"]
+    result = CliRunner().invoke(app, ["pretrain", "gpt-tiny", "--run-dir", str(tmp_path / "run"),
+                                      *[a for s in sets for a in ("--set", s)]])
+    line = one_error_line(result)
+    assert "at micro-batch 4096, above the 150 MiB" in line and "train.grad_accum=" in line
+    with pytest.raises(ConfigError) as tiny:  # the recipe's own d_model 128 would need more
+        fits.check_fits(load_recipe("gpt-tiny", sets[1:]), "cpu", limit=parse_memory("150MiB"))
+    assert peak(str(tiny.value)) > peak(line)
+
+
+def peak(message: str) -> int:
+    return parse_memory(re.search(r"predicted peak memory is ([\d.,]+ [KMGT]iB)", message).group(1).replace(",", ""))

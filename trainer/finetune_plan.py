@@ -174,8 +174,9 @@ def _real_measure(device: str) -> FinetuneMeasure:
 
 
 def check_finetune_fits(recipe: Recipe, device: str, processes: int = 1) -> None:
-    """A fine-tuning run whose hand-given batch does not fit is refused before training (trainer/fits.py's
-    `check_fits`, on the checkpoint's model); a checkpoint that cannot be read is left to the run to report."""
+    """A run from a checkpoint (fine-tuning, or pretraining on from train.init_from) whose hand-given batch does
+    not fit is refused before training (trainer/fits.py's `check_fits`, on the checkpoint's model); a checkpoint
+    that cannot be read, or a recipe it contradicts, is left to the run to report in its own words."""
     from .fits import check_fits  # noqa: PLC0415
 
     try:

@@ -336,10 +336,10 @@ def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[st
     once its predicted peak memory fits the device (`check_fits`). A plan is made on one process: ranks that
     each measured would choose apart."""
     if recipe.model.size != AUTO_SIZE:
-        if recipe.head_task is None:
-            check_fits(recipe, device, processes)
-        else:  # a fine-tuning run's model is its checkpoint's
+        if recipe.train.init_from or recipe.head_task:  # the model is train.init_from's (or a task's control)
             check_finetune_fits(recipe, device, processes)
+        else:
+            check_fits(recipe, device, processes)
         return recipe
     if processes > 1:
         raise ConfigError("model.size: auto is planned on one process; run `tfkit plan RECIPE --out FILE` and "
