@@ -74,7 +74,7 @@ class FinetunePlan:
             f"{gib(self.memory_limit)} per device",
             f"  model      {r.model.arch} d_model {r.model.d_model}, {r.model.n_layers} "
             f"layer{'s' * (r.model.n_layers != 1)} {where}: "
-            f"{self.params / 1e6:.2f}M parameters (the checkpoint's: not planned)",
+            f"{self.params / 1e6:.2f}M parameters ({'the checkpoint' if self.source else 'the recipe'}'s: not planned)",
             f"  batch      {t.batch_size} examples of up to {r.data.seq_len} tokens, micro-batch "
             f"{t.batch_size // t.grad_accum} x {t.grad_accum} accumulated (the fewest micro-batches that fit)",
             f"  memory     {self.memory.line()} predicted peak per device",
