@@ -122,14 +122,18 @@ def plan_finetune(recipe: Recipe, budget: float | None = None, memory_limit: int
 
 def finetune_model(recipe: Recipe) -> tuple[Path | None, Recipe, ModelConfig]:
     """(the checkpoint, the recipe with its model, the model config) of a fine-tuning run, from the
-    checkpoint's config.json alone (trainer/source.py, as the run reads it); the recipe's own model without
-    train.init_from."""
+    checkpoint's config.json and its weights' header (trainer/source.py, as the run reads them; a config.json
+    that declares more blocks than the weights hold is refused, never estimated); the recipe's own model
+    without train.init_from."""
     from ..checkpoints.folders import resolve_checkpoint  # noqa: PLC0415
+    from ..checkpoints.record import CheckpointRecord  # noqa: PLC0415
+    from ..checkpoints.weights import check_depth  # noqa: PLC0415
     from .source import source_model  # noqa: PLC0415
 
     if not recipe.train.init_from:
         return None, recipe, recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
     source = resolve_checkpoint(recipe.train.init_from)
+    check_depth(CheckpointRecord.read(source).model, source)  # as the run does: config.json against the weights
     recipe = source_model(recipe, source)
     return source, recipe, recipe.model.config()
 
