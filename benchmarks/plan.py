@@ -6,7 +6,8 @@
 For each configuration (a bundled recipe and --set keys) two fresh processes run, one after the other, on
 one thread:
 - the prediction: `estimate_memory` of the recipe (trainer/memory.py) and tokens/s from the plan's own
-  measurement of a few updates (`measure_pace`, CPU time of the process), what `tfkit plan` prints;
+  measurement (`measure_pace`: updates to a floor of 1 s of CPU time of the process, their median), what
+  `tfkit plan` prints;
 - the run: `pretrain` of the same recipe for `--updates` updates after one to warm up (tokenizer and token
   cache made once per recipe by a run not recorded, then shared by its runs, two validation batches), its tokens/s in CPU time of the process from
   the start of each update to the start of the next (data loading and logging included; on a loaded 2-core
@@ -27,7 +28,7 @@ from pathlib import Path
 
 BASE = ["log.tensorboard=false", "log.plot=false", "log.progress=false", "eval.sample_prompt=null",
         "eval.batches=2", "train.eval_every=100000", "train.save_every=100000", "train.threads=1",
-        "train.precision=fp32", "train.device=cpu"]
+        "train.precision=fp32", "train.device=cpu", "model.size=tiny"]  # quickstart's own size is planned
 CONFIGS = {  # name: (recipe, --set items)
     "gpt d64x1 b16": ("quickstart", ["model.d_model=64", "model.n_layers=1", "model.n_heads=2"]),
     "gpt d128x2 b16": ("quickstart", []),
@@ -54,9 +55,10 @@ def rss(field: str) -> int:
 def predict(recipe_name: str, sets: list[str]) -> dict:
     import torch
 
+    from tfkit.trainer.budget import RUN_SPEED
+    from tfkit.trainer.fits import layout_of
     from tfkit.trainer.memory import estimate_memory
     from tfkit.trainer.pace import measure_pace
-    from tfkit.trainer.plan import RUN_SPEED, layout_of
     from tfkit.trainer.recipe import load_recipe
 
     torch.set_num_threads(1)
@@ -64,7 +66,7 @@ def predict(recipe_name: str, sets: list[str]) -> dict:
     cfg = recipe.model.config(recipe.tokenizer.vocab_size)
     t = recipe.train
     memory = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, 1, "cpu"))
-    pace = measure_pace(recipe, cfg, torch.device("cpu"), updates=3)
+    pace = measure_pace(recipe, cfg, torch.device("cpu"))
     return {"memory": memory.peak, "tokens_per_s": pace.tokens / pace.seconds * RUN_SPEED}  # as the plan does
 
 

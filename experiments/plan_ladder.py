@@ -10,7 +10,8 @@ time budget's clock replaced by `time.process_time`): on a 2-core machine shared
 would measure the neighbours, and a run that met a busy minute would lose for nothing. The planned shape is
 what `plan_recipe` chooses for that budget on this machine (its own measurement, on the same clock); the
 ladder is that shape at half and twice its parameters (`scaled_shape`: whole parameters, embeddings included;
-the depth following the plan's own dial). Each run is scored by its final validation loss (the same batches
+the depth following the plan's own dial), every size at the plan's batch and the learning rate the plan
+gives its width and that batch. Each run is scored by its final validation loss (the same batches
 for every size) and bits per byte (the validation tokens' bytes, from the tokenizer). Runs go one at a time.
 The latest results are in benchmarks/RESULTS.md ("Planning a run"), beside the memory and speed predictions.
 """
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     base = base_overrides(args.corpus, None, cache, args.budget)
     rows = []
     first = None
+    lr, batch_sets = load_recipe(args.recipe).optim.lr, []
     if args.shapes:
         shapes = [Shape.of(*map(int, s.split("x"))) for s in args.shapes.split(",")]
         planned = None
@@ -126,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(plan.text(), file=sys.stderr)
         planned = plan.shape
         shapes = [scaled_shape(recipe, planned, 0.5), planned, scaled_shape(recipe, planned, 2.0)]
+        batch = plan.recipe.train.batch_size  # every size at the plan's batch, and its lr for that batch
+        lr *= (batch / recipe.train.batch_size) ** 0.5
+        batch_sets = [f"train.batch_size={batch}"]
     for shape in shapes:
         out = args.out / f"{tag}-{args.budget:g}s-d{shape.d_model}x{shape.n_layers}"
-        sets = base + shape_sets(shape, load_recipe(args.recipe).optim.lr)
+        sets = base + batch_sets + shape_sets(shape, lr)
         if first is not None:
             sets.append(f"tokenizer.path={first / 'tokenizer'}")
         row = {"shape": f"d{shape.d_model} x {shape.n_layers} ({shape.n_heads} heads)",

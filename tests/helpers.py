@@ -332,3 +332,20 @@ def shard_checkpoint(source: Path, out: Path) -> Path:
     rest = training.sharded_rest(model, source, record, None, step=record.step)
     training.ShardedSave.start(out, {sharded.MODEL: sharded.model_state(model)}, rest, lambda folder: folder).finish()
     return out
+
+
+def fixed_pace(monkeypatch, seconds: float = 0.01) -> list[int]:
+    """`tfkit plan` and `model.size: auto` measure every shape at `seconds` per update (CPU time, a whole CPU),
+    whatever this machine's speed and load: what a planned recipe trains is then the same on any machine.
+    Returns the widths measured."""
+    from tfkit.trainer import pace
+    from tfkit.trainer.pace import Pace
+
+    widths: list[int] = []
+
+    def measure(recipe, cfg, device, **options):
+        widths.append(cfg.d_model)
+        return Pace(seconds=seconds, wall=seconds, tokens=recipe.train.batch_size * recipe.data.seq_len)
+
+    monkeypatch.setattr(pace, "measure_pace", measure)
+    return widths

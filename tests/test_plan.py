@@ -11,10 +11,12 @@ from tfkit.cli.main import app
 from tfkit.errors import ConfigError
 from tfkit.trainer import pace as pace_module
 from tfkit.trainer.pace import Pace
-from tfkit.trainer.plan import MIN_UPDATES, parse_memory, plan_recipe
+from tfkit.trainer.fits import parse_memory
+from tfkit.trainer.plan import MIN_UPDATES, STEPS_CAP, plan_recipe
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.resources import count_parameters
-from tfkit.trainer.sizing import LR_WIDTH, WIDTHS, Shape, ladder, predicted_loss, scaled_lr
+from tfkit.trainer.sizing import (LR_WIDTH, MIN_BATCH, TARGET_UPDATES, WIDTHS, Shape, ladder, predicted_loss,
+                                  scaled_lr)
 
 from helpers import fake_machine, one_error_line
 
@@ -74,7 +76,8 @@ def test_the_resolved_recipe_is_what_pretrain_runs():
     assert r.model.size is None and (r.model.d_model, r.model.n_layers, r.model.n_heads) == (
         plan.shape.d_model, plan.shape.n_layers, plan.shape.n_heads)
     assert r.optim.lr == pytest.approx(3e-3 * (plan.shape.d_model / LR_WIDTH) ** -0.5)
-    assert r.train.max_steps == plan.chosen.updates and r.train.max_time == "80s"
+    assert r.planned == plan.chosen.updates and r.train.max_time == "80s"
+    assert r.train.max_steps == STEPS_CAP * plan.chosen.updates  # a cap: train.max_time ends the run
     assert r.problems() == []
     again = load_recipe("quickstart", plan.sets())  # the printed --set items give the same recipe
     assert (again.model.d_model, again.optim.lr, again.train.max_steps) == (
@@ -102,6 +105,31 @@ def test_a_budget_too_small_for_any_shape_says_what_the_smallest_needs():
     with pytest.raises(ConfigError, match=rf"train.max_time: 1 s trains fewer than {MIN_UPDATES} updates of the "
                                           r"smallest model \(d_model 32, 2 layers.*it needs at least"):
         plan_recipe(quickstart(), budget=1, measure=FakeMachine(flops=1e9))
+
+
+def test_a_small_budget_halves_the_batch_before_refusing():
+    """At batch 16 even d_model 32 fits fewer than MIN_UPDATES updates in 5 s, at 8 too; at 4 it fits."""
+    plan = plan_recipe(quickstart(), budget=5, measure=FakeMachine())
+    assert plan.recipe.train.batch_size == 4 and plan.chosen.updates >= MIN_UPDATES
+    assert "note: train.batch_size halved from 16 to 4" in plan.text()
+    assert plan.recipe.optim.lr == pytest.approx(scaled_lr(3e-3, plan.shape.d_model) * 0.5)  # sqrt(4 / 16)
+    with pytest.raises(ConfigError, match=r"fewer than 100 updates of the smallest model \(d_model 32, 2 layers, "
+                                          r"1 heads, batch 16, "):
+        plan_recipe(quickstart("train.batch_size=16"), budget=5, measure=FakeMachine())  # given: it wins
+    with pytest.raises(ConfigError, match=r"batch 4, halved from train.batch_size=16, .* it needs at least"):
+        plan_recipe(quickstart(), budget=1, measure=FakeMachine())
+
+
+def test_a_short_run_trains_more_updates_of_a_smaller_batch():
+    """A plan that fits fewer than TARGET_UPDATES updates halves the batch until it fits them (or reaches
+    MIN_BATCH); a long budget keeps the recipe's batch, and a batch given by --set wins."""
+    short = plan_recipe(quickstart(), budget=60, measure=FakeMachine())
+    assert short.recipe.train.batch_size < 16 and "train.batch_size halved from 16 to" in short.text()
+    assert short.chosen.updates >= TARGET_UPDATES or short.recipe.train.batch_size == MIN_BATCH
+    at_16 = plan_recipe(quickstart("train.batch_size=16"), budget=60, measure=FakeMachine())
+    assert at_16.recipe.train.batch_size == 16 and at_16.chosen.updates < TARGET_UPDATES
+    assert short.chosen.updates > at_16.chosen.updates
+    assert plan_recipe(quickstart(), budget=6000, measure=FakeMachine()).recipe.train.batch_size == 16
 
 
 def test_a_memory_limit_below_the_smallest_model_is_refused():
@@ -140,7 +168,7 @@ def test_the_rules():
 
 def fake_pace(monkeypatch, flops=3e10):
     machine = FakeMachine(flops)
-    monkeypatch.setattr(pace_module, "measure_pace", lambda recipe, cfg, device, updates=2: machine(recipe, cfg))
+    monkeypatch.setattr(pace_module, "measure_pace", lambda recipe, cfg, device, **options: machine(recipe, cfg))
     return machine
 
 
@@ -197,17 +225,18 @@ def test_pretrain_with_size_auto_trains_the_planned_model(english_file, tmp_path
 
 
 def test_a_recipe_given_by_hand_that_would_not_fit_is_refused_with_what_would(monkeypatch, tmp_path):
-    from tfkit.trainer import plan as plan_module
+    from tfkit.trainer import fits
 
-    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("250MiB"))
+    monkeypatch.setattr(fits, "default_memory_limit", lambda device: parse_memory("250MiB"))
     result = CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run"),
-                                      "--set", "train.batch_size=64"])
+                                      "--set", "model.size=tiny", "--set", "train.batch_size=64"])
     line = one_error_line(result)
     assert "model: this run's predicted peak memory is" in line and "at micro-batch 64, above the 250 MiB" in line
     assert "train.grad_accum=" in line and "fits (micro-batch" in line
     assert not (tmp_path / "run").exists()  # refused before anything was written
-    monkeypatch.setattr(plan_module, "default_memory_limit", lambda device: parse_memory("150MiB"))
-    line = one_error_line(CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run")]))
+    monkeypatch.setattr(fits, "default_memory_limit", lambda device: parse_memory("150MiB"))
+    line = one_error_line(CliRunner().invoke(app, ["pretrain", "quickstart", "--run-dir", str(tmp_path / "run"),
+                                                   "--set", "model.size=tiny"]))
     assert "no micro-batch of this model fits: `tfkit plan RECIPE --time T` chooses a model that does" in line
 
 

@@ -31,8 +31,8 @@ def saved_bytes(recipe, cfg, batch: int) -> int:
 
 
 @pytest.mark.parametrize("name,sets", [
-    ("quickstart", []),
-    ("quickstart", ["model.d_model=192", "model.n_layers=3", "model.n_heads=6"]),
+    ("quickstart", ["model.size=tiny"]),  # quickstart's own size is planned: tiny's shape here
+    ("quickstart", ["model.size=null", "model.d_model=192", "model.n_layers=3", "model.n_heads=6"]),
     ("llama-tiny", []),
     ("bert-tiny", []),
     ("transformer-tiny", []),
@@ -45,7 +45,7 @@ def test_predicted_activations_are_what_autograd_saves(name, sets):
 
 
 def test_the_layout_moves_the_estimate_as_it_should():
-    recipe = load_recipe("quickstart", ["model.d_model=256", "model.n_layers=8", "model.n_heads=4"])
+    recipe = load_recipe("quickstart", ["model.size=null", "model.d_model=256", "model.n_layers=8", "model.n_heads=4"])
     cfg = recipe.model.config(recipe.tokenizer.vocab_size)
     one = estimate_memory(cfg, Layout(16, 128))
     assert estimate_memory(cfg, Layout(16, 128, activation_checkpointing=True)).activations < one.activations / 2

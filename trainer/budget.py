@@ -31,6 +31,11 @@ MARGIN = 0.02  # of the budget, kept free for what the estimate cannot see (the 
 FIRST_WINDOW = 3  # updates timed before the first estimate of the pace
 WINDOW_SHARE = 0.05  # a window of updates lasts at most about this share of the budget
 VALIDATIONS = 8  # validations at evenly spaced points of the steps that fit (besides train.eval_every's)
+# What a plan (trainer/plan.py, trainer/finetune_plan.py) predicts a budget holds, from the measured pace:
+EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a training micro-batch
+# a run's updates over measure_pace's on one fixed batch (the data pipeline's batches, the loop's windows): fitted
+# on the GPT rows of benchmarks/plan.py's first pass (0.73-0.86), its BERT and encoder-decoder rows the check
+RUN_SPEED = 0.8
 
 
 def parse_duration(value: str | int | float, key: str = "train.max_time") -> float:
@@ -115,3 +120,8 @@ class TimeBudget:
         pace = (self.clock() - self.paced_from) / done  # seconds per update, pauses included
         left = self.seconds * (1 - MARGIN) - self.spent() - sum(self.ending.values())
         return max(step, min(cap, step + int(left / pace)))
+
+
+def fmt_seconds(seconds: float) -> str:
+    return f"{seconds / 3600:.3g} h" if seconds >= 7200 else f"{seconds / 60:.3g} min" if seconds >= 120 \
+        else f"{seconds:.3g} s"

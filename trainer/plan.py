@@ -7,12 +7,14 @@ batch that fits (train.grad_accum the rest); it measures a few updates of the sh
 trains, and predicts the loss those tokens give that size (sizing.predicted_loss). The shape of the lowest
 predicted loss wins: the compute-optimal size *at this machine's own cost of each size*. The walk stops two
 rungs after the predicted loss stopped falling, or at a shape that fits fewer than MIN_UPDATES updates, so
-a plan measures a handful of shapes (seconds, not minutes).
+a plan measures a handful of shapes (seconds, not minutes). Where the planned shape fits fewer than
+sizing.TARGET_UPDATES updates, the batch is halved and the walk made once more (`plan_recipe`). The planned
+updates are a prediction: train.max_time ends the run, train.max_steps is a cap of STEPS_CAP times them.
 
 Keys given by hand win over the plan: a d_model in the recipe file or --set leaves one rung, a given
 n_layers or n_heads is kept at every rung (null leaves them free); a train.grad_accum given by --set is kept,
-and a train.max_steps given by --set caps the planned updates (the file's train keys are what the plan
-replaces). The learning rate follows the width (sizing.scaled_lr) unless optim.lr was given
+a train.batch_size given by --set is never halved, and a train.max_steps given by --set caps the run (the
+file's train keys are what the plan replaces). The learning rate follows the width (sizing.scaled_lr) unless optim.lr was given
 by hand for a given d_model. Tests pass a fake `measure` (a pace per shape), so no test depends on the speed
 of the machine.
 """
@@ -22,26 +24,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
-from .budget import VALIDATIONS, parse_duration
-from .memory import Layout, MemoryEstimate, estimate_memory, gib
+from .budget import EVAL_COST, RUN_SPEED, VALIDATIONS, fmt_seconds, parse_duration
+from .finetune_plan import check_finetune_fits
+from .fits import check_fits, default_memory_limit, fitting_accum
+from .memory import MemoryEstimate, gib
+from .pair_lengths import BYTES_PER_TOKEN
 from .recipe import Recipe
 from .sections import AUTO_SIZE
 from .resources import count_parameters
-from .sizing import MIN_UPDATES, Shape, ladder, predicted_loss, scaled_lr
+from .sizing import MIN_BATCH, MIN_UPDATES, TARGET_UPDATES, Shape, ladder, predicted_loss, scaled_lr
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
-EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a training micro-batch
-# a run's updates over measure_pace's on one fixed batch (the data pipeline's batches, the loop's windows): fitted
-# on the GPT rows of benchmarks/plan.py's first pass (0.73-0.86), its BERT and encoder-decoder rows the check
-RUN_SPEED = 0.8
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
-BYTES_PER_TOKEN = 4.0  # of UTF-8 text per token, to count a corpus's unique tokens from its size
+STEPS_CAP = 2  # train.max_steps of a planned run, in planned updates: a cap only (`resolve`)
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
 
@@ -116,33 +116,6 @@ class Plan:
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
-def fmt_seconds(seconds: float) -> str:
-    return f"{seconds / 3600:.3g} h" if seconds >= 7200 else f"{seconds / 60:.3g} min" if seconds >= 120 \
-        else f"{seconds:.3g} s"
-
-
-def layout_of(recipe: Recipe, grad_accum: int, batch_size: int, processes: int, device: str) -> Layout:
-    """How `recipe` lays its updates out (memory.Layout) at a given batch and accumulation."""
-    t, fused = recipe.train, recipe.objective.fused_loss
-    precision = t.precision if t.precision != "auto" else "fp32" if device == "cpu" else "bf16"  # optim's auto
-    return Layout(micro_batch=max(1, batch_size // grad_accum // processes), seq_len=recipe.data.seq_len,
-                  objective=recipe.objective.name, optimizer=recipe.optim.name, precision=precision,
-                  grad_accum=grad_accum, activation_checkpointing=t.activation_checkpointing, processes=processes,
-                  distributed=t.distributed, fused_loss=fused == "on" or (fused == "auto" and device == "cpu"),
-                  device=device)
-
-
-def fitting_accum(recipe: Recipe, cfg: ModelConfig, batch_size: int, limit: int, processes: int, device: str,
-                  fixed: int | None = None) -> tuple[int, MemoryEstimate]:
-    """The fewest micro-batches of `batch_size` whose update fits `limit` (or `fixed`), with its estimate."""
-    options = [fixed] if fixed else [a for a in range(1, batch_size + 1) if batch_size % a == 0]
-    for accum in options:
-        memory = estimate_memory(cfg, layout_of(recipe, accum, batch_size, processes, device))
-        if memory.peak <= limit:
-            return accum, memory
-    return options[-1], memory
-
-
 def unique_tokens(spec) -> float | None:
     """The tokens of distinct text a corpus holds, from its size (BYTES_PER_TOKEN); None when unknown."""
     if isinstance(spec, str):
@@ -166,59 +139,118 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
                 cpu_budget: bool = False) -> Plan:
     """The plan for `recipe` in `budget` seconds (else its train.max_time) under `memory_limit` bytes per device
     (else this machine's), each shape timed by `measure` (else trainer.pace.measure_pace on `device`).
-    `cpu_budget`: the budget counts CPU time of this process, as the measurement does (experiments)."""
+    `cpu_budget`: the budget counts CPU time of this process, as the measurement does (experiments).
+
+    The batch: where the planned shape fits fewer than TARGET_UPDATES updates at the recipe's batch (or even
+    the smallest fits fewer than MIN_UPDATES), the batch is halved, down to MIN_BATCH sequences and never a
+    train.batch_size given by --set, and the walk made again (sizing.TARGET_UPDATES says why)."""
     if budget is None:
         if recipe.train.max_time is None:
             raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
         budget = parse_duration(recipe.train.max_time)
-    if memory_limit is None:
-        memory_limit = default_memory_limit(device)
-    if measure is None:
-        measure = _real_measure(device)
-    kind = device.split(":")[0]
-    clock = "budget-cpu" if cpu_budget else kind
-    given = given_keys(recipe)
-    fixed = {k: getattr(recipe.model, k) if f"model.{k}" in given else None for k in FIXED_MODEL_KEYS}
-    fixed_accum = recipe.train.grad_accum if "train.grad_accum" in given else None
-    vocab = recipe.model.vocab_size or recipe.tokenizer.vocab_size
-    unique = unique_tokens(recipe.data.train)
-    t = recipe.train
-    validation = (VALIDATIONS + 1) * recipe.eval.batches * EVAL_COST * (recipe.eval.batch_size or t.batch_size)
-    measured: list[tuple[Candidate, object]] = []
-    refused: tuple[str, Candidate, float] | None = None  # why the walk stopped before any shape: memory or time
-    best, since_best = math.inf, 0
-    for shape in ladder(fixed):
-        cfg = _config(recipe, shape, vocab)
-        if cfg is None:
-            continue
-        accum, memory = fitting_accum(recipe, cfg, t.batch_size, memory_limit, processes, kind, fixed_accum)
-        candidate = Candidate(shape, count_parameters(cfg), t.batch_size, accum, memory)
-        if memory.peak > memory_limit:
-            refused = refused or ("memory", candidate, 0.0)
-            break  # every larger rung needs more
-        pace = measure(_with(recipe, shape, t.batch_size, accum), cfg)
-        scored = _scored(candidate, pace, _share([p for _, p in measured] + [pace], clock), budget, validation, unique)
-        if scored.updates < MIN_UPDATES:
-            refused = refused or ("time", candidate, scored.seconds)
-            break  # a larger shape is slower still
-        measured.append((candidate, pace))
-        since_best += 1
-        if scored.loss < best:
-            best, since_best = scored.loss, 0
-        if since_best >= PATIENCE:
+    walk = _Walk(recipe, budget, default_memory_limit(device) if memory_limit is None else memory_limit,
+                 measure or _real_measure(device), device.split(":")[0], processes, cpu_budget)
+    batch, notes, found = recipe.train.batch_size, [], None
+    while True:
+        measured, refused = walk.run(batch)
+        if measured:
+            found = (batch, walk.chosen(measured, batch))
+        short = (found[1][1].updates < TARGET_UPDATES if measured  # else the last plan found stands, or none:
+                 else found is None and refused is not None and refused[0] == "time")  # even the smallest too slow
+        if not (short and walk.can_halve(batch)):
             break
-    if not measured:
-        _refuse(budget, memory_limit, refused, fixed, validation)
-    share = _share([p for _, p in measured], clock)
-    candidates = tuple(_scored(c, p, share, budget, validation, unique) for c, p in measured)
-    chosen = min(candidates, key=lambda c: c.loss)
-    notes = []
-    if "train.max_steps" in given and recipe.train.max_steps < chosen.updates:
+        # an update's time is about its batch's: jump to the batch that should fit TARGET_UPDATES, then halve on
+        halvings = math.ceil(math.log2(TARGET_UPDATES / max(found[1][1].updates, 1))) if measured else 1
+        for _ in range(max(1, halvings)):
+            if walk.can_halve(batch):
+                batch //= 2
+    if found is None:
+        _refuse(budget, walk.limit, refused, walk.fixed, walk.validation(batch), recipe.train.batch_size)
+    batch, (share, chosen, candidates) = found
+    if batch != recipe.train.batch_size:
+        notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, the largest batch at which "
+                     f"the planned model should fit {TARGET_UPDATES:,} updates or more in {fmt_seconds(budget)} here "
+                     f"(or the floor, {MIN_BATCH}): a short run is held back by its updates more than by its tokens "
+                     "(trainer/sizing.py, TARGET_UPDATES); optim.lr scaled by the square root of the batch "
+                     "(Malladi et al. 2022's rule for Adam)")
+    if "train.max_steps" in walk.given and recipe.train.max_steps < chosen.updates:
         notes.append(f"train.max_steps={recipe.train.max_steps:,} was given by hand and wins: the run stops "
                      f"there, before the {chosen.updates:,} updates planned")
         chosen = dataclasses.replace(chosen, updates=recipe.train.max_steps)
-    resolved = resolve(recipe, chosen, given, budget)
-    return Plan(resolved, chosen, candidates, budget, memory_limit, share, kind, tuple(notes))
+    if batch != recipe.train.batch_size and "optim.lr" not in walk.given:
+        optim = dataclasses.replace(recipe.optim, lr=recipe.optim.lr * (batch / recipe.train.batch_size) ** 0.5)
+        recipe = dataclasses.replace(recipe, optim=optim)
+    resolved = resolve(recipe, chosen, walk.given, budget)
+    return Plan(resolved, chosen, candidates, budget, walk.limit, share, walk.kind, tuple(notes))
+
+
+@dataclass
+class _Walk:
+    """The walk up the dial at one batch size (module doc): every shape that fits memory measured, smallest
+    first, until PATIENCE rungs past the best predicted loss or a shape that fits too few updates."""
+
+    recipe: Recipe
+    budget: float
+    limit: int
+    measure: Measure
+    kind: str
+    processes: int
+    cpu_budget: bool
+
+    def __post_init__(self) -> None:
+        self.clock = "budget-cpu" if self.cpu_budget else self.kind
+        self.given = given_keys(self.recipe)
+        self.fixed = {k: getattr(self.recipe.model, k) if f"model.{k}" in self.given else None
+                      for k in FIXED_MODEL_KEYS}
+        self.fixed_accum = self.recipe.train.grad_accum if "train.grad_accum" in self.given else None
+        self.vocab = self.recipe.model.vocab_size or self.recipe.tokenizer.vocab_size
+        self.unique = unique_tokens(self.recipe.data.train)
+
+    def validation(self, batch: int) -> float:
+        """Sequences of validation the run's VALIDATIONS + 1 evaluations read, in training-sequence cost."""
+        r = self.recipe
+        return (VALIDATIONS + 1) * r.eval.batches * EVAL_COST * (r.eval.batch_size or batch)
+
+    def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
+        """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
+        share = _share([p for _, p in measured], self.clock)
+        candidates = tuple(_scored(c, p, share, self.budget, self.validation(batch), self.unique) for c, p in measured)
+        return share, min(candidates, key=lambda c: c.loss), candidates
+
+    def can_halve(self, batch: int) -> bool:
+        half = batch // 2
+        return ("train.batch_size" not in self.given and half >= MIN_BATCH
+                and (self.fixed_accum is None or half % self.fixed_accum == 0))
+
+    def run(self, batch: int) -> tuple[list, tuple[str, Candidate, float] | None]:
+        """(measured candidates with their paces, why the walk stopped before any shape: memory or time)."""
+        measured: list[tuple[Candidate, object]] = []
+        refused = None
+        best, since_best = math.inf, 0
+        validation = self.validation(batch)
+        for shape in ladder(self.fixed):
+            cfg = _config(self.recipe, shape, self.vocab)
+            if cfg is None:
+                continue
+            accum, memory = fitting_accum(self.recipe, cfg, batch, self.limit, self.processes, self.kind,
+                                          self.fixed_accum)
+            candidate = Candidate(shape, count_parameters(cfg), batch, accum, memory)
+            if memory.peak > self.limit:
+                refused = refused or ("memory", candidate, 0.0)
+                break  # every larger rung needs more
+            pace = self.measure(_with(self.recipe, shape, batch, accum), cfg)
+            share = _share([p for _, p in measured] + [pace], self.clock)
+            scored = _scored(candidate, pace, share, self.budget, validation, self.unique)
+            if scored.updates < MIN_UPDATES:
+                refused = refused or ("time", candidate, scored.seconds)
+                break  # a larger shape is slower still
+            measured.append((candidate, pace))
+            since_best += 1
+            if scored.loss < best:
+                best, since_best = scored.loss, 0
+            if since_best >= PATIENCE:
+                break
+        return measured, refused
 
 
 def _scored(c: Candidate, pace, share: float, budget: float, validation: float, unique: float | None) -> Candidate:
@@ -249,20 +281,24 @@ def _with(recipe: Recipe, shape: Shape, batch_size: int, accum: int) -> Recipe:
 
 
 def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -> Recipe:
-    """The recipe `pretrain` runs: the chosen shape, micro-batch, updates, and the learning rate for its width."""
+    """The recipe `pretrain` runs: the chosen shape, micro-batch and learning rate for its width; the planned
+    updates are a prediction (`Recipe.planned`), and train.max_time, not they, ends the run: train.max_steps
+    is STEPS_CAP times them (a machine faster during the run than while measured trains on to the budget's
+    end instead of stopping early), or the value --set gave."""
     lr = recipe.optim.lr
     if not ("optim.lr" in given and "model.d_model" in given):
         lr = scaled_lr(lr, chosen.shape.d_model)
     planned = _with(recipe, chosen.shape, chosen.batch_size, chosen.grad_accum)
     max_time = recipe.train.max_time if recipe.train.max_time is not None else f"{budget:g}s"
-    return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr),
-                               train=dataclasses.replace(planned.train, max_steps=max(chosen.updates, 1),
-                                                         max_time=max_time))
+    cap = recipe.train.max_steps if "train.max_steps" in given else max(STEPS_CAP * chosen.updates, 1)
+    return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=chosen.updates,
+                               train=dataclasses.replace(planned.train, max_steps=cap, max_time=max_time))
 
 
 def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | None, fixed: dict,
-            validation: float) -> None:
-    """One line: why no shape fits, and what the smallest would need."""
+            validation: float, batch: int) -> None:
+    """One line: why no shape fits, and what the smallest would need (at the smallest batch tried, where the
+    recipe's `batch` was halved)."""
     hand = ", ".join(f"model.{k}={v}" for k, v in fixed.items() if v is not None)
     wins = f" ({hand} given by hand: a given key wins over the plan)" if hand else ""
     if refused is None:
@@ -273,43 +309,26 @@ def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | N
                           f"{c.batch_size // c.grad_accum}, needs {gib(c.memory.peak)} per device, above the limit "
                           f"of {gib(limit)}", params=("memory",))
     need = seconds * (MIN_UPDATES + validation / c.batch_size)
+    halved = f", halved from train.batch_size={batch}" if c.batch_size != batch else ""
     raise ConfigError(f"train.max_time: {fmt_seconds(budget)} trains fewer than {MIN_UPDATES} updates of the "
-                      f"smallest model{wins} ({c.shape}, batch {c.batch_size}, {seconds:.3g} s per update here); "
-                      f"it needs at least {fmt_seconds(math.ceil(need))}")
-
-
-def default_memory_limit(device: str) -> int:
-    """The bytes a run may use per device: this machine's memory (a CPU) less a fifth for everything else,
-    or the GPU's less its CUDA context."""
-    if device == "cpu":
-        from ..runtime import machine_memory  # noqa: PLC0415
-
-        return int(machine_memory() * 0.8)
-    import torch  # noqa: PLC0415
-
-    from .memory import CUDA_CONTEXT  # noqa: PLC0415
-
-    return torch.cuda.get_device_properties(torch.device(device)).total_memory - CUDA_CONTEXT
+                      f"smallest model{wins} ({c.shape}, batch {c.batch_size}{halved}, {seconds:.3g} s per update "
+                      f"here); it needs at least {fmt_seconds(math.ceil(need))}")
 
 
 def _real_measure(device: str) -> Measure:
+    """trainer.pace.measure_pace on `device`; a seq2seq corpus's row lengths read once for every candidate."""
     import torch  # noqa: PLC0415
 
     from .pace import measure_pace  # noqa: PLC0415
+    from .pair_lengths import pair_lengths  # noqa: PLC0415
 
-    return lambda recipe, cfg: measure_pace(recipe, cfg, torch.device(device))
+    lengths: dict[str, list] = {}
 
-
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g|t)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_memory(value: str, key: str = "memory") -> int:
-    """Bytes in `512MiB`, `8GiB`, `8G` or `1.5TB` (binary units); one line naming `key` otherwise."""
-    match = _MEMORY.match(str(value))
-    if not match:
-        raise ConfigError(f"{key}: got {value!r}, expected a size such as 512MiB or 8GiB", params=(key,))
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 2 ** (10 * "kmgt".index(unit) + 10))
+    def measure(recipe: Recipe, cfg: ModelConfig):
+        if recipe.objective.name == "seq2seq" and "rows" not in lengths:
+            lengths["rows"] = pair_lengths(recipe)
+        return measure_pace(recipe, cfg, torch.device(device), lengths=lengths.get("rows"))
+    return measure
 
 
 def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[str], None]) -> Recipe:
@@ -317,7 +336,9 @@ def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[st
     once its predicted peak memory fits the device (`check_fits`). A plan is made on one process: ranks that
     each measured would choose apart."""
     if recipe.model.size != AUTO_SIZE:
-        if recipe.head_task is None:  # a fine-tuning run's model is its checkpoint's, known later
+        if recipe.train.init_from or recipe.head_task:  # the model is train.init_from's (or a task's control)
+            check_finetune_fits(recipe, device, processes)
+        else:
             check_fits(recipe, device, processes)
         return recipe
     if processes > 1:
@@ -328,20 +349,3 @@ def plan_for_run(recipe: Recipe, device: str, processes: int, show: Callable[[st
     return plan.recipe
 
 
-def check_fits(recipe: Recipe, device: str, processes: int = 1, limit: int | None = None) -> None:
-    """A recipe given by hand whose predicted peak memory exceeds the device's is refused before training,
-    with the accumulation that fits at its batch (or the plan, where none does)."""
-    kind = device.split(":")[0]
-    limit = default_memory_limit(device) if limit is None else limit
-    cfg = recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
-    t = recipe.train
-    need = estimate_memory(cfg, layout_of(recipe, t.grad_accum, t.batch_size, processes, kind))
-    if need.peak <= limit:
-        return
-    accum, fits = fitting_accum(recipe, cfg, t.batch_size, limit, processes, kind)
-    instead = (f"train.grad_accum={accum} fits (micro-batch {t.batch_size // accum // processes}, {gib(fits.peak)})"
-               if fits.peak <= limit else "no micro-batch of this model fits: `tfkit plan RECIPE --time T` "
-               "chooses a model that does")
-    raise ConfigError(f"model: this run's predicted peak memory is {need.line()} per device at micro-batch "
-                      f"{t.batch_size // t.grad_accum // processes}, above the {gib(limit)} this {kind} may use; "
-                      f"{instead}")

@@ -54,6 +54,7 @@ class Recipe:
     # started from a checkpoint keeps these of its dropouts and attention kernel, the checkpoint's others
     given: tuple[str, ...] = field(default=(), compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # how it was chosen (trainer.resume), not saved: warnings
+    planned: int | None = field(default=None, compare=False)  # the updates a plan predicted (trainer/plan.py)
 
     def problems(self) -> list[str]:
         """Every problem of every section, then the combinations across sections."""
@@ -118,7 +119,7 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         """The recipe as saved; the task section only in a fine-tuning recipe (a pretraining recipe.yaml is
         unchanged by its existence)."""
-        dropped = ("overrides", "notes", "given") + (() if self.head_task else ("task",))
+        dropped = ("overrides", "notes", "given", "planned") + (() if self.head_task else ("task",))
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in dropped}
 
     def to_yaml(self) -> str:

@@ -95,9 +95,10 @@ def describe(recipe: Recipe, model, cfg, info: DistInfo, run_dir: Path, resume_f
         out.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
-def what_ended(state: TrainState, train) -> str:
-    """Under train.max_time, what the step count means: the steps that fit in the budget, or max_steps
-    reached inside it (a fast machine), or an interruption."""
+def what_ended(state: TrainState, train, planned: int | None = None) -> str:
+    """Under train.max_time, what the step count means: the steps that fit in the budget (against the
+    updates a plan predicted, when a plan sized the run), or max_steps reached inside it (a fast machine), or
+    an interruption."""
     budget = train.max_time
     if budget is None:
         return ""
@@ -105,13 +106,24 @@ def what_ended(state: TrainState, train) -> str:
         return f" (interrupted, {state.seconds:.0f} s of train.max_time={budget})"
     if state.step >= train.max_steps:
         return f" (train.max_steps={train.max_steps:,} reached in {state.seconds:.0f} s, within train.max_time={budget})"
+    if planned:
+        return f" ({planned:,} planned; fitted in train.max_time={budget}, {state.seconds:.0f} s)"
     return f" of train.max_steps={train.max_steps:,} (fitted in train.max_time={budget}, {state.seconds:.0f} s)"
 
 
-def budget_note(state: TrainState, train) -> str | None:
+PLANNED_SHARE = 0.9  # of a plan's updates: a run that ran fewer is noted (the machine slowed after the plan)
+
+
+def budget_note(state: TrainState, train, planned: int | None = None) -> str | None:
     """Under a time budget that ended the run before train.max_steps, what its loss means."""
     if train.max_time is None or state.interrupted or state.step >= train.max_steps:
         return None
+    if planned:
+        if state.step >= PLANNED_SHARE * planned:
+            return None  # the steps row says how many ran; a few percent is the plan's own error
+        return (f"note: {state.step:,} of the {planned:,} updates planned for train.max_time={train.max_time} ran "
+                f"({state.step / planned:.0%}): this machine was slower during the run than when the plan measured "
+                "it (other jobs, or a slower clock); the schedule decayed over the updates that ran")
     return (f"note: {state.step:,} of the recipe's {train.max_steps:,} steps fitted in train.max_time={train.max_time} "
             "on this machine; the schedule decayed over those, so the loss is what this machine reaches in the budget "
             "(a faster machine or a longer train.max_time fits more steps and reaches lower)")
@@ -143,7 +155,7 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
         source_rows(table, result.final)
     for key, value in (result.tasks or {}).items():  # eval.tasks / eval.probe at the final validation
         table.add_row(key.removeprefix(PREFIX).replace("/", " "), f"{value:.4f}")
-    table.add_row("steps", f"{result.state.step:,}" + what_ended(result.state, recipe.train))
+    table.add_row("steps", f"{result.state.step:,}" + what_ended(result.state, recipe.train, recipe.planned))
     table.add_row("tokens", f"{result.state.tokens:,}")
     table.add_row("tokens / s", "- (no step run)" if tokens_per_sec is None else f"{tokens_per_sec:,.0f}")
     table.add_row("parameters", f"{model.num_params():,}")
@@ -152,7 +164,7 @@ def report(result: RunResult, model, tokens_per_sec: float | None, recipe: Recip
     for name, text in checkpoint_rows(result, recipe):
         table.add_row(name, text)
     console.print(table)
-    if note := budget_note(result.state, recipe.train):
+    if note := budget_note(result.state, recipe.train, recipe.planned):
         console.print(note, highlight=False, markup=False)
     if result.sample is not None:
         console.print("[bold]sample:[/bold]", highlight=False)
