@@ -85,7 +85,7 @@ class Plan:
     def sets(self) -> list[str]:
         """The --set items that make the recipe this plan's (what `tfkit plan` prints to copy)."""
         m, t = self.recipe.model, self.recipe.train
-        return [f"model.size=null", f"model.d_model={m.d_model}", f"model.n_layers={m.n_layers}",
+        return ["model.size=null", f"model.d_model={m.d_model}", f"model.n_layers={m.n_layers}",
                 f"model.n_heads={m.n_heads}", f"optim.lr={self.recipe.optim.lr:.4g}",
                 f"train.batch_size={t.batch_size}", f"train.grad_accum={t.grad_accum}",
                 f"train.max_steps={t.max_steps}", f"train.max_time={t.max_time}"]
