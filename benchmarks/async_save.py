@@ -32,6 +32,7 @@ from tfkit.checkpoints.training import ShardedSave
 from tfkit.models import build_model
 from tfkit.trainer.objectives import LossModule
 from tfkit.trainer.optim import autocast_context
+from tfkit.trainer.parallel import shard_blocks_and_root
 from tfkit.trainer.pace import synthetic_batch
 from tfkit.trainer.recipe import load_recipe
 
@@ -47,16 +48,10 @@ def join_group_of_one(device: torch.device, folder: Path):
 
 def build(recipe_name: str, device: torch.device, batch: int):
     """The recipe's model sharded with FSDP2 (blocks, then the root), its AdamW stepped once, and an update."""
-    from torch.distributed.fsdp import fully_shard
-
-    from tfkit.trainer.parallel import transformer_blocks
-
     recipe = load_recipe(recipe_name)
     cfg = recipe.model.config(recipe.model.vocab_size or recipe.tokenizer.vocab_size)
     model = build_model(cfg).to(device)
-    for block in transformer_blocks(model):
-        fully_shard(block)
-    fully_shard(model)
+    shard_blocks_and_root(model)
     module = LossModule(model, recipe.objective)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     data = {k: v.to(device) for k, v in synthetic_batch(cfg, recipe.objective.name, batch,

@@ -38,6 +38,27 @@ EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a 
 RUN_SPEED = 0.8
 
 
+def planned_budget(recipe, budget: float | None) -> float:
+    """The seconds a plan is made for: `budget` if given, else the recipe's train.max_time (one line if neither)."""
+    if budget is not None:
+        return budget
+    if recipe.train.max_time is None:
+        raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
+    return parse_duration(recipe.train.max_time)
+
+
+def cpu_share(paces: list, device: str) -> float:
+    """CPU seconds per wall second over measured updates (trainer.pace.Pace): what a CPU run will get of
+    the measured CPU time; 1.0 on a GPU."""
+    cpu, wall = sum(p.seconds for p in paces), sum(p.wall for p in paces)
+    return cpu / wall if device == "cpu" and cpu > 0 and wall > 0 else 1.0
+
+
+def update_seconds(pace, share: float) -> float:
+    """Wall seconds per update the run will see, from a measured pace and the CPU share (RUN_SPEED)."""
+    return pace.seconds / share / RUN_SPEED
+
+
 def parse_duration(value: str | int | float, key: str = "train.max_time") -> float:
     """Seconds in `90`, `90s`, `3m`, `1h30m` or `1.5h`; a clear error naming `key` otherwise."""
     if isinstance(value, bool):

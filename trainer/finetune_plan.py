@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, TfkitError
 from ..models.config import ModelConfig
-from .budget import EVAL_COST, RUN_SPEED, VALIDATIONS, fmt_seconds, parse_duration
+from .budget import EVAL_COST, VALIDATIONS, cpu_share, fmt_seconds, planned_budget, update_seconds
 from .fits import default_memory_limit, fitting_accum
 from .memory import MemoryEstimate, gib
 from .pair_lengths import BYTES_PER_TOKEN
@@ -87,10 +87,7 @@ def plan_finetune(recipe: Recipe, budget: float | None = None, memory_limit: int
                   measure: FinetuneMeasure | None = None, device: str = "cpu") -> FinetunePlan:
     """The plan of fine-tuning recipe `recipe` in `budget` seconds (else its train.max_time) under
     `memory_limit` bytes per device (else this machine's), timed by `measure` (else trainer.pace.measure_pace)."""
-    if budget is None:
-        if recipe.train.max_time is None:
-            raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
-        budget = parse_duration(recipe.train.max_time)
+    budget = planned_budget(recipe, budget)
     recipe = dataclasses.replace(recipe, train=dataclasses.replace(
         recipe.train, max_time=recipe.train.max_time or f"{budget:g}s"))
     kind = device.split(":")[0]
@@ -112,8 +109,7 @@ def plan_finetune(recipe: Recipe, budget: float | None = None, memory_limit: int
     micro = t.batch_size // accum
     batch, head = task_batch(recipe, cfg, labelled, micro)
     pace = (measure or _real_measure(device))(recipe, cfg, batch, head)
-    share = pace.seconds / pace.wall if kind == "cpu" and pace.seconds > 0 and pace.wall > 0 else 1.0  # plan.py's
-    seconds = pace.seconds / share / RUN_SPEED
+    seconds = update_seconds(pace, cpu_share([pace], kind))
     validation = (VALIDATIONS + 1) * len(labelled.valid) * EVAL_COST
     updates = max(0, int(budget / seconds - validation / t.batch_size))
     return FinetunePlan(recipe, source, count_parameters(cfg), memory, seconds, pace.tokens, updates,

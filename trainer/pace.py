@@ -19,7 +19,7 @@ The clock. On a CPU the updates are timed in CPU time of this process (`time.pro
 on a machine shared with other jobs the wall time of a few updates swings with their load, and the
 comparison between candidates would measure the neighbours. The wall time is recorded beside it, and the
 plan turns CPU time into the wall time a run will see by the share of a CPU this process got over *all*
-the measured updates (trainer/plan.py `_share`), an average that smooths the neighbours out. On a GPU the
+the measured updates (trainer/budget.py `cpu_share`), an average that smooths the neighbours out. On a GPU the
 work is off the CPU, so the wall clock (after a synchronize) is the one measured, and its peak memory is read from the
 allocator. Tests give the plan a fake `measure` instead (trainer/plan.py), so nothing there depends on how
 fast the machine is.

@@ -53,12 +53,10 @@ class Parallel:
         if not self.info.enabled:
             return loss_module
         if self.sharded:
-            from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+            from torch.distributed.fsdp import register_fsdp_forward_method
 
             model = loss_module.model
-            for block in transformer_blocks(model):
-                fully_shard(block)
-            fully_shard(model)
+            shard_blocks_and_root(model)
             if loss_module.objective.name == "mlm":  # mlm_loss calls these instead of forward
                 for name in ("encode", "mlm_logits"):
                     register_fsdp_forward_method(model, name)
@@ -150,6 +148,16 @@ def _fsdp_no_sync(module: nn.Module):
 
 
 # --- activation checkpointing ----------------------------------------------------------------------------
+
+def shard_blocks_and_root(model: nn.Module) -> None:
+    """FSDP2 over the current process group: each transformer block its own unit (gathered one at a time),
+    then the root (embeddings, head, final norm)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in transformer_blocks(model):
+        fully_shard(block)
+    fully_shard(model)
+
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """Every transformer block of a tfkit model (GPT/BERT blocks, encoder and decoder layers)."""

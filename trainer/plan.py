@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
-from .budget import EVAL_COST, RUN_SPEED, VALIDATIONS, fmt_seconds, parse_duration
+from .budget import EVAL_COST, VALIDATIONS, cpu_share, fmt_seconds, planned_budget, update_seconds
 from .finetune_plan import check_finetune_fits
 from .fits import check_fits, default_memory_limit, fitting_accum
 from .memory import MemoryEstimate, gib
@@ -144,10 +144,7 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
     The batch: where the planned shape fits fewer than TARGET_UPDATES updates at the recipe's batch (or even
     the smallest fits fewer than MIN_UPDATES), the batch is halved, down to MIN_BATCH sequences and never a
     train.batch_size given by --set, and the walk made again (sizing.TARGET_UPDATES says why)."""
-    if budget is None:
-        if recipe.train.max_time is None:
-            raise ConfigError("train.max_time: a plan is made for a time budget: give one (e.g. 10m)")
-        budget = parse_duration(recipe.train.max_time)
+    budget = planned_budget(recipe, budget)
     walk = _Walk(recipe, budget, default_memory_limit(device) if memory_limit is None else memory_limit,
                  measure or _real_measure(device), device.split(":")[0], processes, cpu_budget)
     batch, notes, found = recipe.train.batch_size, [], None
@@ -213,7 +210,7 @@ class _Walk:
 
     def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
         """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
-        share = _share([p for _, p in measured], self.clock)
+        share = cpu_share([p for _, p in measured], self.clock)
         candidates = tuple(_scored(c, p, share, self.budget, self.validation(batch), self.unique) for c, p in measured)
         return share, min(candidates, key=lambda c: c.loss), candidates
 
@@ -239,7 +236,7 @@ class _Walk:
                 refused = refused or ("memory", candidate, 0.0)
                 break  # every larger rung needs more
             pace = self.measure(_with(self.recipe, shape, batch, accum), cfg)
-            share = _share([p for _, p in measured] + [pace], self.clock)
+            share = cpu_share([p for _, p in measured] + [pace], self.clock)
             scored = _scored(candidate, pace, share, self.budget, validation, self.unique)
             if scored.updates < MIN_UPDATES:
                 refused = refused or ("time", candidate, scored.seconds)
@@ -254,17 +251,11 @@ class _Walk:
 
 
 def _scored(c: Candidate, pace, share: float, budget: float, validation: float, unique: float | None) -> Candidate:
-    seconds = pace.seconds / share / RUN_SPEED
+    seconds = update_seconds(pace, share)
     updates = int(budget / seconds - validation / c.batch_size)
     tokens = updates * pace.tokens
     return dataclasses.replace(c, seconds=seconds, updates=updates, tokens=tokens,
                                loss=predicted_loss(c.params, tokens, unique))
-
-
-def _share(paces: list, device: str) -> float:
-    """CPU seconds per wall second over every measured update (trainer.pace.Pace.share); 1.0 on a GPU."""
-    cpu, wall = sum(p.seconds for p in paces), sum(p.wall for p in paces)
-    return cpu / wall if device == "cpu" and cpu > 0 and wall > 0 else 1.0
 
 
 def _config(recipe: Recipe, shape: Shape, vocab: int) -> ModelConfig | None:
