@@ -336,12 +336,27 @@ def ex(bm):
     return SimpleNamespace(**{n: importlib.import_module(f"experiments.{n}") for n in names})
 
 
-@pytest.mark.slow  # about 10 s: a 6-update pretraining, four small fine-tunings and HF's loops
-def test_pretraining_experiment_runs_every_row_quickly(bm, ex):
-    """`python -m experiments.finetune_pretraining --quick`'s rows: pretraining against random init on few labels
-    (the goal, each start at its best rate) and on every label, and the raw-text paths with their CPU seconds."""
+@pytest.mark.slow  # about 25 s: a plan and 4 s of pretraining, four small fine-tunings and HF's loops
+def test_pretraining_experiment_runs_every_row_quickly(bm, ex, monkeypatch):
+    """`python -m experiments.finetune_pretraining --quick`'s rows: a planned pretraining against its shape from
+    random init on few labels (the goal, each start at its best rate) and on every label, and the raw-text paths
+    with their CPU seconds."""
+    fp, recipes, real = ex.finetune_pretraining, {}, ex.finetune_pretraining.run_recipe
+
+    def recorded(env, command, name, recipe):
+        out = real(env, command, name, recipe)
+        recipes[name] = fp.checkpoint_record(out[0]).model if command == "pretrain" else recipe
+        return out
+
+    monkeypatch.setattr(fp, "run_recipe", recorded)
     ctx = bm.common.Context("cpu", True, False, torch.device("cpu"), clock="cpu")
-    rows = ex.finetune_pretraining.run(ctx)
+    rows = fp.run(ctx)
+    planned = recipes.pop("bert-planned")
+    assert "planned for 4s" in rows[0].case and f"d_model {planned.d_model}, " in rows[0].case
+    controls = [r["model"] for name, r in recipes.items() if name.startswith("few-random")]
+    assert controls and all(m["size"] is None and (m["d_model"], m["n_layers"], m["n_heads"], m["norm_placement"]) ==
+                            (planned.d_model, planned.n_layers, planned.n_heads, planned.norm_placement)
+                            for m in controls)  # random init has the planned architecture, not the recipe's size
     assert not ctx.notes and [r.unit for r in rows] == ["acc %", "acc %", "acc %"]
     few, pretrained, raw = rows
     seeds = len(ex.finetune_pretraining.QUICK.seeds)
