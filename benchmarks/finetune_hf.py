@@ -180,7 +180,7 @@ def group_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], block: int
 
 
 def pretrain_mlm(config: BertConfig, tokenizer: PreTrainedTokenizerBase, blocks: tuple[Tensor, Tensor], hyper: Hyper,
-                 budget_s: float, seed: int,
+                 budget_s: float, seed: int, mask_prob: float = 0.15,
                  timer: Callable[[], float] = time.process_time) -> tuple[nn.Module, int, float]:
     """`BertForMaskedLM` trained for as many updates as `budget_s` seconds of `timer` pay for, warmup the
     first 10% (as the tfkit run's), then linear decay. The pace comes from a probe of 6 updates on a
@@ -188,7 +188,7 @@ def pretrain_mlm(config: BertConfig, tokenizer: PreTrainedTokenizerBase, blocks:
     Returns the model, its number of updates and the seconds they took."""
     import transformers as tr
 
-    collator = tr.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+    collator = tr.DataCollatorForLanguageModeling(tokenizer, mlm_probability=mask_prob)
     ids, special = blocks
 
     def run(steps: int, schedule: bool) -> tuple[nn.Module, list[float]]:

@@ -151,11 +151,13 @@ def hf_path(env: Env, split: Split, sizes: Sizes, run_dir: Path, budget_s: float
     tokenizer = hf.train_wordpiece(split.texts(), sizes.vocab_size)
     blocks = hf.group_texts(tokenizer, split.texts(), tiny.max_len)
     prepared = time.process_time() - start
-    optim = bundled("bert-tiny")["optim"]
+    recipe = bundled("bert-tiny")
+    optim = recipe["optim"]
     mlm_hyper = hf.Hyper(lr=float(optim["lr"]), steps=0, warmup=0, beta2=float(optim["beta2"]),
                          weight_decay=float(optim["weight_decay"]), grad_clip=float(optim["grad_clip"]))
     mlm, steps, seconds = hf.pretrain_mlm(hf_config(run_dir, len(tokenizer)), tokenizer, blocks, mlm_hyper,
-                                          budget_s - prepared, seed=1337)
+                                          budget_s - prepared, seed=1337,
+                                          mask_prob=float(recipe["objective"]["mask_prob"]))
     train_features = hf.encode(tokenizer, split.train, tiny.max_len)
     test_features = hf.encode(tokenizer, split.test, tiny.max_len)
     accuracies, tuning = [], 0.0

@@ -50,7 +50,7 @@ from .recipe import Recipe
 from .step import Update
 
 MASK_ID = 4  # mlm: any id stands for [MASK] in random tokens
-MASK_PROB = 0.15
+MASK_PROB = 0.15  # mlm: the share of positions chosen, where the caller does not give the recipe's
 MIN_TIMED = 3  # timed updates, at least
 FLOOR = 1.0  # seconds of timed updates (CPU time on a CPU), at least
 MAX_TIMED = 200  # timed updates, at most (a tiny model's update takes milliseconds)
@@ -64,10 +64,18 @@ class Pace:
     wall: float  # per update, wall time, median
     tokens: int  # input tokens per update as the loop counts them (the real source + target tokens for seq2seq)
     peak_bytes: int | None = None  # GPU: the allocator's peak during the updates; None on a CPU
+    # tokens per update that carry a loss: every one of a causal LM's, the chosen ones of an MLM's, a seq2seq pair's
+    # target; None = all of `tokens` (what the law's data term counts, trainer/plan.py)
+    predicted: int | None = None
+
+    @property
+    def learned_from(self) -> int:
+        """Tokens per update that carry a loss (`predicted`, or every input token where not measured)."""
+        return self.tokens if self.predicted is None else self.predicted
 
 
 def synthetic_batch(cfg: ModelConfig, objective: str, batch: int, seq_len: int, seed: int = 0,
-                    lengths: list[tuple[int, int]] | None = None) -> dict[str, Tensor]:
+                    lengths: list[tuple[int, int]] | None = None, mask_prob: float = MASK_PROB) -> dict[str, Tensor]:
     """A batch of random tokens in the objective's layout (ARCHITECTURE.md, "Batches"): what a real batch
     costs, whatever its text. seq2seq rows hold `lengths` (source, target) real tokens, drawn as the run
     draws its rows (trainer/pair_lengths.py), the rest padding; full rows without them."""
@@ -84,7 +92,7 @@ def synthetic_batch(cfg: ModelConfig, objective: str, batch: int, seq_len: int, 
         labels = ids[:, 1:].masked_fill(~tgt_mask, IGNORE)
         return {"src_ids": src, "src_mask": src_mask, "tgt_ids": tgt, "tgt_mask": tgt_mask, "labels": labels}
     x = ids[:, :seq_len]  # (B, T) mlm: a fixed number of masked positions per row
-    k = max(1, round(MASK_PROB * seq_len))
+    k = max(1, round(mask_prob * seq_len))
     positions = torch.rand(batch, seq_len, generator=g).argsort(dim=1)[:, :k].sort(dim=1).values  # (B, K)
     masked = torch.zeros(batch, seq_len, dtype=torch.bool).scatter_(1, positions, True)
     return {"input_ids": x.masked_fill(masked, MASK_ID), "token_type_ids": torch.zeros_like(x),
@@ -126,7 +134,8 @@ def measure_pace(recipe: Recipe, cfg: ModelConfig, device: torch.device, lengths
     update = Update.of(recipe, model, module, build_optimizer(model, recipe.optim, device),
                        grad_scaler(t.precision, device), DistInfo(device=device))
     if batch is None:
-        batch = synthetic_batch(cfg, recipe.objective.name, micro, recipe.data.seq_len, lengths=lengths)
+        batch = synthetic_batch(cfg, recipe.objective.name, micro, recipe.data.seq_len, lengths=lengths,
+                                mask_prob=recipe.objective.mask_prob)
     data = _FixedBatch(batch)
     loop = Loop(recipe, update, data, log=lambda row: None, save=lambda state: None, validate=lambda step: {})
     stop = StopFlag()  # never entered: no signal handlers
@@ -155,4 +164,5 @@ def measure_pace(recipe: Recipe, cfg: ModelConfig, device: torch.device, lengths
         if cuda:
             torch.cuda.empty_cache()
     tokens = count_inputs(batch) * t.grad_accum  # every micro-batch of the update is this one
-    return Pace(statistics.median(seconds), statistics.median(walls), tokens, peak)
+    predicted = int((batch["labels"] != IGNORE).sum()) * t.grad_accum if head is None else None
+    return Pace(statistics.median(seconds), statistics.median(walls), tokens, peak, predicted)

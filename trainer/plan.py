@@ -255,7 +255,7 @@ def _scored(c: Candidate, pace, share: float, budget: float, validation: float, 
     updates = int(budget / seconds - validation / c.batch_size)
     tokens = updates * pace.tokens
     return dataclasses.replace(c, seconds=seconds, updates=updates, tokens=tokens,
-                               loss=predicted_loss(c.params, tokens, unique))
+                               loss=predicted_loss(c.params, updates * pace.learned_from, unique))
 
 
 def _config(recipe: Recipe, shape: Shape, vocab: int) -> ModelConfig | None:
