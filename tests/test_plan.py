@@ -1,6 +1,7 @@
 """`tfkit plan` and `model.size: auto`: the shape, batch and learning rate chosen for a budget, from a fake pace
 (a machine of a fixed speed, whatever this one's load), and the one-line refusals."""
 
+import dataclasses
 import json
 
 import pytest
@@ -46,6 +47,24 @@ def test_a_longer_budget_plans_a_larger_model_for_more_tokens():
     assert long.chosen.tokens > short.chosen.tokens
     for plan in (short, long):  # the chosen shape is the measured one of the lowest predicted loss
         assert plan.chosen.loss == min(c.loss for c in plan.candidates)
+
+
+def test_the_law_counts_the_tokens_that_carry_a_loss():
+    """An MLM learns from its chosen tokens only: at the same pace, a run that predicts a fifth of its inputs has
+    a fifth of the data, and the plan picks a smaller model for more updates."""
+
+    def predicting(share):
+        machine = FakeMachine()
+
+        def measure(recipe, cfg):
+            pace = machine(recipe, cfg)
+            return dataclasses.replace(pace, predicted=round(share * pace.tokens))
+        return measure
+
+    every = plan_recipe(quickstart(), budget=600, measure=predicting(1.0))
+    fifth = plan_recipe(quickstart(), budget=600, measure=predicting(0.2))
+    assert fifth.chosen.params < every.chosen.params and fifth.chosen.updates > every.chosen.updates
+    assert every.chosen.shape == plan_recipe(quickstart(), budget=600, measure=FakeMachine()).chosen.shape
 
 
 def test_a_slower_machine_plans_a_smaller_model():

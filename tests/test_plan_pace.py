@@ -69,3 +69,15 @@ def test_a_seq2seq_pace_counts_the_real_tokens_of_padded_rows(tmp_path):
     pace = measure_pace(recipe, cfg, torch.device("cpu"), lengths=lengths, floor=0.0, min_timed=1)
     assert pace.tokens == count_inputs(batch) < 2 * 2 * 32
     assert fill(lengths, 32) == (11 + 21 + 32 + 11) / 128
+
+
+def test_the_pace_counts_the_tokens_that_carry_a_loss():
+    """Every token of a causal LM's update is a target; an MLM's are the recipe's chosen share of them (what the
+    plan's law counts as data), at the recipe's own masking rate."""
+    clm = load_recipe("quickstart", SMALL)
+    pace = measure_pace(clm, clm.model.config(300), torch.device("cpu"), floor=0.0, min_timed=1)
+    assert pace.predicted == pace.tokens == 2 * 16
+    for rate in (0.15, 0.5):
+        mlm = load_recipe("bert-tiny", SMALL + [f"objective.mask_prob={rate}"])
+        pace = measure_pace(mlm, mlm.model.config(300), torch.device("cpu"), floor=0.0, min_timed=1)
+        assert pace.tokens == 2 * 16 and pace.predicted == 2 * round(rate * 16)
