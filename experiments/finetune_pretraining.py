@@ -3,7 +3,7 @@
 same shape from random init, where labels are few; and the whole path from raw text to a classifier against
 HuggingFace's at equal CPU time.
 
-    python -m experiments.finetune_pretraining [--data CSV] [--threads N] [--json OUT]   # about 45 CPU minutes
+    python -m experiments.finetune_pretraining [--data CSV] [--threads N] [--json OUT]   # about 55 minutes
     python -m experiments.finetune_pretraining --quick   # seconds: made-up topics, tiny sizes; checks it runs
 
 Run from the repository root (it shares the fine-tuning benchmark's helpers: benchmarks/finetune.py,
@@ -62,7 +62,7 @@ DATA = Path("../shared/data/ag_news_test.csv")
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much of everything a run does (FULL: about 45 CPU minutes on one thread; QUICK: seconds)."""
+    """How much of everything a run does (FULL: about 55 minutes on one thread; QUICK: seconds)."""
 
     n_train: int  # items of the split to train on (the first ones of the file)
     n_test: int  # items scored (the last ones)
