@@ -33,9 +33,6 @@ WINDOW_SHARE = 0.05  # a window of updates lasts at most about this share of the
 VALIDATIONS = 8  # validations at evenly spaced points of the steps that fit (besides train.eval_every's)
 # What a plan (trainer/plan.py, trainer/finetune_plan.py) predicts a budget holds, from the measured pace:
 EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a training micro-batch
-# a run's updates over measure_pace's on one fixed batch (the data pipeline's batches, the loop's windows): fitted
-# on the GPT rows of benchmarks/plan.py's first pass (0.73-0.86), its BERT and encoder-decoder rows the check
-RUN_SPEED = 0.8
 
 
 def planned_budget(recipe, budget: float | None) -> float:
@@ -55,8 +52,9 @@ def cpu_share(paces: list, device: str) -> float:
 
 
 def update_seconds(pace, share: float) -> float:
-    """Wall seconds per update the run will see, from a measured pace and the CPU share (RUN_SPEED)."""
-    return pace.seconds / share / RUN_SPEED
+    """Wall seconds per update the run will see, from a measured pace and the CPU share: a run's update costs what
+    the fixed batch's did (benchmarks/RESULTS.md, "Planning a run"); its validations are counted apart (EVAL_COST)."""
+    return pace.seconds / share
 
 
 def parse_duration(value: str | int | float, key: str = "train.max_time") -> float:
