@@ -34,7 +34,6 @@ run_glue's loop with the same fine-tuning hyperparameters), scored on the same l
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import shutil
 import statistics
@@ -125,7 +124,7 @@ def same_shape(run_dir: Path) -> dict:
     """The model keys that rebuild the pretrained checkpoint's architecture from random init: every field of its
     `ModelConfig` but the ones the fine-tuning recipe or its tokenizer sets (vocabulary, padding id, dropout,
     length)."""
-    keys = dataclasses.asdict(checkpoint_record(run_dir).model)
+    keys = checkpoint_record(run_dir).model.to_dict()
     for set_elsewhere in ("vocab_size", "pad_token_id", "dropout", "attn_dropout", "max_seq_len"):
         keys.pop(set_elsewhere)
     return {"size": None, **keys}
@@ -192,8 +191,8 @@ def start_recipe(env: Env, split: Split, train_csv: Path, hyper: hf.Hyper, seed:
     reading text with its tokenizer."""
     if pretrained:
         return finetune_recipe(env, split, train_csv, hyper, seed, init_from=planned.run_dir, pooling="mean")
-    recipe = finetune_recipe(env, split, train_csv, hyper, seed, init_from=None, tokenizer=planned.run_dir / "tokenizer",
-                             pooling="mean")
+    recipe = finetune_recipe(env, split, train_csv, hyper, seed, init_from=None,
+                             tokenizer=planned.run_dir / "tokenizer", pooling="mean")
     recipe["model"].update(same_shape(planned.run_dir))
     return recipe
 
@@ -228,10 +227,10 @@ def few_label_row(env: Env, split: Split, sizes: Sizes, planned: Pretrained) -> 
     every = "; ".join(f"{start} lr {lr:g}: {spread([s for _, s in scores[start, lr]])}"
                       for start in starts for lr in sizes.few_lrs)
     return Row("pretraining", f"accuracy on {sizes.few_labels} labels (an equal share per class, drawn per seed), "
-                           f"a BERT planned for {sizes.pretrain_time} ({planned.shape}, {planned.updates:,} MLM updates "
-                           f"on the {len(split.train):,} training texts) vs its shape from random init, each at "
-                           f"its best rate of "
-                           f"{list(sizes.few_lrs)} on {sizes.val_items} held-back items, {sizes.few_epochs} epochs "
+                           f"a BERT planned for {sizes.pretrain_time} ({planned.shape}, "
+                           f"{planned.updates:,} MLM updates on the {len(split.train):,} training texts) vs its "
+                           f"shape from random init, each at its best rate of {list(sizes.few_lrs)} on "
+                           f"{sizes.val_items} held-back items, {sizes.few_epochs} epochs "
                            f"({steps} updates), {len(split.test):,} scored", "acc %",
                100 * statistics.mean(pre), 100 * statistics.mean(rand), goal=PRETRAIN_GOAL,
                paired=min(p / r for p, r in zip(pre, rand)),
@@ -245,7 +244,6 @@ def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
     """tfkit's planned BERT against its shape from random init (few labels: the goal; every label: no goal),
     and tfkit's raw-text path against HF's."""
     planned = pretrain_planned(env, split, sizes)
-    pre_cpu = planned.cpu_s
     rows = [few_label_row(env, split, sizes, planned)]
     tiny, runs = sizes.tiny, {"pretrained": [], "random": []}
     tuning = 0.0
@@ -257,12 +255,12 @@ def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
             env.ctx.log(f"pretraining: every label, {kind}, seed {seed}: {100 * accuracy:.2f}")
             runs[kind].append(accuracy)
             tuning += seconds if kind == "pretrained" else 0.0
-    budget = min(pre_cpu, 2.0) if env.ctx.quick else pre_cpu  # --quick: the HF loop's pace is all that matters
+    budget = min(planned.cpu_s, 2.0) if env.ctx.quick else planned.cpu_s  # --quick: only the HF loop's pace matters
     theirs, cost = hf_path(env, split, sizes, planned.run_dir, budget)
     pre, rand = runs["pretrained"], runs["random"]
     gaps = "/".join(f"{100 * (p - r):+.1f}" for p, r in zip(pre, rand))
     shape = (f"a BERT planned for {sizes.pretrain_time} ({planned.shape}), {planned.updates:,} MLM updates on the "
-             f"{len(split.train):,} training texts ({pre_cpu:.0f} CPU s, plan and tokenizer included)")
+             f"{len(split.train):,} training texts ({planned.cpu_s:.0f} CPU s, plan and tokenizer included)")
     tuned = (f"fine-tuned {tiny.steps} updates of {tiny.batch_size}, lr {tiny.lr:g}, {len(split.test):,} scored, "
              f"seeds {list(sizes.seeds)}")
     return rows + [
@@ -270,16 +268,16 @@ def pretraining_rows(env: Env, split: Split, sizes: Sizes) -> list[Row]:
                            f"random init; {tuned}", "acc %", 100 * statistics.mean(pre), 100 * statistics.mean(rand),
             paired=min(p / r for p, r in zip(pre, rand)),
             note=f"pretrained {spread(pre)}, random {spread(rand)}; gap per seed {gaps} points; ratio = worst seed",
-            extra={"pretrained": pre, "random": rand, "pretrain_cpu_s": pre_cpu}),
+            extra={"pretrained": pre, "random": rand, "pretrain_cpu_s": planned.cpu_s}),
         Row("pretraining", f"accuracy from raw text: tfkit (pretrain: tokenizer + MLM, then finetune) vs HF "
                            f"(tokenizers WordPiece + run_mlm loop for the same CPU seconds, then run_glue loop); "
                            f"{tuned}", "acc %",
             100 * statistics.mean(pre), 100 * statistics.mean(theirs),
-            note=(f"tfkit {spread(pre)}, HF {spread(theirs)}; pretraining CPU tfkit {pre_cpu:.0f} s "
+            note=(f"tfkit {spread(pre)}, HF {spread(theirs)}; pretraining CPU tfkit {planned.cpu_s:.0f} s "
                   f"({planned.updates} updates), HF {cost['pretrain_cpu_s']:.0f} s ({cost['mlm_updates']} "
                   f"updates); a fine-tuning {tuning / len(sizes.seeds):.0f} s vs {cost['finetune_cpu_s']:.0f} s; "
                   "tfkit pools the mean, HF's [CLS] pooler"),
-            extra={"tfkit": pre, "hf": theirs, "tfkit_pretrain_cpu_s": pre_cpu, **cost}),
+            extra={"tfkit": pre, "hf": theirs, "tfkit_pretrain_cpu_s": planned.cpu_s, **cost}),
     ]
 
 
