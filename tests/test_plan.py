@@ -84,7 +84,7 @@ def test_a_busy_cpu_counts_the_wall_time_the_run_will_see():
 
 def test_the_walk_stops_two_rungs_past_the_best():
     machine = FakeMachine()
-    plan = plan_recipe(quickstart(), budget=600, measure=machine)
+    plan = plan_recipe(quickstart("train.batch_size=16"), budget=600, measure=machine)  # one walk: batch given
     best = WIDTHS.index(plan.shape.d_model)
     assert machine.timed == list(WIDTHS[: best + 3])  # measured up to PATIENCE rungs past the best, no more
 
@@ -94,8 +94,9 @@ def test_the_resolved_recipe_is_what_pretrain_runs():
     r = plan.recipe
     assert r.model.size is None and (r.model.d_model, r.model.n_layers, r.model.n_heads) == (
         plan.shape.d_model, plan.shape.n_layers, plan.shape.n_heads)
-    assert r.optim.lr == pytest.approx(3e-3 * (plan.shape.d_model / LR_WIDTH) ** -0.5)
-    assert r.planned == plan.chosen.updates and r.train.max_time == "80s"
+    batch = r.train.batch_size  # the width's rule, and the batch's where the plan halved it
+    assert r.optim.lr == pytest.approx(3e-3 * (plan.shape.d_model / LR_WIDTH) ** -0.5 * (batch / 16) ** 0.5)
+    assert r.planned == plan.chosen.updates and r.train.max_time == "5m"
     assert r.train.max_steps == STEPS_CAP * plan.chosen.updates  # a cap: train.max_time ends the run
     assert r.problems() == []
     again = load_recipe("quickstart", plan.sets())  # the printed --set items give the same recipe
