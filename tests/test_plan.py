@@ -12,6 +12,7 @@ from tfkit.cli.main import app
 from tfkit.errors import ConfigError
 from tfkit.trainer import pace as pace_module
 from tfkit.trainer.pace import Pace
+from tfkit.trainer.budget import EVAL_COST
 from tfkit.trainer.fits import parse_memory
 from tfkit.trainer.plan import MIN_UPDATES, STEPS_CAP, plan_recipe
 from tfkit.trainer.recipe import load_recipe
@@ -80,6 +81,18 @@ def test_a_busy_cpu_counts_the_wall_time_the_run_will_see():
     assert busy.share == pytest.approx(0.5)
     same = next(c for c in busy.candidates if c.shape == idle.chosen.shape)
     assert same.seconds == pytest.approx(2 * idle.chosen.seconds)
+
+
+def test_the_validations_of_train_eval_every_are_counted_in_the_budget():
+    """A run validates every train.eval_every updates besides the budget's spaced points; each validation reads
+    eval.batches batches forward only (EVAL_COST of a training batch), so frequent ones leave fewer updates."""
+    sparse = plan_recipe(quickstart("train.batch_size=16", "train.eval_every=100000"), budget=600, measure=FakeMachine())
+    dense = plan_recipe(quickstart("train.batch_size=16", "train.eval_every=10"), budget=600, measure=FakeMachine())
+    assert dense.shape == sparse.shape
+    a, b = sparse.chosen, dense.chosen
+    per_validation = 10 * EVAL_COST  # eval.batches (the quickstart's 10) batches of the training batch, forward only
+    assert b.updates == pytest.approx(a.updates / (1 + per_validation / 10), abs=2)  # one per 10 updates
+    assert b.updates < 0.8 * a.updates
 
 
 def test_the_walk_stops_two_rungs_past_the_best():

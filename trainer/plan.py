@@ -27,6 +27,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
@@ -45,6 +46,21 @@ PATIENCE = 2  # rungs measured past the best predicted loss before the walk stop
 STEPS_CAP = 2  # train.max_steps of a planned run, in planned updates: a cap only (`resolve`)
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
+
+
+class Validation(NamedTuple):
+    """Evaluation cost in training sequences: `fixed` per run, `per_update` for each update the run makes."""
+
+    fixed: float
+    per_update: float
+
+    def updates(self, budget_updates: float, batch: int) -> int:
+        """The updates that fit when `budget_updates` would fit with no evaluation at all."""
+        return int((budget_updates - self.fixed / batch) / (1 + self.per_update / batch))
+
+    def needs(self, updates: int, batch: int) -> float:
+        """The budget, in updates, that `updates` and their evaluations take."""
+        return updates * (1 + self.per_update / batch) + self.fixed / batch
 
 
 @dataclass(frozen=True)
@@ -204,10 +220,12 @@ class _Walk:
         self.vocab = self.recipe.model.vocab_size or self.recipe.tokenizer.vocab_size
         self.unique = unique_tokens(self.recipe.data.train)
 
-    def validation(self, batch: int) -> float:
-        """Sequences of validation the run's VALIDATIONS + 1 evaluations read, in training-sequence cost."""
+    def validation(self, batch: int) -> Validation:
+        """What the run's evaluations cost, in training sequences: the VALIDATIONS + 1 a budget always makes,
+        and one per train.eval_every updates besides (the quickstart's 100 made 57 in a 5-minute run)."""
         r = self.recipe
-        return (VALIDATIONS + 1) * r.eval.batches * EVAL_COST * (r.eval.batch_size or batch)
+        each = r.eval.batches * EVAL_COST * (r.eval.batch_size or batch)
+        return Validation(fixed=(VALIDATIONS + 1) * each, per_update=each / r.train.eval_every)
 
     def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
         """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
@@ -251,9 +269,10 @@ class _Walk:
         return measured, refused
 
 
-def _scored(c: Candidate, pace, share: float, budget: float, validation: float, unique: float | None) -> Candidate:
+def _scored(c: Candidate, pace, share: float, budget: float, validation: Validation,
+            unique: float | None) -> Candidate:
     seconds = update_seconds(pace, share)
-    updates = int(budget / seconds - validation / c.batch_size)
+    updates = validation.updates(budget / seconds, c.batch_size)
     tokens = updates * pace.tokens
     return dataclasses.replace(c, seconds=seconds, updates=updates, tokens=tokens,
                                loss=predicted_loss(c.params, updates * pace.learned_from, unique))
@@ -288,7 +307,7 @@ def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -
 
 
 def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | None, fixed: dict,
-            validation: float, batch: int) -> None:
+            validation: Validation, batch: int) -> None:
     """One line: why no shape fits, and what the smallest would need (at the smallest batch tried, where the
     recipe's `batch` was halved)."""
     hand = ", ".join(f"model.{k}={v}" for k, v in fixed.items() if v is not None)
@@ -300,7 +319,7 @@ def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | N
         raise ConfigError(f"memory: the smallest model the plan may choose{wins}, {c.shape} at micro-batch "
                           f"{c.batch_size // c.grad_accum}, needs {gib(c.memory.peak)} per device, above the limit "
                           f"of {gib(limit)}", params=("memory",))
-    need = seconds * (MIN_UPDATES + validation / c.batch_size)
+    need = seconds * validation.needs(MIN_UPDATES, c.batch_size)
     halved = f", halved from train.batch_size={batch}" if c.batch_size != batch else ""
     raise ConfigError(f"train.max_time: {fmt_seconds(budget)} trains fewer than {MIN_UPDATES} updates of the "
                       f"smallest model{wins} ({c.shape}, batch {c.batch_size}{halved}, {seconds:.3g} s per update "
