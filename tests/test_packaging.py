@@ -10,18 +10,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# What a build must not see: version control, environments, run outputs and earlier builds (the
-# .gitignore's entries). The wheel is built from a copy of the rest, because setuptools builds in the
-# source tree (build/, tfkit.egg-info/): two builds of one tree at once collide, and a test must not
-# leave files in the user's checkout.
-NOT_SOURCE = (".git", ".venv", "venv", ".whl", "runs", "labs", "tmp", "build", "dist", "__pycache__",
-              "*.egg-info", ".pytest_cache")
+
+def not_source() -> list[str]:
+    """What a build must not see: version control and what .gitignore names (environments, run outputs, earlier
+    builds), as names at any depth. The wheel is built from a copy of the rest, because setuptools builds in the
+    source tree (build/, tfkit.egg-info/): two builds of one tree at once collide, and a test must not leave
+    files in the user's checkout."""
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    return [".git", *(Path(line.strip("/")).name for line in lines if line.strip() and not line.startswith("#"))]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     source = tmp_path_factory.mktemp("source") / "tfkit"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*not_source()))
     out = tmp_path_factory.mktemp("wheel")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],

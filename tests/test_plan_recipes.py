@@ -31,8 +31,8 @@ def test_the_first_recipes_a_user_runs_are_planned_and_keep_their_tuned_keys():
 
 
 def test_the_report_says_how_many_of_the_planned_updates_ran(tmp_path, english_file, monkeypatch):
-    fixed_pace(monkeypatch, seconds=0.01)  # the plan: ~3 s / 0.01 s, less its validations = ~290 updates
-    fake_machine(monkeypatch, update=0.02)  # the run: twice as slow as measured, so about half of them run
+    fixed_pace(monkeypatch, seconds=0.01)  # the plan: ~3 s / 0.01 s, less its validations: ~300 updates
+    fake_machine(monkeypatch, update=0.02)  # the run: twice as slow as measured, so fewer than half of them run
     result = _run(tmp_path, "quickstart", english_file)
     assert result.exit_code == 0, result.output
     assert "plan for quickstart" in result.output
@@ -42,7 +42,7 @@ def test_the_report_says_how_many_of_the_planned_updates_ran(tmp_path, english_f
 
 
 def test_a_run_faster_than_planned_trains_on_to_the_end_of_its_budget(tmp_path, english_file, monkeypatch):
-    fixed_pace(monkeypatch, seconds=0.01)  # ~290 updates planned, train.max_steps twice that: a cap only
+    fixed_pace(monkeypatch, seconds=0.01)  # ~300 updates planned, train.max_steps twice that: a cap only
     fake_machine(monkeypatch, update=0.005)  # the run's updates: twice as fast as measured
     result = _run(tmp_path, "small-corpus", english_file)
     assert result.exit_code == 0, result.output

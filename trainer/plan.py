@@ -4,8 +4,9 @@ The plan walks the width dial (trainer/sizing.py) from its smallest rung up. For
 peak memory per device from the keys (trainer/memory.py) and takes the largest micro-batch of the recipe's
 batch that fits (train.grad_accum the rest); it measures a few updates of the shape on this machine
 (trainer/pace.py, CPU time of this process on a CPU), turns them into the updates and tokens the budget
-trains once the run's validations are paid for (`Validation`), and predicts the loss those tokens give that size (sizing.predicted_loss; the data counted are the
-tokens that carry a loss, Pace.predicted: an MLM learns from its chosen tokens only). The shape of the lowest
+trains once the run's validations are paid for (`Validation`), and predicts the loss those tokens give that
+size (sizing.predicted_loss; the data counted are the tokens that carry a loss, Pace.predicted: an MLM learns
+from its chosen tokens only). The shape of the lowest
 predicted loss wins: the compute-optimal size *at this machine's own cost of each size*. The walk stops two
 rungs after the predicted loss stopped falling, or at a shape that fits fewer than MIN_UPDATES updates, so
 a plan measures a handful of shapes (seconds, not minutes). Where the planned shape fits fewer than
