@@ -12,6 +12,7 @@ from tfkit.cli.main import app
 from tfkit.errors import ConfigError
 from tfkit.trainer import fits
 from tfkit.trainer import pace as pace_module
+from tfkit.trainer.budget import EVAL_COST, VALIDATIONS
 from tfkit.trainer.finetune_plan import plan_finetune
 from tfkit.trainer.fits import parse_memory
 from tfkit.trainer.pace import Pace
@@ -51,6 +52,20 @@ def test_a_finetuning_plan_keeps_the_checkpoints_model_and_fits_its_micro_batch(
     with pytest.raises(ConfigError, match=r"memory: the model of .*gpt-run.* needs .* at micro-batch 1, above"):
         plan_finetune(load_recipe("finetune-classify", SETS), budget=60, measure=FixedPace(),
                       memory_limit=parse_memory("1MiB"))
+
+
+def test_a_finetuning_plan_counts_the_validations_of_train_eval_every():
+    """Each validation scores every validation example forward only (EVAL_COST of a training row), at the
+    budget's VALIDATIONS + 1 points and every train.eval_every updates: frequent ones leave fewer updates."""
+    sparse = plan_finetune(load_recipe("finetune-classify", [*SETS, "train.eval_every=100000"]), budget=60,
+                           measure=FixedPace())
+    dense = plan_finetune(load_recipe("finetune-classify", [*SETS, "train.eval_every=1"]), budget=60,
+                          measure=FixedPace())
+    valid = 40 - sparse.examples  # labels.csv's 40 rows less the training ones: the recipe's 0.1 held out
+    assert valid == 4
+    fixed = (VALIDATIONS + 1) * valid * EVAL_COST / 8  # in updates of 8 rows
+    assert sparse.updates == pytest.approx(60 / 0.01 - fixed, abs=2)
+    assert dense.updates == pytest.approx(sparse.updates / (1 + valid * EVAL_COST / 8), abs=2)
 
 
 def test_plan_command_plans_a_finetuning_recipe(monkeypatch):

@@ -23,6 +23,7 @@ import contextlib
 import re
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from ..errors import ConfigError
 
@@ -33,6 +34,27 @@ WINDOW_SHARE = 0.05  # a window of updates lasts at most about this share of the
 VALIDATIONS = 8  # validations at evenly spaced points of the steps that fit (besides train.eval_every's)
 # What a plan (trainer/plan.py, trainer/finetune_plan.py) predicts a budget holds, from the measured pace:
 EVAL_COST = 1 / 3  # a validation batch (forward only) costs about a third of a training micro-batch
+
+
+class Validation(NamedTuple):
+    """What a run's evaluations cost a plan, in training rows: `fixed` per run (the VALIDATIONS + 1 a budget
+    always makes), `per_update` for each update the run makes (one validation per train.eval_every updates)."""
+
+    fixed: float
+    per_update: float
+
+    @classmethod
+    def of(cls, each: float, eval_every: int) -> Validation:
+        """The cost of a run whose every validation costs `each` training rows."""
+        return cls(fixed=(VALIDATIONS + 1) * each, per_update=each / eval_every)
+
+    def updates(self, budget_updates: float, batch: int) -> int:
+        """The updates of `batch` rows that fit when `budget_updates` would fit with no evaluation at all."""
+        return int((budget_updates - self.fixed / batch) / (1 + self.per_update / batch))
+
+    def needs(self, updates: int, batch: int) -> float:
+        """The budget, in updates, that `updates` and their evaluations take."""
+        return updates * (1 + self.per_update / batch) + self.fixed / batch
 
 
 def planned_budget(recipe, budget: float | None) -> float:

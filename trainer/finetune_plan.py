@@ -8,8 +8,8 @@ micro-batches of it whose update fits the device's memory (trainer/fits.py; a tr
 as the run lays out its labelled examples: each example's length estimated from its text's UTF-8 bytes
 (trainer/pair_lengths.py's BYTES_PER_TOKEN) plus the family's special tokens, cut to data.seq_len, padded or
 packed as task.packing says (tokenization/task_batches.py). From the pace it predicts the updates and
-epochs the budget trains, with every validation example scored at VALIDATIONS + 1 points (forward only,
-EVAL_COST of a training row). The recipe's own length (train.max_steps or train.epochs) is kept: the plan
+epochs the budget trains, with every validation example scored at the budget's VALIDATIONS + 1 points and
+every train.eval_every updates (forward only, EVAL_COST of a training row: trainer/budget.py's Validation). The recipe's own length (train.max_steps or train.epochs) is kept: the plan
 says whether it fits the budget. Tests pass a fake `measure`, so nothing there depends on the machine.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, TfkitError
 from ..models.config import ModelConfig
-from .budget import EVAL_COST, VALIDATIONS, cpu_share, fmt_seconds, planned_budget, update_seconds
+from .budget import EVAL_COST, Validation, cpu_share, fmt_seconds, planned_budget, update_seconds
 from .fits import default_memory_limit, fitting_accum
 from .memory import MemoryEstimate, gib
 from .pair_lengths import BYTES_PER_TOKEN
@@ -110,8 +110,8 @@ def plan_finetune(recipe: Recipe, budget: float | None = None, memory_limit: int
     batch, head = task_batch(recipe, cfg, labelled, micro)
     pace = (measure or _real_measure(device))(recipe, cfg, batch, head)
     seconds = update_seconds(pace, cpu_share([pace], kind))
-    validation = (VALIDATIONS + 1) * len(labelled.valid) * EVAL_COST
-    updates = max(0, int(budget / seconds - validation / t.batch_size))
+    validation = Validation.of(len(labelled.valid) * EVAL_COST, t.eval_every)  # each scores every valid example
+    updates = max(0, validation.updates(budget / seconds, t.batch_size))
     return FinetunePlan(recipe, source, count_parameters(cfg), memory, seconds, pace.tokens, updates,
                         len(labelled.train), budget, limit, kind)
 

@@ -4,7 +4,7 @@ The plan walks the width dial (trainer/sizing.py) from its smallest rung up. For
 peak memory per device from the keys (trainer/memory.py) and takes the largest micro-batch of the recipe's
 batch that fits (train.grad_accum the rest); it measures a few updates of the shape on this machine
 (trainer/pace.py, CPU time of this process on a CPU), turns them into the updates and tokens the budget
-trains once the run's validations are paid for (`Validation`), and predicts the loss those tokens give that
+trains once the run's validations are paid for (budget.Validation), and predicts the loss those tokens give that
 size (sizing.predicted_loss; the data counted are the tokens that carry a loss, Pace.predicted: an MLM learns
 from its chosen tokens only). The shape of the lowest
 predicted loss wins: the compute-optimal size *at this machine's own cost of each size*. The walk stops two
@@ -28,11 +28,10 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
-from .budget import EVAL_COST, VALIDATIONS, cpu_share, fmt_seconds, planned_budget, update_seconds
+from .budget import EVAL_COST, Validation, cpu_share, fmt_seconds, planned_budget, update_seconds
 from .finetune_plan import check_finetune_fits
 from .fits import check_fits, default_memory_limit, fitting_accum
 from .memory import MemoryEstimate, gib
@@ -47,21 +46,6 @@ PATIENCE = 2  # rungs measured past the best predicted loss before the walk stop
 STEPS_CAP = 2  # train.max_steps of a planned run, in planned updates: a cap only (`resolve`)
 STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
-
-
-class Validation(NamedTuple):
-    """Evaluation cost in training sequences: `fixed` per run, `per_update` for each update the run makes."""
-
-    fixed: float
-    per_update: float
-
-    def updates(self, budget_updates: float, batch: int) -> int:
-        """The updates that fit when `budget_updates` would fit with no evaluation at all."""
-        return int((budget_updates - self.fixed / batch) / (1 + self.per_update / batch))
-
-    def needs(self, updates: int, batch: int) -> float:
-        """The budget, in updates, that `updates` and their evaluations take."""
-        return updates * (1 + self.per_update / batch) + self.fixed / batch
 
 
 @dataclass(frozen=True)
@@ -222,11 +206,10 @@ class _Walk:
         self.unique = unique_tokens(self.recipe.data.train)
 
     def validation(self, batch: int) -> Validation:
-        """What the run's evaluations cost, in training sequences: the VALIDATIONS + 1 a budget always makes,
+        """What the run's evaluations cost, in training sequences: the budget.VALIDATIONS + 1 a budget always makes,
         and one per train.eval_every updates besides (the quickstart's 100 made 57 in a 5-minute run)."""
         r = self.recipe
-        each = r.eval.batches * EVAL_COST * (r.eval.batch_size or batch)
-        return Validation(fixed=(VALIDATIONS + 1) * each, per_update=each / r.train.eval_every)
+        return Validation.of(r.eval.batches * EVAL_COST * (r.eval.batch_size or batch), r.train.eval_every)
 
     def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
         """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
