@@ -31,7 +31,8 @@ def test_the_layout_comes_from_the_checkpoints_record():
 
 @pytest.fixture(scope="module")
 def masked_run(english_text, tmp_path_factory):
-    """A 12-step run with a document mask and restarted positions on JSONL documents (one per line)."""
+    """A 12-step run with a document mask and restarted positions on JSONL documents (one per line), validated on
+    all of its validation file."""
     folder = tmp_path_factory.mktemp("masked")
     docs = [d for d in english_text.split("\n\n") if d.strip()]
     for name, part in (("train", docs[:300]), ("valid", docs[300:360])):
@@ -39,7 +40,8 @@ def masked_run(english_text, tmp_path_factory):
     path = write_recipe(folder, english_text, data={"train": str(folder / "train.jsonl"),
                                                     "valid": str(folder / "valid.jsonl"),
                                                     "document_mask": True, "reset_positions": True},
-                        train={"max_steps": 12, "eval_every": 12, "save_every": 12})
+                        train={"max_steps": 12, "eval_every": 12, "save_every": 12},
+                        eval={"batches": 1000})  # the whole validation file, as `evaluate` scores it
     run_dir = folder / "run"
     pretrain(load_recipe(str(path)), run_dir=run_dir)
     return run_dir, folder / "valid.jsonl"
@@ -51,7 +53,7 @@ def test_a_document_masked_checkpoint_scores_what_it_validated(masked_run, tmp_p
     checkpoint = run_dir / "checkpoints" / "step-12"
     config = json.loads((checkpoint / "config.json").read_text())
     assert trained_layout(CheckpointRecord.read(checkpoint)) == {"document_mask": True, "reset_positions": True}
-    request = EvalRequest(batch_size=8, max_batches=2, seq_len=32, cache_dir=tmp_path / "cache", show_progress=False)
+    request = EvalRequest(batch_size=8, seq_len=32, cache_dir=tmp_path / "cache", show_progress=False)
     masked = evaluate(checkpoint, str(valid), request)
     assert masked["loss"] == pytest.approx(val_loss, abs=1e-5)
     del config["data"]["document_mask"]  # the same weights scored as if they had trained attending across

@@ -8,8 +8,8 @@ Each dataset is a list of *examples* (CLM: packed blocks; MLM: document chunks; 
 chunks). Epoch e visits them in a permutation seeded by (seed, e); global batch i is epoch
 i // batches_per_epoch, slice i % batches_per_epoch of it (the last partial batch of each epoch is
 dropped; it differs every epoch). Randomness inside an example (masking, noise) comes from a generator
-seeded by (seed, i, global row), so a row is the same whichever rank computes it. `eval_batches` walks
-the examples in order with fixed seeds, so every evaluation sees the same batches.
+seeded by (seed, i, global row), so a row is the same whichever rank computes it. `eval_batches` takes
+examples spread evenly through the validation set with fixed seeds, so every evaluation sees the same batches.
 """
 
 from __future__ import annotations
@@ -109,18 +109,27 @@ class PureDataset(ABC):
             yield self._rows(idx, [(EVAL, self.seed, int(k)) for k in idx])
 
     def eval_batches(self, n: int, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[dict]:
-        """Up to `n` batches over the examples in order, identical on every call; the last one short when the
-        examples run out first, as every trainer scores a small validation set (under data parallelism its
-        length is rounded down to a multiple of the world size, so every rank computes as many rows)."""
+        """Up to `n` batches, identical on every call. Where the examples hold more than `n` batches, the
+        scored ones are spread evenly through them (`_spread`), not their first n batches: a held-out sample
+        or a user's validation file runs in document order, and its first rows alone are one corner of it
+        (the first 40 of 175 batches of stdlib:code's held-out scored 4.23 nats where all of it scores 3.0).
+        Otherwise every example in order, the last batch short when they run out first, as every trainer
+        scores a small validation set (under data parallelism its length is rounded down to a multiple of the
+        world size, so every rank computes as many rows)."""
         rows = self._local(batch_size, rank, world_size)
         full = self.num_examples // batch_size
         for k in range(min(n, full)):
-            idx = np.array([k * batch_size + r for r in rows])
+            idx = np.array([_spread(k * batch_size + r, n * batch_size, self.num_examples) for r in rows])
             yield self._rows(idx, [(EVAL, self.seed, k, r) for r in rows])
         short = (self.num_examples - full * batch_size) // world_size * world_size
         if full < n and short:
             local = self._local(short, rank, world_size)
             yield self._rows(np.array([full * batch_size + r for r in local]), [(EVAL, self.seed, full, r) for r in local])
+
+
+def _spread(position: int, scored: int, examples: int) -> int:
+    """The example at `position` of `scored` evenly spaced over `examples` (the identity when all are scored)."""
+    return position * examples // scored if scored < examples else position
 
 
 class ClmDataset(PureDataset):

@@ -2,8 +2,8 @@
 
 Scoring a finished checkpoint on a corpus is `tfkit eval`, in `evaluate.py`.
 
-`dataset.eval_batches(n, ...)` walks the first n batches of validation examples in order with fixed
-seeds, so every evaluation measures the model on identical tokens (and an MLM model on identical masks). Under data
+`dataset.eval_batches(n, ...)` gives n batches of validation examples spread evenly through them, with
+fixed seeds, so every evaluation measures the model on identical tokens (and an MLM model on identical masks). Under data
 parallelism each rank evaluates its slice of each batch and the sums are all-reduced, so the result does
 not depend on the number of processes.
 
@@ -103,9 +103,9 @@ def validate_sources(loss_module: nn.Module, sources: ValidSources, n_batches: i
 @torch.no_grad()
 def validate(loss_module: nn.Module, dataset, n_batches: int, batch_size: int, info: DistInfo,
              precision: str, byte_table: np.ndarray | None = None) -> ValidationResult:
-    """Loss and accuracy of `loss_module` (see objectives.LossModule) over the first n validation batches;
-    with `byte_table` (token id -> bytes of text), the bytes its predicted tokens stand for. A list of
-    sources is `validate_sources`'."""
+    """Loss and accuracy of `loss_module` (see objectives.LossModule) over n validation batches (spread through
+    the set: `eval_batches`); with `byte_table` (token id -> bytes of text), the bytes its predicted tokens
+    stand for. A list of sources is `validate_sources`'."""
     if isinstance(dataset, ValidSources):
         return validate_sources(loss_module, dataset, n_batches, batch_size, info, precision)
     was_training = loss_module.training
