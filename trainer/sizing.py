@@ -99,9 +99,10 @@ MIN_UPDATES = 100  # fewer updates than this and warmup and decay are most of th
 
 # The batch. The law above counts tokens, not updates, and a short run is held back by its updates. On the
 # quickstart's 5 minutes (benchmarks/RESULTS.md, "Quickstart", 2026-11-28), the planned d_model 96 trained on
-# about 3M tokens either way, and reached a validation loss of 4.92 in 1,440 updates of 16 sequences, 4.69 in
-# 3,146 of 8 and 4.33 in 5,962 of 4; at half the speed, d_model 64: 5.46, 4.91 and 4.62. Earlier, at 80 s,
-# a d_model 48 stayed on its unigram plateau (6.57) for 192 updates of 16 and reached 5.54 in 734 of 4.
+# about 3M tokens either way, and scored 4.87 on the whole validation set after 1,635 updates of 16 sequences,
+# 4.83 after 3,146 of 8 and 4.81 after 5,962 of 4 (one seed; three seeds at 4 spread 0.04): a small gain where
+# the corpus is repeated seven times over. Earlier, at 80 s, a d_model 48 stayed on its unigram plateau (6.57)
+# for 192 updates of 16 and reached 5.54 in 734 of 4.
 # Early in training a small batch costs little per token (McCandlish et al. 2018: the critical batch grows
 # as the loss falls), and on a CPU an update of 4 sequences is no slower per token than one of 16, so where
 # the planned model fits fewer than TARGET_UPDATES updates, the plan halves the batch (trainer/plan.py), down
