@@ -95,6 +95,20 @@ def test_the_validations_of_train_eval_every_are_counted_in_the_budget():
     assert b.updates < 0.8 * a.updates
 
 
+def test_validations_are_counted_at_the_micro_batch_they_run_at():
+    """Without eval.batch_size a run validates at its micro-batch: with train.grad_accum 2 of a batch of 16, eval.batches
+    batches of 8 sequences, the same cost as eval.batch_size=8 given, and half that of eval.batch_size=16."""
+    sets = ("train.batch_size=16", "train.grad_accum=2", "train.eval_every=10")
+    micro = plan_recipe(quickstart(*sets), budget=600, measure=FakeMachine())
+    given = plan_recipe(quickstart(*sets, "eval.batch_size=8"), budget=600, measure=FakeMachine())
+    whole = plan_recipe(quickstart(*sets, "eval.batch_size=16"), budget=600, measure=FakeMachine())
+    assert micro.shape == given.shape == whole.shape and micro.chosen.grad_accum == 2
+    assert micro.chosen.updates == given.chosen.updates
+    v = 10 * EVAL_COST * 8 / 16  # a validation: eval.batches (10) batches of 8 rows, forward only, in updates of 16
+    budget = micro.chosen.updates * (1 + v / 10) + 9 * v  # in updates: one validation per 10, and the budget's 9
+    assert whole.chosen.updates == pytest.approx((budget - 9 * 2 * v) / (1 + 2 * v / 10), abs=2)  # each twice the rows
+
+
 def test_the_walk_stops_two_rungs_past_the_best():
     machine = FakeMachine()
     plan = plan_recipe(quickstart("train.batch_size=16"), budget=600, measure=machine)  # one walk: batch given

@@ -164,7 +164,7 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
             if walk.can_halve(batch):
                 batch //= 2
     if found is None:
-        _refuse(budget, walk.limit, refused, walk.fixed, walk.validation(batch), recipe.train.batch_size)
+        _refuse(budget, walk.limit, refused, walk.fixed, walk.validation, recipe.train.batch_size)
     batch, (share, chosen, candidates) = found
     if batch != recipe.train.batch_size:
         notes.append(f"train.batch_size halved from {recipe.train.batch_size} to {batch}, the largest batch at which "
@@ -205,16 +205,18 @@ class _Walk:
         self.vocab = self.recipe.model.vocab_size or self.recipe.tokenizer.vocab_size
         self.unique = unique_tokens(self.recipe.data.train)
 
-    def validation(self, batch: int) -> Validation:
+    def validation(self, c: Candidate) -> Validation:
         """What the run's evaluations cost, in training sequences: the budget.VALIDATIONS + 1 a budget always makes,
-        and one per train.eval_every updates besides (the quickstart's 100 made 57 in a 5-minute run)."""
+        and one per train.eval_every updates besides (the quickstart's 100 made 57 in a 5-minute run), each
+        eval.batches batches of eval.batch_size or the candidate's micro-batch, as the run validates."""
         r = self.recipe
-        return Validation.of(r.eval.batches * EVAL_COST * (r.eval.batch_size or batch), r.train.eval_every)
+        rows = r.eval.batch_size or c.batch_size // c.grad_accum
+        return Validation.of(r.eval.batches * EVAL_COST * rows, r.train.eval_every)
 
     def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
         """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
         share = cpu_share([p for _, p in measured], self.clock)
-        candidates = tuple(_scored(c, p, share, self.budget, self.validation(batch), self.unique) for c, p in measured)
+        candidates = tuple(_scored(c, p, share, self.budget, self.validation(c), self.unique) for c, p in measured)
         return share, min(candidates, key=lambda c: c.loss), candidates
 
     def can_halve(self, batch: int) -> bool:
@@ -227,7 +229,6 @@ class _Walk:
         measured: list[tuple[Candidate, object]] = []
         refused = None
         best, since_best = math.inf, 0
-        validation = self.validation(batch)
         for shape in ladder(self.fixed):
             cfg = _config(self.recipe, shape, self.vocab)
             if cfg is None:
@@ -240,7 +241,7 @@ class _Walk:
                 break  # every larger rung needs more
             pace = self.measure(_with(self.recipe, shape, batch, accum), cfg)
             share = cpu_share([p for _, p in measured] + [pace], self.clock)
-            scored = _scored(candidate, pace, share, self.budget, validation, self.unique)
+            scored = _scored(candidate, pace, share, self.budget, self.validation(candidate), self.unique)
             if scored.updates < MIN_UPDATES:
                 refused = refused or ("time", candidate, scored.seconds)
                 break  # a larger shape is slower still
@@ -291,7 +292,7 @@ def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -
 
 
 def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | None, fixed: dict,
-            validation: Validation, batch: int) -> None:
+            validation: Callable[[Candidate], Validation], batch: int) -> None:
     """One line: why no shape fits, and what the smallest would need (at the smallest batch tried, where the
     recipe's `batch` was halved)."""
     hand = ", ".join(f"model.{k}={v}" for k, v in fixed.items() if v is not None)
@@ -303,7 +304,7 @@ def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | N
         raise ConfigError(f"memory: the smallest model the plan may choose{wins}, {c.shape} at micro-batch "
                           f"{c.batch_size // c.grad_accum}, needs {gib(c.memory.peak)} per device, above the limit "
                           f"of {gib(limit)}", params=("memory",))
-    need = seconds * validation.needs(MIN_UPDATES, c.batch_size)
+    need = seconds * validation(c).needs(MIN_UPDATES, c.batch_size)
     halved = f", halved from train.batch_size={batch}" if c.batch_size != batch else ""
     raise ConfigError(f"train.max_time: {fmt_seconds(budget)} trains fewer than {MIN_UPDATES} updates of the "
                       f"smallest model{wins} ({c.shape}, batch {c.batch_size}{halved}, {seconds:.3g} s per update "

@@ -320,8 +320,8 @@ class TrainSection:
 
 @dataclass
 class EvalSection:
-    batches: int = 20  # validation batches per evaluation (the same batches every time)
-    batch_size: int | None = None  # null = train.batch_size
+    batches: int = 20  # validation batches per evaluation (the same batches every time, spread through the set)
+    batch_size: int | None = None  # null = the training micro-batch (train.batch_size / train.grad_accum)
     # causal models: text to continue after training; auto = the opening of the run's validation text; "" = from
     # the start of a document; null = no sample
     sample_prompt: str | None = None
