@@ -1,16 +1,18 @@
-"""Scores of the lab's checkpoints: every checkpoint on the same tokens of every eval text, cached.
+"""Scores of the lab's checkpoints: every checkpoint on the whole of every eval text, cached.
 
 `evaluate` (evaluation/evaluate.py) is run with one fixed seed, the lab's token cache and the eval batch
-settings of the recipe that trained the checkpoint, so two checkpoints with the same tokenizer are
-scored on identical batches (the `data_fingerprint` of each score says so). Each checkpoint's scores go
+size of the recipe that trained the checkpoint, over all of the text, so two checkpoints with the same tokenizer
+are scored on identical batches (the `data_fingerprint` of each score says so) and two with different
+tokenizers on the same text. A text is not cut to a number of batches: a text runs in document order, its
+first batches are one corner of it (the first 10 of stdlib:code:valid scored 0.4 bits per byte below all of it),
+and a batch of one tokenizer's tokens holds other text than a batch of another's. Each checkpoint's scores go
 to scores/NAME-seed-S.json as soon as they exist: a resumed lab scores only what is missing.
 
 A checkpoint is scored under the packed layout it trained with (`evaluate` reads its document mask and
 restarted positions from config.json). With `whole_documents`, every eval text is also scored document by
 document (column LABEL@whole): each document from its own start, never after another document's tail, in
 windows of data.seq_len tokens that advance by half a window (evaluate's sliding windows, so every token
-past a document's first window keeps half a window of its own document as context), up to as many scored
-tokens as the packed score takes (eval.batches x batch size x seq_len).
+past a document's first window keeps half a window of its own document as context).
 
 With `probes: {lengths: [...]}`, column LABEL@Nx holds the degradation past the training length at rows of
 N x data.seq_len tokens (lengths.py), not an overall loss. With `own_masking`, an MLM checkpoint is also
@@ -104,14 +106,13 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
         return past_training_length(checkpoint, text, recipe.data.seq_len, factor, batch_size, recipe.eval.batches,
                                     cache_dir)
     if whole:
-        request = EvalRequest(batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2),
-                              max_tokens=recipe.eval.batches * batch_size * seq_len, cache_dir=cache_dir,
+        request = EvalRequest(batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2), cache_dir=cache_dir,
                               show_progress=False)
     else:
-        request = EvalRequest(batch_size=batch_size, max_batches=recipe.eval.batches, seq_len=seq_len,
-                              cache_dir=cache_dir, show_progress=False, masking=own_masking(recipe) if own else None)
+        request = EvalRequest(batch_size=batch_size, seq_len=seq_len, cache_dir=cache_dir, show_progress=False,
+                              masking=own_masking(recipe) if own else None)
     result = evaluate(checkpoint, text, request)
-    out = {k: result[k] for k in KEPT} | ({"masking": own_masking(recipe)} if own else {})
+    out = {k: result[k] for k in KEPT} | {"covers": "all"} | ({"masking": own_masking(recipe)} if own else {})
     if recipe.objective.name == "mlm" and not (whole or own):
         out.update(masked_scores(checkpoint, text, request))
     return out
@@ -154,7 +155,8 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
     have = _read_scores(path) if path.is_file() else {}
     # a degradation column written before it split rows at the training length held an overall loss: redone
     missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])
-               or not has_masked(recipe, v, have[k])}  # a score written before masked_loss existed: redone
+               or not has_masked(recipe, v, have[k])  # a score written before masked_loss existed: redone
+               or (v.factor == 1 and "covers" not in have[k])}  # one of the text's first eval.batches only: redone
     for label, column in missing.items():
         have[label] = score_checkpoint(checkpoint, column.text, recipe, column.factor, lab.folder / "data",
                                        column.whole, column.own)

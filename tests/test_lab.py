@@ -195,6 +195,24 @@ def test_a_continued_lab_redoes_only_what_is_missing(tiny_lab, monkeypatch):
         before["rows"]["mha+up50%"]["scores"]["valid"]["1337"]["loss"], abs=1e-5)
 
 
+def test_a_score_of_the_first_batches_only_is_scored_again_whole(tiny_lab, monkeypatch):
+    """A score written before eval texts were scored whole (no `covers`) held the text's first eval.batches only:
+    a continued lab scores that checkpoint again, and trains nothing."""
+    out, args = tiny_lab
+    before = json.loads((out / "results.json").read_text())
+    path = out / "scores" / "mha-seed-1337.json"
+    old = json.loads(path.read_text())
+    old["valid"] = {k: v for k, v in old["valid"].items() if k != "covers"} | {"loss": 99.0}
+    path.write_text(json.dumps(old))
+    trained = []
+    monkeypatch.setattr(engine, "train_job", lambda recipe, run_dir, log: trained.append(run_dir))
+    result = lab(*args)
+    assert result.exit_code == 0, result.output
+    assert trained == []
+    after = json.loads(path.read_text())["valid"]
+    assert after["covers"] == "all" and after["loss"] == pytest.approx(before["rows"]["mha"]["scores"]["valid"]["1337"]["loss"])
+
+
 def test_a_lab_folder_is_never_mixed(tiny_lab, tmp_path):
     out, args = tiny_lab
     other = [*args[:-1], str(out), "--steps", "3"]  # other options: refused (more seeds are a second look)
