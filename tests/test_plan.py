@@ -96,8 +96,8 @@ def test_the_validations_of_train_eval_every_are_counted_in_the_budget():
 
 
 def test_validations_are_counted_at_the_micro_batch_they_run_at():
-    """Without eval.batch_size a run validates at its micro-batch: with train.grad_accum 2 of a batch of 16, eval.batches
-    batches of 8 sequences, the same cost as eval.batch_size=8 given, and half that of eval.batch_size=16."""
+    """Without eval.batch_size a run validates at its micro-batch: with train.grad_accum 2 of a batch of 16,
+    eval.batches batches of 8 sequences, the same cost as eval.batch_size=8 given, and half that of 16."""
     sets = ("train.batch_size=16", "train.grad_accum=2", "train.eval_every=10")
     micro = plan_recipe(quickstart(*sets), budget=600, measure=FakeMachine())
     given = plan_recipe(quickstart(*sets, "eval.batch_size=8"), budget=600, measure=FakeMachine())
