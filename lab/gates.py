@@ -85,7 +85,7 @@ def unigram_loss(train_tokens: np.ndarray, labels: np.ndarray, vocab_size: int) 
 def scored_labels(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path,
                   masking: dict | None = None) -> np.ndarray:
     """The target ids `scoring.score_checkpoint` scores for `checkpoint` on `text`: the same batches, in
-    the same order, as many as it takes (an MLM model's under `masking`: its masked-position score's)."""
+    the same order, all of the text as it takes (an MLM model's under `masking`: its masked-position score's)."""
     from ..checkpoints.record import CheckpointRecord
     from ..evaluation.evaluate import eval_batches
     from ..tokenization.train import load_tokenizer
@@ -95,9 +95,7 @@ def scored_labels(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path,
                               batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
                               cache_dir=cache_dir, show_progress=False, masking=masking)
     out = []
-    for n, batch in enumerate(batches):
-        if recipe.eval.batches is not None and n >= recipe.eval.batches:
-            break
+    for batch in batches:
         labels = batch["labels"]  # (B, T), IGNORE_INDEX where nothing is scored
         out.append(labels[labels != IGNORE_INDEX].numpy())
     return np.concatenate(out)
@@ -178,13 +176,13 @@ def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
         metrics.add(metric)
         material = (checkpoint / "tokenizer.json").read_bytes() if (checkpoint / "tokenizer.json").is_file() else b""
         key = json.dumps([hashlib.sha256(material).hexdigest(), recipe.data.train, recipe.data.seq_len,
-                          recipe.eval.batches, recipe.eval.batch_size or recipe.train.batch_size, masked])
-        if key not in unigrams:
-            unigrams[key] = _cached(lab, job, "unigram" + suffix, lambda: unigram_figure(
+                          recipe.eval.batch_size or recipe.train.batch_size, masked])
+        if key not in unigrams:  # "/all": of the whole text (figures of its first eval.batches are computed again)
+            unigrams[key] = _cached(lab, job, f"unigram{suffix}/all", lambda: unigram_figure(
                 checkpoint, text, recipe, lab.folder / "data", MASKED if masked else None))
         loss = rows[job.name]["scores"][label][str(job.seed)][metric]
         if job.kind == "train":
-            step0 = _cached(lab, job, "step0" + suffix, lambda: initial_loss(checkpoint, job.seed, text, recipe,
+            step0 = _cached(lab, job, f"step0{suffix}/all", lambda: initial_loss(checkpoint, job.seed, text, recipe,
                                                                              lab.folder / "data"))
         else:
             step0 = rows[job.source]["scores"][label][str(job.seed)][metric]

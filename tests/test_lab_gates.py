@@ -104,6 +104,23 @@ def test_a_run_that_did_not_train_is_caught_and_not_compared(gate_lab):
     assert "| frozen | train |" in markdown and "0/1 (did not learn: seed 1337)" in markdown
 
 
+def test_the_unigram_figure_is_over_the_tokens_the_loss_is_scored_on(gate_lab):
+    """The gate holds a run's loss against the unigram loss of the same tokens: all of the eval text, as the
+    score reads it (not its first eval.batches), and a figure cached under the old rule is computed again."""
+    from tfkit.lab.gates import scored_labels
+    from tfkit.trainer.recipe import load_recipe
+
+    results = json.loads((gate_lab / "results.json").read_text())
+    run = gate_lab / "runs" / "good" / "seed-1337"
+    checkpoint = max((run / "checkpoints").iterdir())
+    recipe = load_recipe(str(run / "recipe.yaml"))
+    labels = scored_labels(checkpoint, results["evals"]["valid"], recipe, gate_lab / "data")
+    score = results["rows"]["good"]["scores"]["valid"]["1337"]
+    assert len(labels) == score["tokens"] > recipe.eval.batches * recipe.eval.batch_size * recipe.data.seq_len
+    saved = json.loads((gate_lab / "gates" / "good-seed-1337.json").read_text())
+    assert set(saved) == {"unigram/all", "step0/all"}
+
+
 def test_the_report_opens_with_the_scale_of_the_runs(gate_lab):
     results = json.loads((gate_lab / "results.json").read_text())
     good = results["scale"]["good"]
@@ -183,7 +200,7 @@ def test_an_mlm_model_is_gated_and_judged_on_its_masked_positions(tmp_path, engl
         assert gate_entry["loss"] == score["masked_loss"] != score["loss"]
         assert 0 < score["masked_tokens"] <= score["tokens"] * 1.5
     saved = json.loads((tmp_path / "out" / "gates" / "a-seed-1337.json").read_text())
-    assert set(saved) == {"unigram_masked", "step0_masked"}  # figures of the masked positions, not the mixed loss
+    assert set(saved) == {"unigram_masked/all", "step0_masked/all"}  # of the masked positions, not the mixed loss
     assert "Loss on the [MASK]ed positions only" in (tmp_path / "out" / "results.md").read_text()
     assert results["verdicts"][0]["mean"] == pytest.approx(
         results["rows"]["a"]["scores"]["valid"]["1337"]["masked_loss"]
