@@ -26,6 +26,7 @@ claim is that a run fails (`trains`/`fails`) still gets its verdict."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -83,25 +84,27 @@ def unigram_loss(train_tokens: np.ndarray, labels: np.ndarray, vocab_size: int) 
 
 
 def scored_labels(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path,
-                  masking: dict | None = None) -> np.ndarray:
+                  masking: dict | None = None, batches: int | None = None) -> np.ndarray:
     """The target ids `scoring.score_checkpoint` scores for `checkpoint` on `text`: the same batches, in
-    the same order, all of the text as it takes (an MLM model's under `masking`: its masked-position score's)."""
+    the same order, all of the text or its first `batches` (an MLM model's under `masking`: its masked-position
+    score's)."""
     from ..checkpoints.record import CheckpointRecord
     from ..evaluation.evaluate import eval_batches
     from ..tokenization.train import load_tokenizer
 
     objective = CheckpointRecord.read(checkpoint).objective or "clm"
-    batches, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
+    rows, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
                               batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
                               cache_dir=cache_dir, show_progress=False, masking=masking)
     out = []
-    for batch in batches:
+    for batch in itertools.islice(rows, batches):
         labels = batch["labels"]  # (B, T), IGNORE_INDEX where nothing is scored
         out.append(labels[labels != IGNORE_INDEX].numpy())
     return np.concatenate(out)
 
 
-def unigram_figure(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path, masking: dict | None = None) -> float:
+def unigram_figure(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path, masking: dict | None = None,
+                   batches: int | None = None) -> float:
     """The unigram cross-entropy of the tokens `checkpoint` is scored on, from its training text."""
     from ..tokenization.shards import prepare_tokens
     from ..tokenization.train import load_tokenizer
@@ -109,11 +112,12 @@ def unigram_figure(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path,
     tokenizer = load_tokenizer(checkpoint)
     train = prepare_tokens(recipe.data.train, tokenizer, cache_dir, text_field=recipe.data.text_field,
                            show_progress=False)
-    return unigram_loss(np.asarray(train.tokens), scored_labels(checkpoint, text, recipe, cache_dir, masking),
+    return unigram_loss(np.asarray(train.tokens), scored_labels(checkpoint, text, recipe, cache_dir, masking, batches),
                         tokenizer.vocab_size)
 
 
-def initial_loss(checkpoint: Path, seed: int, text: str, recipe: Recipe, cache_dir: Path) -> float:
+def initial_loss(checkpoint: Path, seed: int, text: str, recipe: Recipe, cache_dir: Path,
+                 batches: int | None = None) -> float:
     """The loss of the initial weights of a run from scratch (the trainer seeds `train.seed`, then builds
     the model), scored exactly as its final checkpoint is: written to a scratch folder, then evaluated."""
     from ..checkpoints.record import CheckpointRecord
@@ -129,7 +133,7 @@ def initial_loss(checkpoint: Path, seed: int, text: str, recipe: Recipe, cache_d
         for name in TOKENIZER_FILES:
             if (checkpoint / name).is_file():
                 (Path(tmp) / name).write_bytes((checkpoint / name).read_bytes())
-        scores = score_checkpoint(Path(tmp), text, recipe, 1, cache_dir)
+        scores = score_checkpoint(Path(tmp), text, recipe, 1, cache_dir, batches=batches)
         return scores.get("masked_loss", scores["loss"])  # an MLM model's gate reads its masked positions
 
 
@@ -153,7 +157,7 @@ def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
     from .downstream import task_gate
     from .jobs import checkpoint_of, scoring_recipe
 
-    from .scoring import MASKED
+    from .scoring import MASKED, covers, scored_batches
 
     label = next(iter(lab.evals))
     text, unigrams, runs, metrics = lab.evals[label], {}, {}, set()
@@ -177,13 +181,14 @@ def check_runs(lab: Lab, rows: dict, sweep: dict) -> dict:
         material = (checkpoint / "tokenizer.json").read_bytes() if (checkpoint / "tokenizer.json").is_file() else b""
         key = json.dumps([hashlib.sha256(material).hexdigest(), recipe.data.train, recipe.data.seq_len,
                           recipe.eval.batch_size or recipe.train.batch_size, masked])
-        if key not in unigrams:  # "/all": of the whole text (figures of its first eval.batches are computed again)
-            unigrams[key] = _cached(lab, job, f"unigram{suffix}/all", lambda: unigram_figure(
-                checkpoint, text, recipe, lab.folder / "data", MASKED if masked else None))
+        batches = scored_batches(lab, recipe)  # the key says what was read: a figure of other rows is computed again
+        if key not in unigrams:
+            unigrams[key] = _cached(lab, job, f"unigram{suffix}/{covers(batches)}", lambda: unigram_figure(
+                checkpoint, text, recipe, lab.folder / "data", MASKED if masked else None, batches))
         loss = rows[job.name]["scores"][label][str(job.seed)][metric]
         if job.kind == "train":
-            step0 = _cached(lab, job, f"step0{suffix}/all", lambda: initial_loss(checkpoint, job.seed, text, recipe,
-                                                                             lab.folder / "data"))
+            step0 = _cached(lab, job, f"step0{suffix}/{covers(batches)}", lambda: initial_loss(
+                checkpoint, job.seed, text, recipe, lab.folder / "data", batches))
         else:
             step0 = rows[job.source]["scores"][label][str(job.seed)][metric]
         entry["seeds"][str(job.seed)] = {"loss": loss, "unigram": unigrams[key], "step0": step0,

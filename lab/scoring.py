@@ -5,7 +5,8 @@ size of the recipe that trained the checkpoint, over all of the text, so two che
 are scored on identical batches (the `data_fingerprint` of each score says so) and two with different
 tokenizers on the same text. A text is not cut to a number of batches: a text runs in document order, its
 first batches are one corner of it (the first 10 of stdlib:code:valid scored 0.4 bits per byte below all of it),
-and a batch of one tokenizer's tokens holds other text than a batch of another's. Each checkpoint's scores go
+and a batch of one tokenizer's tokens holds other text than a batch of another's (a --quick lab, a test of the
+engine with no verdict, reads the first eval.batches batches: `scored_batches`). Each checkpoint's scores go
 to scores/NAME-seed-S.json as soon as they exist: a resumed lab scores only what is missing.
 
 A checkpoint is scored under the packed layout it trained with (`evaluate` reads its document mask and
@@ -93,11 +94,22 @@ def own_masking(recipe: Recipe) -> dict:
     return {"mask_prob": o.mask_prob, "mask_replace": list(o.mask_replace), "whole_word": o.whole_word_mask}
 
 
+def scored_batches(lab: Lab, recipe: Recipe) -> int | None:
+    """How much of each eval text is scored: all of it (None), or in a --quick lab (a test of the engine, which
+    gives no verdict) the first eval.batches batches, so that checking every spec stays fast."""
+    return recipe.eval.batches if lab.options.quick else None
+
+
+def covers(batches: int | None) -> str:
+    """What a score or gate figure read of its text, kept with it: a continued lab redoes one that differs."""
+    return "all" if batches is None else f"first {batches} batches"
+
+
 def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, cache_dir: Path,
-                     whole: bool = False, own: bool = False) -> dict:
-    """The kept metrics of `checkpoint` on `text`: packed blocks of data.seq_len tokens (under the
-    checkpoint's own masking with `own`), the degradation past the training length at `factor` > 1, or
-    with `whole` document by document (module doc)."""
+                     whole: bool = False, own: bool = False, batches: int | None = None) -> dict:
+    """The kept metrics of `checkpoint` on `text` (all of it, or its first `batches` batches): packed blocks of
+    data.seq_len tokens (under the checkpoint's own masking with `own`), the degradation past the training
+    length at `factor` > 1, or with `whole` document by document (module doc)."""
     from ..evaluation.evaluate import EvalRequest, evaluate
     from .lengths import past_training_length
 
@@ -107,12 +119,12 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
                                     cache_dir)
     if whole:
         request = EvalRequest(batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2), cache_dir=cache_dir,
-                              show_progress=False)
+                              show_progress=False, max_tokens=None if batches is None else batches * batch_size * seq_len)
     else:
         request = EvalRequest(batch_size=batch_size, seq_len=seq_len, cache_dir=cache_dir, show_progress=False,
-                              masking=own_masking(recipe) if own else None)
+                              max_batches=batches, masking=own_masking(recipe) if own else None)
     result = evaluate(checkpoint, text, request)
-    out = {k: result[k] for k in KEPT} | {"covers": "all"} | ({"masking": own_masking(recipe)} if own else {})
+    out = {k: result[k] for k in KEPT} | {"covers": covers(batches)} | ({"masking": own_masking(recipe)} if own else {})
     if recipe.objective.name == "mlm" and not (whole or own):
         out.update(masked_scores(checkpoint, text, request))
     return out
@@ -154,12 +166,13 @@ def score_job(lab: Lab, job: Job, checkpoint: Path, recipe: Recipe) -> tuple[dic
     path = scores_file(lab, job)
     have = _read_scores(path) if path.is_file() else {}
     # a degradation column written before it split rows at the training length held an overall loss: redone
+    batches = scored_batches(lab, recipe)
     missing = {k: v for k, v in labels(lab).items() if k not in have or (v.factor > 1 and "past_loss" not in have[k])
                or not has_masked(recipe, v, have[k])  # a score written before masked_loss existed: redone
-               or (v.factor == 1 and "covers" not in have[k])}  # one of the text's first eval.batches only: redone
+               or (v.factor == 1 and have[k].get("covers") != covers(batches))}  # of other rows (first ones): redone
     for label, column in missing.items():
         have[label] = score_checkpoint(checkpoint, column.text, recipe, column.factor, lab.folder / "data",
-                                       column.whole, column.own)
+                                       column.whole, column.own, batches)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(have, indent=2) + "\n")
     return have, bool(missing)

@@ -195,9 +195,10 @@ def test_a_continued_lab_redoes_only_what_is_missing(tiny_lab, monkeypatch):
         before["rows"]["mha+up50%"]["scores"]["valid"]["1337"]["loss"], abs=1e-5)
 
 
-def test_a_score_of_the_first_batches_only_is_scored_again_whole(tiny_lab, monkeypatch):
-    """A score written before eval texts were scored whole (no `covers`) held the text's first eval.batches only:
-    a continued lab scores that checkpoint again, and trains nothing."""
+def test_a_score_of_other_rows_is_scored_again(tiny_lab, monkeypatch):
+    """A score written before a score said what it read (no `covers`: the text's first eval.batches, whatever the
+    lab) is scored again when the lab continues, and nothing is trained. This lab is --quick: its scores read the
+    first eval.batches batches, and say so; a full lab's read all of the text."""
     out, args = tiny_lab
     before = json.loads((out / "results.json").read_text())
     path = out / "scores" / "mha-seed-1337.json"
@@ -210,7 +211,7 @@ def test_a_score_of_the_first_batches_only_is_scored_again_whole(tiny_lab, monke
     assert result.exit_code == 0, result.output
     assert trained == []
     after, scored = json.loads(path.read_text())["valid"], before["rows"]["mha"]["scores"]["valid"]["1337"]
-    assert after["covers"] == "all" and after["loss"] == pytest.approx(scored["loss"])
+    assert after["covers"] == "first 2 batches" and after["loss"] == pytest.approx(scored["loss"])
 
 
 def test_a_lab_folder_is_never_mixed(tiny_lab, tmp_path):
