@@ -118,8 +118,9 @@ def score_checkpoint(checkpoint: Path, text: str, recipe: Recipe, factor: int, c
         return past_training_length(checkpoint, text, recipe.data.seq_len, factor, batch_size, recipe.eval.batches,
                                     cache_dir)
     if whole:
+        cut = None if batches is None else batches * batch_size * seq_len  # tokens: windows are not batches
         request = EvalRequest(batch_size=batch_size, seq_len=seq_len, stride=max(1, seq_len // 2), cache_dir=cache_dir,
-                              show_progress=False, max_tokens=None if batches is None else batches * batch_size * seq_len)
+                              show_progress=False, max_tokens=cut)
     else:
         request = EvalRequest(batch_size=batch_size, seq_len=seq_len, cache_dir=cache_dir, show_progress=False,
                               max_batches=batches, masking=own_masking(recipe) if own else None)

@@ -10,7 +10,8 @@ as the run lays out its labelled examples: each example's length estimated from 
 packed as task.packing says (tokenization/task_batches.py). From the pace it predicts the updates and
 epochs the budget trains, with every validation example scored at the budget's VALIDATIONS + 1 points and
 every train.eval_every updates (forward only, EVAL_COST of a training row: trainer/budget.py's Validation).
-The recipe's own length (train.max_steps or train.epochs) is kept: the plan says whether it fits the budget. Tests pass a fake `measure`, so nothing there depends on the machine.
+The recipe's own length (train.max_steps or train.epochs) is kept: the plan says whether it fits the budget.
+Tests pass a fake `measure`, so nothing there depends on the machine.
 """
 
 from __future__ import annotations

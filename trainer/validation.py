@@ -3,9 +3,9 @@
 Scoring a finished checkpoint on a corpus is `tfkit eval`, in `evaluate.py`.
 
 `dataset.eval_batches(n, ...)` gives n batches of validation examples spread evenly through them, with
-fixed seeds, so every evaluation measures the model on identical tokens (and an MLM model on identical masks). Under data
-parallelism each rank evaluates its slice of each batch and the sums are all-reduced, so the result does
-not depend on the number of processes.
+fixed seeds, so every evaluation measures the model on identical tokens (and an MLM model on identical
+masks). Under data parallelism each rank evaluates its slice of each batch and the sums are all-reduced, so
+the result does not depend on the number of processes.
 
 With a list of sources (`mixture.ValidSources`), each source is scored alone, with its bits per byte, and the
 run's val_loss is their weighted mean (`validate_sources`); the rows add `val_bpb`, `val_loss/NAME` and
