@@ -179,6 +179,17 @@ def test_a_short_run_trains_more_updates_of_a_smaller_batch():
     assert plan_recipe(quickstart(), budget=6000, measure=FakeMachine()).recipe.train.batch_size == 16
 
 
+def test_a_halved_batch_still_validates_the_rows_of_the_recipes_batch():
+    """The quickstart validates eval.batches (10) batches of 16 rows; a plan that halves its batch to 4 keeps
+    those rows (eval.batch_size 16), counted at their cost: the plan is the one made with eval.batch_size=16 given."""
+    halved = plan_recipe(quickstart("train.eval_every=50"), budget=60, measure=FakeMachine())
+    given = plan_recipe(quickstart("train.eval_every=50", "eval.batch_size=16"), budget=60, measure=FakeMachine())
+    assert halved.recipe.train.batch_size == 4 and halved.recipe.eval.batch_size == 16
+    assert (halved.shape, halved.chosen.updates) == (given.shape, given.chosen.updates)
+    assert "eval.batch_size=16" in halved.sets()
+    assert plan_recipe(quickstart("eval.batch_size=8"), budget=60, measure=FakeMachine()).recipe.eval.batch_size == 8
+
+
 def test_a_memory_limit_below_the_smallest_model_is_refused():
     with pytest.raises(ConfigError, match=r"memory: the smallest model the plan may choose, d_model 32, 2 layers.* "
                                           r"at micro-batch 1, needs .* above the limit of 10 MiB"):

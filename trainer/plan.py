@@ -10,7 +10,8 @@ from its chosen tokens only). The shape of the lowest
 predicted loss wins: the compute-optimal size *at this machine's own cost of each size*. The walk stops two
 rungs after the predicted loss stopped falling, or at a shape that fits fewer than MIN_UPDATES updates, so
 a plan measures a handful of shapes (seconds, not minutes). Where the planned shape fits fewer than
-sizing.TARGET_UPDATES updates, the batch is halved and the walk made once more (`plan_recipe`). The planned
+sizing.TARGET_UPDATES updates, the batch is halved and the walk made once more (`plan_recipe`); the run still
+validates the rows of the recipe's batch (`eval_rows`), so its validation loss is comparable. The planned
 updates are a prediction: train.max_time ends the run, train.max_steps is a cap of STEPS_CAP times them.
 
 Keys given by hand win over the plan: a d_model in the recipe file or --set leaves one rung, a given
@@ -90,7 +91,8 @@ class Plan:
         return ["model.size=null", f"model.d_model={m.d_model}", f"model.n_layers={m.n_layers}",
                 f"model.n_heads={m.n_heads}", f"optim.lr={self.recipe.optim.lr:.4g}",
                 f"train.batch_size={t.batch_size}", f"train.grad_accum={t.grad_accum}",
-                f"train.max_steps={t.max_steps}", f"train.max_time={t.max_time}"]
+                f"train.max_steps={t.max_steps}", f"train.max_time={t.max_time}",
+                f"eval.batch_size={self.recipe.eval.batch_size}"]
 
     def text(self) -> str:
         c, r = self.chosen, self.recipe
@@ -207,11 +209,9 @@ class _Walk:
 
     def validation(self, c: Candidate) -> Validation:
         """What the run's evaluations cost, in training sequences: the budget.VALIDATIONS + 1 a budget always makes,
-        and one per train.eval_every updates besides (the quickstart's 100 made 57 in a 5-minute run), each
-        eval.batches batches of eval.batch_size or the candidate's micro-batch, as the run validates."""
+        and one per train.eval_every updates besides, each eval.batches batches of `eval_rows` rows."""
         r = self.recipe
-        rows = r.eval.batch_size or c.batch_size // c.grad_accum
-        return Validation.of(r.eval.batches * EVAL_COST * rows, r.train.eval_every)
+        return Validation.of(r.eval.batches * EVAL_COST * eval_rows(r, c), r.train.eval_every)
 
     def chosen(self, measured: list, batch: int) -> tuple[float, Candidate, tuple[Candidate, ...]]:
         """(the CPU share, the candidate of the lowest predicted loss, every candidate) of a walk at `batch`."""
@@ -254,6 +254,15 @@ class _Walk:
         return measured, refused
 
 
+def eval_rows(recipe: Recipe, c: Candidate) -> int:
+    """The rows of each validation batch of a run planned as `c`: eval.batch_size, else the micro-batch the
+    recipe's own batch has at the candidate's accumulation. A run validates eval.batches batches of its
+    micro-batch, so without this a batch the plan halved from 16 to 4 would validate a quarter of the rows:
+    runs of one recipe would be scored on other rows on a slower machine (the quickstart's 40 spread rows of
+    stdlib:docs:valid read 0.07 above the whole set; benchmarks/RESULTS.md, "Quickstart")."""
+    return recipe.eval.batch_size or recipe.train.batch_size // c.grad_accum
+
+
 def _scored(c: Candidate, pace, share: float, budget: float, validation: Validation,
             unique: float | None) -> Candidate:
     seconds = update_seconds(pace, share)
@@ -277,7 +286,8 @@ def _with(recipe: Recipe, shape: Shape, batch_size: int, accum: int) -> Recipe:
 
 
 def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -> Recipe:
-    """The recipe `pretrain` runs: the chosen shape, micro-batch and learning rate for its width; the planned
+    """The recipe `pretrain` runs: the chosen shape, micro-batch and learning rate for its width, validated on
+    the rows of the recipe's own batch (`eval_rows`); the planned
     updates are a prediction (`Recipe.planned`), and train.max_time, not they, ends the run: train.max_steps
     is STEPS_CAP times them (a machine faster during the run than while measured trains on to the budget's
     end instead of stopping early), or the value --set gave."""
@@ -285,6 +295,7 @@ def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -
     if not ("optim.lr" in given and "model.d_model" in given):
         lr = scaled_lr(lr, chosen.shape.d_model)
     planned = _with(recipe, chosen.shape, chosen.batch_size, chosen.grad_accum)
+    planned = dataclasses.replace(planned, eval=dataclasses.replace(recipe.eval, batch_size=eval_rows(recipe, chosen)))
     max_time = recipe.train.max_time if recipe.train.max_time is not None else f"{budget:g}s"
     cap = recipe.train.max_steps if "train.max_steps" in given else max(STEPS_CAP * chosen.updates, 1)
     return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=chosen.updates,
