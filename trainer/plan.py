@@ -287,15 +287,16 @@ def _with(recipe: Recipe, shape: Shape, batch_size: int, accum: int) -> Recipe:
 
 def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -> Recipe:
     """The recipe `pretrain` runs: the chosen shape, micro-batch and learning rate for its width, validated on
-    the rows of the recipe's own batch (`eval_rows`); the planned
-    updates are a prediction (`Recipe.planned`), and train.max_time, not they, ends the run: train.max_steps
-    is STEPS_CAP times them (a machine faster during the run than while measured trains on to the budget's
-    end instead of stopping early), or the value --set gave."""
+    the rows of the recipe's own batch (`eval_rows`). The planned updates are a prediction (`Recipe.planned`),
+    and train.max_time, not they, ends the run: train.max_steps is STEPS_CAP times them (a machine faster
+    during the run than while measured trains on to the budget's end instead of stopping early), or the value
+    --set gave."""
     lr = recipe.optim.lr
     if not ("optim.lr" in given and "model.d_model" in given):
         lr = scaled_lr(lr, chosen.shape.d_model)
     planned = _with(recipe, chosen.shape, chosen.batch_size, chosen.grad_accum)
-    planned = dataclasses.replace(planned, eval=dataclasses.replace(recipe.eval, batch_size=eval_rows(recipe, chosen)))
+    planned = dataclasses.replace(planned, eval=dataclasses.replace(recipe.eval,
+                                                                    batch_size=eval_rows(recipe, chosen)))
     max_time = recipe.train.max_time if recipe.train.max_time is not None else f"{budget:g}s"
     cap = recipe.train.max_steps if "train.max_steps" in given else max(STEPS_CAP * chosen.updates, 1)
     return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=chosen.updates,
