@@ -94,8 +94,8 @@ def scored_labels(checkpoint: Path, text: str, recipe: Recipe, cache_dir: Path,
 
     objective = CheckpointRecord.read(checkpoint).objective or "clm"
     rows, _ = eval_batches(load_tokenizer(checkpoint), text, objective, seq_len=recipe.data.seq_len,
-                              batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
-                              cache_dir=cache_dir, show_progress=False, masking=masking)
+                           batch_size=recipe.eval.batch_size or recipe.train.batch_size, stride=None, seed=0,
+                           cache_dir=cache_dir, show_progress=False, masking=masking)
     out = []
     for batch in itertools.islice(rows, batches):
         labels = batch["labels"]  # (B, T), IGNORE_INDEX where nothing is scored

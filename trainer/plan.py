@@ -295,12 +295,11 @@ def resolve(recipe: Recipe, chosen: Candidate, given: set[str], budget: float) -
     if not ("optim.lr" in given and "model.d_model" in given):
         lr = scaled_lr(lr, chosen.shape.d_model)
     planned = _with(recipe, chosen.shape, chosen.batch_size, chosen.grad_accum)
-    planned = dataclasses.replace(planned, eval=dataclasses.replace(recipe.eval,
-                                                                    batch_size=eval_rows(recipe, chosen)))
     max_time = recipe.train.max_time if recipe.train.max_time is not None else f"{budget:g}s"
     cap = recipe.train.max_steps if "train.max_steps" in given else max(STEPS_CAP * chosen.updates, 1)
     return dataclasses.replace(planned, optim=dataclasses.replace(recipe.optim, lr=lr), planned=chosen.updates,
-                               train=dataclasses.replace(planned.train, max_steps=cap, max_time=max_time))
+                               train=dataclasses.replace(planned.train, max_steps=cap, max_time=max_time),
+                               eval=dataclasses.replace(recipe.eval, batch_size=eval_rows(recipe, chosen)))
 
 
 def _refuse(budget: float, limit: int, refused: tuple[str, Candidate, float] | None, fixed: dict,
