@@ -14,11 +14,12 @@ from tfkit.trainer import pace as pace_module
 from tfkit.trainer.pace import Pace
 from tfkit.trainer.budget import EVAL_COST
 from tfkit.trainer.fits import parse_memory
+from tfkit.trainer.pair_lengths import BYTES_PER_TOKEN
 from tfkit.trainer.plan import MIN_UPDATES, STEPS_CAP, plan_recipe
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.resources import count_parameters
-from tfkit.trainer.sizing import (LR_WIDTH, MIN_BATCH, TARGET_UPDATES, WIDTHS, Shape, ladder, predicted_loss,
-                                  scaled_lr)
+from tfkit.trainer.sizing import (LR_WIDTH, MIN_BATCH, OVERFIT_EPOCHS, TARGET_UPDATES, WIDTHS, Shape, ladder,
+                                  predicted_loss, scaled_lr)
 
 from helpers import fake_machine, one_error_line
 
@@ -68,6 +69,21 @@ def test_the_law_counts_the_tokens_that_carry_a_loss():
     assert every.chosen.shape == plan_recipe(quickstart(), budget=600, measure=FakeMachine()).chosen.shape
 
 
+def test_a_small_corpus_buys_a_larger_model_not_more_epochs(tmp_path):
+    """Past OVERFIT_EPOCHS epochs a corpus's tokens count as none: where a long budget would repeat a small corpus
+    (24 epochs under the decay alone), the plan takes the size that trains about that many epochs and says so."""
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("word " * 200_000)
+    unique = corpus.stat().st_size / BYTES_PER_TOKEN
+    plan = plan_recipe(quickstart(f"data.train={corpus}", "data.valid=null"), budget=3000, measure=FakeMachine())
+    epochs = {c.shape.d_model: c.tokens / unique for c in plan.candidates}
+    assert epochs[plan.shape.d_model] < 1.5 * OVERFIT_EPOCHS
+    assert all(e > OVERFIT_EPOCHS for d, e in epochs.items() if d < plan.shape.d_model)
+    assert f"{epochs[plan.shape.d_model]:.1f} epochs of data.train" in plan.text()
+    fresh = plan_recipe(quickstart(), budget=3000, measure=FakeMachine())
+    assert plan.chosen.params > fresh.chosen.params
+
+
 def test_a_slower_machine_plans_a_smaller_model():
     fast = plan_recipe(quickstart(), budget=600, measure=FakeMachine(flops=3e11))
     slow = plan_recipe(quickstart(), budget=600, measure=FakeMachine(flops=3e9))
@@ -75,9 +91,10 @@ def test_a_slower_machine_plans_a_smaller_model():
 
 
 def test_a_busy_cpu_counts_the_wall_time_the_run_will_see():
-    """The pace is CPU time; a run on a CPU shared half with another job takes twice as long per update."""
-    idle = plan_recipe(quickstart(), budget=600, measure=FakeMachine(share=1.0))
-    busy = plan_recipe(quickstart(), budget=600, measure=FakeMachine(share=0.5))
+    """The pace is CPU time; a run on a CPU shared half with another job takes twice as long per update (at the
+    batch given, which the plan keeps: else it may halve one plan's batch and not the other's)."""
+    idle = plan_recipe(quickstart("train.batch_size=16"), budget=600, measure=FakeMachine(share=1.0))
+    busy = plan_recipe(quickstart("train.batch_size=16"), budget=600, measure=FakeMachine(share=0.5))
     assert busy.share == pytest.approx(0.5)
     same = next(c for c in busy.candidates if c.shape == idle.chosen.shape)
     assert same.seconds == pytest.approx(2 * idle.chosen.seconds)
@@ -176,7 +193,9 @@ def test_a_short_run_trains_more_updates_of_a_smaller_batch():
     at_16 = plan_recipe(quickstart("train.batch_size=16"), budget=60, measure=FakeMachine())
     assert at_16.recipe.train.batch_size == 16 and at_16.chosen.updates < TARGET_UPDATES
     assert short.chosen.updates > at_16.chosen.updates
-    assert plan_recipe(quickstart(), budget=6000, measure=FakeMachine()).recipe.train.batch_size == 16
+    # on a corpus of unknown size (no epochs bind the plan) 6000 s fit TARGET_UPDATES updates at the recipe's batch
+    long = plan_recipe(quickstart("data.train=stdlib:code", "data.valid=null"), budget=6000, measure=FakeMachine())
+    assert long.chosen.updates >= TARGET_UPDATES and long.recipe.train.batch_size == 16
 
 
 def test_a_halved_batch_still_validates_the_rows_of_the_recipes_batch():

@@ -40,7 +40,8 @@ from .pair_lengths import BYTES_PER_TOKEN
 from .recipe import Recipe
 from .sections import AUTO_SIZE
 from .resources import count_parameters
-from .sizing import MIN_BATCH, MIN_UPDATES, TARGET_UPDATES, Shape, ladder, predicted_loss, scaled_lr
+from .sizing import (MIN_BATCH, MIN_UPDATES, OVERFIT_EPOCHS, TARGET_UPDATES, Shape, ladder, predicted_loss,
+                     scaled_lr)
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
@@ -80,6 +81,7 @@ class Plan:
     share: float  # CPU seconds per wall second this process got while measuring (1.0 on a GPU)
     device: str
     notes: tuple[str, ...] = ()
+    unique: float | None = None  # tokens of distinct text in data.train (`unique_tokens`), None when unknown
 
     @property
     def shape(self) -> Shape:
@@ -97,20 +99,22 @@ class Plan:
     def text(self) -> str:
         c, r = self.chosen, self.recipe
         clock = "CPU time of this process" if self.device == "cpu" else "wall time"
+        epochs = f", {c.tokens / self.unique:.1f} epochs of data.train" if self.unique else ""
         lines = [f"plan for {r.name}: {fmt_seconds(self.budget)} of training on {self.device}, "
                  f"memory limit {gib(self.memory_limit)} per device",
                  f"  model      {c.shape}: {c.params / 1e6:.2f}M parameters",
                  f"  batch      {c.batch_size} sequences of {r.data.seq_len} tokens, micro-batch "
                  f"{c.batch_size // c.grad_accum} x {c.grad_accum} accumulated",
                  f"  updates    {c.updates:,} ({c.tokens / 1e6:.2f}M tokens, {c.tokens / max(c.params, 1):.1f} "
-                 "tokens per parameter)",
+                 f"tokens per parameter{epochs})",
                  f"  speed      {c.tokens_per_second:,.0f} tokens/s predicted ({c.seconds:.3g} s per update; measured "
                  f"in {clock}, CPU share {self.share:.2f})",
                  f"  memory     {c.memory.line()} predicted peak per device",
                  f"  optim.lr   {r.optim.lr:.3g}",
                  "  why        the lowest loss predicted by L(N, D) = 1.82 + 482/N^0.348 + 2085/D^0.366 (Besiroglu et "
                  "al. 2024's refit of Chinchilla, Hoffmann et al. 2022) at the tokens this machine trains each size "
-                 "in the budget; the learning rate scaled as (d_model/128)^-0.5 (nanochat's AdamW rule)",
+                 f"in the budget, tokens past {OVERFIT_EPOCHS} epochs of a corpus counted as none; the learning rate "
+                 "scaled as (d_model/128)^-0.5 (nanochat's AdamW rule)",
                  "  candidates (shape, parameters, micro-batch, s/update, updates, L(N, D): the law's loss, which "
                  "ranks sizes; its nats are the refit's large-vocabulary text, not this run's):"]
         for k in self.candidates:
@@ -178,11 +182,15 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
         notes.append(f"train.max_steps={recipe.train.max_steps:,} was given by hand and wins: the run stops "
                      f"there, before the {chosen.updates:,} updates planned")
         chosen = dataclasses.replace(chosen, updates=recipe.train.max_steps)
+    if walk.unique and chosen.tokens > OVERFIT_EPOCHS * walk.unique:
+        notes.append(f"the run repeats data.train {chosen.tokens / walk.unique:.0f} times, past the {OVERFIT_EPOCHS} "
+                     "epochs after which a small corpus's validation loss climbed (trainer/sizing.py): "
+                     "train.keep_best=true keeps the weights of its best validation")
     if batch != recipe.train.batch_size and "optim.lr" not in walk.given:
         optim = dataclasses.replace(recipe.optim, lr=recipe.optim.lr * (batch / recipe.train.batch_size) ** 0.5)
         recipe = dataclasses.replace(recipe, optim=optim)
     resolved = resolve(recipe, chosen, walk.given, budget)
-    return Plan(resolved, chosen, candidates, budget, walk.limit, share, walk.kind, tuple(notes))
+    return Plan(resolved, chosen, candidates, budget, walk.limit, share, walk.kind, tuple(notes), walk.unique)
 
 
 @dataclass

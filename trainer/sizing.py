@@ -18,6 +18,11 @@ tokenizer); what the plan uses is where the law puts the optimum between a large
 the compute-optimal token horizon at this machine's own cost of each size (not 6ND). A small corpus seen
 many times is worth less than fresh text: data beyond one epoch counts as Muennighoff et al.'s (2023,
 "Scaling data-constrained language models") effective data, repeated tokens decaying with R* = 15.4 epochs.
+That law never counts repetition as harmful; on a small corpus tfkit's runs overfit: on stdlib:docs (436k
+tokens) every size's validation loss stopped falling after 7-11 epochs and climbed after, so the planned size
+trained 21 epochs and lost to twice its size, which trained 10, by 0.40 nats (benchmarks/RESULTS.md,
+"Planning a run", 2026-11-28 18:03). Tokens past OVERFIT_EPOCHS epochs therefore count as none: a budget that
+would repeat a small corpus further buys a larger model, not more epochs.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 # Besiroglu et al. (2024), table 1: the refit of Chinchilla's approach 3 (loss in nats per token).
 LAW_E, LAW_A, LAW_B, LAW_ALPHA, LAW_BETA = 1.82, 482.01, 2085.43, 0.3478, 0.3658
 REPEAT_DECAY = 15.4  # Muennighoff et al. (2023), R*_D: epochs over which repeated data loses its worth
+OVERFIT_EPOCHS = 10  # epochs of a corpus past which its tokens count as none (module doc: measured 7-11)
 
 # The dial: d_model in steps that grow by 1.2-1.33x, from a CPU's smallest useful model to GPT-2 XL's width.
 WIDTHS = (32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 2048)
@@ -71,10 +77,11 @@ def ladder(fixed: dict[str, int | None]) -> list[Shape]:
 
 def effective_tokens(tokens: float, unique: float | None) -> float:
     """Tokens as fresh data is worth them: all of them within one epoch of `unique` tokens, then each repeat
-    worth less (Muennighoff et al. 2023, eq. 5: U + U R* (1 - exp(-R / R*)), R the repeats)."""
+    worth less (Muennighoff et al. 2023, eq. 5: U + U R* (1 - exp(-R / R*)), R the repeats), and none past
+    OVERFIT_EPOCHS epochs (module doc)."""
     if unique is None or unique <= 0 or tokens <= unique:
         return tokens
-    repeats = tokens / unique - 1
+    repeats = min(tokens / unique, OVERFIT_EPOCHS) - 1
     return unique + unique * REPEAT_DECAY * (1 - math.exp(-repeats / REPEAT_DECAY))
 
 
