@@ -193,9 +193,10 @@ def test_a_short_run_trains_more_updates_of_a_smaller_batch():
     at_16 = plan_recipe(quickstart("train.batch_size=16"), budget=60, measure=FakeMachine())
     assert at_16.recipe.train.batch_size == 16 and at_16.chosen.updates < TARGET_UPDATES
     assert short.chosen.updates > at_16.chosen.updates
-    # on a corpus of unknown size (no epochs bind the plan) 6000 s fit TARGET_UPDATES updates at the recipe's batch
+    # on stdlib:code (3M tokens: no cap on epochs binds) 6000 s fit TARGET_UPDATES updates at the recipe's batch
     long = plan_recipe(quickstart("data.train=stdlib:code", "data.valid=null"), budget=6000, measure=FakeMachine())
     assert long.chosen.updates >= TARGET_UPDATES and long.recipe.train.batch_size == 16
+    assert " epochs of data.train)" in long.text()  # the plan knows the built-in corpus's size
 
 
 def test_a_halved_batch_still_validates_the_rows_of_the_recipes_batch():

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
+from ..tokenization.stdlib_corpus import source_files
 from .budget import EVAL_COST, Validation, cpu_share, fmt_seconds, planned_budget, update_seconds
 from .finetune_plan import check_finetune_fits
 from .fits import check_fits, default_memory_limit, fitting_accum
@@ -46,7 +47,7 @@ from .sizing import (MIN_BATCH, MIN_UPDATES, OVERFIT_EPOCHS, TARGET_UPDATES, Sha
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
 STEPS_CAP = 2  # train.max_steps of a planned run, in planned updates: a cap only (`resolve`)
-STDLIB_BYTES = {"stdlib:docs": 1.6e6}  # the built-in docs corpus (recipes/quickstart.yaml's tokenizer note)
+DOCS_BYTES = 1.6e6  # the built-in docs corpus, stdlib:docs (recipes/quickstart.yaml's tokenizer note)
 FIXED_MODEL_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads")
 
 
@@ -125,11 +126,13 @@ class Plan:
 
 
 def unique_tokens(spec) -> float | None:
-    """The tokens of distinct text a corpus holds, from its size (BYTES_PER_TOKEN); None when unknown."""
+    """The tokens of distinct text a corpus holds, from its size (BYTES_PER_TOKEN); None when unknown. stdlib:code
+    is the standard library's sources, whose size is this Python's (their files' sizes, without reading them)."""
     if isinstance(spec, str):
-        for name, size in STDLIB_BYTES.items():
-            if spec.startswith(name):
-                return size / BYTES_PER_TOKEN
+        if spec.startswith("stdlib:docs"):
+            return DOCS_BYTES / BYTES_PER_TOKEN
+        if spec.startswith("stdlib:code"):
+            return sum(path.stat().st_size for _, path in source_files()) / BYTES_PER_TOKEN
         if os.path.isfile(spec):
             return os.path.getsize(spec) / BYTES_PER_TOKEN
     return None
@@ -182,7 +185,7 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
         notes.append(f"train.max_steps={recipe.train.max_steps:,} was given by hand and wins: the run stops "
                      f"there, before the {chosen.updates:,} updates planned")
         chosen = dataclasses.replace(chosen, updates=recipe.train.max_steps)
-    if walk.unique and chosen.tokens > OVERFIT_EPOCHS * walk.unique:
+    if walk.unique and chosen.tokens > 1.5 * OVERFIT_EPOCHS * walk.unique:  # else the chosen is the rung that crosses it
         notes.append(f"the run repeats data.train {chosen.tokens / walk.unique:.0f} times, past the {OVERFIT_EPOCHS} "
                      "epochs after which a small corpus's validation loss climbed (trainer/sizing.py): "
                      "train.keep_best=true keeps the weights of its best validation")
