@@ -82,6 +82,13 @@ def test_a_small_corpus_buys_a_larger_model_not_more_epochs(tmp_path):
     assert f"{epochs[plan.shape.d_model]:.1f} epochs of data.train" in plan.text()
     fresh = plan_recipe(quickstart(), budget=3000, measure=FakeMachine())
     assert plan.chosen.params > fresh.chosen.params
+    assert "train.keep_best" not in plan.text()  # the chosen rung is the one that crosses the cap
+    # where memory stops the walk below that rung, the plan says the run repeats the corpus and what keeps its best
+    held = plan_recipe(quickstart(f"data.train={corpus}", "data.valid=null"), budget=3000,
+                       memory_limit=parse_memory("180MiB"), measure=FakeMachine())
+    repeats = held.chosen.tokens / unique
+    assert repeats > 2 * OVERFIT_EPOCHS
+    assert f"the run repeats data.train {repeats:.0f} times" in held.text() and "train.keep_best=true" in held.text()
 
 
 def test_a_slower_machine_plans_a_smaller_model():
