@@ -18,8 +18,8 @@ from tfkit.trainer.pair_lengths import BYTES_PER_TOKEN
 from tfkit.trainer.plan import MIN_UPDATES, STEPS_CAP, plan_recipe
 from tfkit.trainer.recipe import load_recipe
 from tfkit.trainer.resources import count_parameters
-from tfkit.trainer.sizing import (LR_WIDTH, MIN_BATCH, OVERFIT_EPOCHS, TARGET_UPDATES, WIDTHS, Shape, ladder,
-                                  predicted_loss, scaled_lr)
+from tfkit.trainer.sizing import (KEEP_BEST_EPOCHS, LR_WIDTH, MIN_BATCH, OVERFIT_EPOCHS, TARGET_UPDATES, WIDTHS,
+                                  Shape, ladder, predicted_loss, scaled_lr)
 
 from helpers import fake_machine, one_error_line
 
@@ -82,13 +82,28 @@ def test_a_small_corpus_buys_a_larger_model_not_more_epochs(tmp_path):
     assert f"{epochs[plan.shape.d_model]:.1f} epochs of data.train" in plan.text()
     fresh = plan_recipe(quickstart(), budget=3000, measure=FakeMachine())
     assert plan.chosen.params > fresh.chosen.params
-    assert "train.keep_best" not in plan.text()  # the chosen rung is the one that crosses the cap
-    # where memory stops the walk below that rung, the plan says the run repeats the corpus and what keeps its best
+    # where memory stops the walk below that rung, the run repeats the corpus further still
     held = plan_recipe(quickstart(f"data.train={corpus}", "data.valid=null"), budget=3000,
                        memory_limit=parse_memory("180MiB"), measure=FakeMachine())
-    repeats = held.chosen.tokens / unique
-    assert repeats > 2 * OVERFIT_EPOCHS
-    assert f"the run repeats data.train {repeats:.0f} times" in held.text() and "train.keep_best=true" in held.text()
+    assert held.chosen.tokens / unique > 2 * OVERFIT_EPOCHS
+
+
+def test_a_run_that_repeats_its_corpus_keeps_its_best_weights(tmp_path):
+    """Past KEEP_BEST_EPOCHS epochs the planned run keeps the weights of its lowest validation loss, and says so;
+    a run within them does not, and a train.keep_best given by --set wins."""
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("word " * 200_000)
+    unique = corpus.stat().st_size / BYTES_PER_TOKEN
+    sets = (f"data.train={corpus}", "data.valid=null")
+    long = plan_recipe(quickstart(*sets), budget=3000, measure=FakeMachine())
+    assert long.chosen.tokens > KEEP_BEST_EPOCHS * unique and long.recipe.train.keep_best
+    assert f"the run repeats data.train {long.chosen.tokens / unique:.0f} times" in long.text()
+    assert "train.keep_best=true" in long.sets()
+    short = plan_recipe(quickstart(*sets), budget=20, measure=FakeMachine())
+    assert short.chosen.tokens < KEEP_BEST_EPOCHS * unique and not short.recipe.train.keep_best
+    assert "repeats data.train" not in short.text() and "train.keep_best=false" in short.sets()
+    given = plan_recipe(quickstart(*sets, "train.keep_best=false"), budget=3000, measure=FakeMachine())
+    assert not given.recipe.train.keep_best and "repeats data.train" not in given.text()
 
 
 def test_a_slower_machine_plans_a_smaller_model():

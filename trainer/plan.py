@@ -41,8 +41,8 @@ from .pair_lengths import BYTES_PER_TOKEN
 from .recipe import Recipe
 from .sections import AUTO_SIZE
 from .resources import count_parameters
-from .sizing import (MIN_BATCH, MIN_UPDATES, OVERFIT_EPOCHS, TARGET_UPDATES, Shape, ladder, predicted_loss,
-                     scaled_lr)
+from .sizing import (KEEP_BEST_EPOCHS, MIN_BATCH, MIN_UPDATES, OVERFIT_EPOCHS, TARGET_UPDATES, Shape, ladder,
+                     predicted_loss, scaled_lr)
 
 Measure = Callable[[Recipe, ModelConfig], "Pace"]  # noqa: F821 - trainer.pace.Pace, imported with torch
 PATIENCE = 2  # rungs measured past the best predicted loss before the walk stops
@@ -95,7 +95,7 @@ class Plan:
                 f"model.n_heads={m.n_heads}", f"optim.lr={self.recipe.optim.lr:.4g}",
                 f"train.batch_size={t.batch_size}", f"train.grad_accum={t.grad_accum}",
                 f"train.max_steps={t.max_steps}", f"train.max_time={t.max_time}",
-                f"eval.batch_size={self.recipe.eval.batch_size}"]
+                f"eval.batch_size={self.recipe.eval.batch_size}", f"train.keep_best={str(t.keep_best).lower()}"]
 
     def text(self) -> str:
         c, r = self.chosen, self.recipe
@@ -185,13 +185,17 @@ def plan_recipe(recipe: Recipe, budget: float | None = None, memory_limit: int |
         notes.append(f"train.max_steps={recipe.train.max_steps:,} was given by hand and wins: the run stops "
                      f"there, before the {chosen.updates:,} updates planned")
         chosen = dataclasses.replace(chosen, updates=recipe.train.max_steps)
-    if walk.unique and chosen.tokens > 1.5 * OVERFIT_EPOCHS * walk.unique:  # else the chosen is the rung that crosses it
-        notes.append(f"the run repeats data.train {chosen.tokens / walk.unique:.0f} times, past the {OVERFIT_EPOCHS} "
-                     "epochs after which a small corpus's validation loss climbed (trainer/sizing.py): "
-                     "train.keep_best=true keeps the weights of its best validation")
+    keep_best = recipe.train.keep_best
+    if walk.unique and chosen.tokens > KEEP_BEST_EPOCHS * walk.unique and "train.keep_best" not in walk.given:
+        keep_best = True
+        notes.append(f"the run repeats data.train {chosen.tokens / walk.unique:.0f} times, past the "
+                     f"{KEEP_BEST_EPOCHS} epochs within which repeated text is worth about as much as fresh: "
+                     "train.keep_best=true, so best/ holds the weights of its lowest validation loss, which eval and "
+                     "generate take (a small corpus's validation can climb late in a run; trainer/sizing.py)")
     if batch != recipe.train.batch_size and "optim.lr" not in walk.given:
         optim = dataclasses.replace(recipe.optim, lr=recipe.optim.lr * (batch / recipe.train.batch_size) ** 0.5)
         recipe = dataclasses.replace(recipe, optim=optim)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, keep_best=keep_best))
     resolved = resolve(recipe, chosen, walk.given, budget)
     return Plan(resolved, chosen, candidates, budget, walk.limit, share, walk.kind, tuple(notes), walk.unique)
 

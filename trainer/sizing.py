@@ -22,7 +22,11 @@ That law never counts repetition as harmful; on a small corpus tfkit's runs over
 tokens) every size's validation loss stopped falling after 7-11 epochs and climbed after, so the planned size
 trained 21 epochs and lost to twice its size, which trained 10, by 0.40 nats (benchmarks/RESULTS.md,
 "Planning a run", 2026-11-28 18:03). Tokens past OVERFIT_EPOCHS epochs therefore count as none: a budget that
-would repeat a small corpus further buys a larger model, not more epochs.
+would repeat a small corpus further buys a larger model, not more epochs. Where validation bottoms out is not
+one number (at the plan's smaller batches, after 6-8 epochs), so a planned run that repeats its corpus more than
+KEEP_BEST_EPOCHS times keeps the weights of its lowest validation loss (`train.keep_best`), as nanoGPT keeps
+only an improving checkpoint on its small corpora: Muennighoff et al. find up to 4 epochs of repeated data worth
+about as much as fresh, and past them a run may start to overfit.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 LAW_E, LAW_A, LAW_B, LAW_ALPHA, LAW_BETA = 1.82, 482.01, 2085.43, 0.3478, 0.3658
 REPEAT_DECAY = 15.4  # Muennighoff et al. (2023), R*_D: epochs over which repeated data loses its worth
 OVERFIT_EPOCHS = 10  # epochs of a corpus past which its tokens count as none (module doc: measured 7-11)
+KEEP_BEST_EPOCHS = 4  # a planned run repeating its corpus more keeps its best validated weights (module doc)
 
 # The dial: d_model in steps that grow by 1.2-1.33x, from a CPU's smallest useful model to GPT-2 XL's width.
 WIDTHS = (32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 2048)
