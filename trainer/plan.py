@@ -12,7 +12,9 @@ rungs after the predicted loss stopped falling, or at a shape that fits fewer th
 a plan measures a handful of shapes (seconds, not minutes). Where the planned shape fits fewer than
 sizing.TARGET_UPDATES updates, the batch is halved and the walk made once more (`plan_recipe`); the run still
 validates the rows of the recipe's batch (`eval_rows`), so its validation loss is comparable. The planned
-updates are a prediction: train.max_time ends the run, train.max_steps is a cap of STEPS_CAP times them.
+updates are a prediction: train.max_time ends the run, train.max_steps is a cap of STEPS_CAP times them. A run
+planned to repeat its corpus more than sizing.KEEP_BEST_EPOCHS times keeps its best validated weights
+(train.keep_best; sizing's module doc says why), unless --set gave train.keep_best.
 
 Keys given by hand win over the plan: a d_model in the recipe file or --set leaves one rung, a given
 n_layers or n_heads is kept at every rung (null leaves them free); a train.grad_accum given by --set is kept,
