@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..models.config import ModelConfig
+from ..tokenization.corpus import resolve_files
 from ..tokenization.stdlib_corpus import source_files
 from .budget import EVAL_COST, Validation, cpu_share, fmt_seconds, planned_budget, update_seconds
 from .finetune_plan import check_finetune_fits
@@ -129,15 +129,18 @@ class Plan:
 
 def unique_tokens(spec) -> float | None:
     """The tokens of distinct text a corpus holds, from its size (BYTES_PER_TOKEN); None when unknown. stdlib:code
-    is the standard library's sources, whose size is this Python's (their files' sizes, without reading them)."""
-    if isinstance(spec, str):
-        if spec.startswith("stdlib:docs"):
-            return DOCS_BYTES / BYTES_PER_TOKEN
-        if spec.startswith("stdlib:code"):
-            return sum(path.stat().st_size for _, path in source_files()) / BYTES_PER_TOKEN
-        if os.path.isfile(spec):
-            return os.path.getsize(spec) / BYTES_PER_TOKEN
-    return None
+    is the standard library's sources, whose size is this Python's (their files' sizes, without reading them); a
+    file, folder or glob is its files' sizes (`resolve_files`, as the run reads them)."""
+    if not isinstance(spec, str):
+        return None
+    if spec.startswith("stdlib:docs"):
+        return DOCS_BYTES / BYTES_PER_TOKEN
+    if spec.startswith("stdlib:code"):
+        return sum(path.stat().st_size for _, path in source_files()) / BYTES_PER_TOKEN
+    try:
+        return sum(path.stat().st_size for path in resolve_files(spec)) / BYTES_PER_TOKEN
+    except DataError:  # the run says what is wrong with the corpus; the plan only goes without its size
+        return None
 
 
 def given_keys(recipe: Recipe) -> set[str]:
